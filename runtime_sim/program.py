@@ -1,0 +1,341 @@
+"""The LPX program format: a checked binary stream, and its disassembler.
+
+Layout (little endian)::
+
+    header   magic b"LPXPROG\\0" | u16 version | u16 reserved | u64 body length | 16-byte blake2b of body
+    body     config name, config digest, predicted cycles
+             layer names | host inputs | host outputs | instructions | constants
+
+Decoding verifies the header, the checksum, every opcode, every field range, every
+operand shape and every SRAM address against the chip config before it returns;
+anything wrong raises :class:`ProgramFormatError`. Nothing is ever unpickled or
+evaluated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from math import prod
+
+import numpy as np
+
+from .config import ChipConfig, load_config
+from .isa import MAX_RANK, DType, HostTensor, Instruction, Opcode, TensorRef, UNIT_OF
+from .semantics import FLOAT_DTYPES, check_slice, infer_shapes
+
+MAGIC = b"LPXPROG\0"
+VERSION = 1
+_HEADER = struct.Struct("<8sHHQ16s")
+_INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
+MAX_DIM = 1 << 31
+MAX_NAME = 4096
+
+
+class ProgramFormatError(ValueError):
+    """A byte stream is not a valid LPX program for this chip."""
+
+
+@dataclass(frozen=True)
+class Constant:
+    """Resident data (weights) placed in SRAM when the program is loaded."""
+
+    ref: TensorRef
+    data: np.ndarray  # 1-D uint8, exactly ref.nbytes long
+
+
+@dataclass(frozen=True)
+class Program:
+    """A statically scheduled LPX program.
+
+    Parameters
+    ----------
+    config_name : str
+        The chip preset it was compiled for.
+    config_digest : bytes
+        Fingerprint of that config; a program is rejected on any other chip.
+    instructions : tuple of Instruction
+        In issue order.
+    constants : tuple of Constant
+    inputs, outputs : tuple of HostTensor
+        The host-side signature: LOAD i reads input i, STORE j writes output j.
+    layer_names : tuple of str
+        Instruction ``layer`` indexes into these.
+    predicted_cycles : int
+        The makespan the compiler's scheduler computed.
+    """
+
+    config_name: str
+    config_digest: bytes
+    instructions: tuple
+    constants: tuple = ()
+    inputs: tuple = ()
+    outputs: tuple = ()
+    layer_names: tuple = ("program",)
+    predicted_cycles: int = 0
+    digest: bytes = field(default=b"", compare=False)
+
+
+# ---------------------------------------------------------------------------
+# encode
+# ---------------------------------------------------------------------------
+def _pack_str(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<H", len(raw)) + raw
+
+
+def _pack_dims(dtype: DType, shape) -> bytes:
+    return struct.pack(f"<BB{len(shape)}I", int(dtype), len(shape), *shape)
+
+
+def _pack_ref(ref: TensorRef) -> bytes:
+    return struct.pack("<Q", ref.addr) + _pack_dims(ref.dtype, ref.shape)
+
+
+def encode(program: Program) -> bytes:
+    """Serialize a program to bytes (see the module docstring for the layout)."""
+    parts = [_pack_str(program.config_name), program.config_digest,
+             struct.pack("<QI", program.predicted_cycles, len(program.layer_names))]
+    parts += [_pack_str(name[:MAX_NAME]) for name in program.layer_names]
+    for group in (program.inputs, program.outputs):
+        parts.append(struct.pack("<I", len(group)))
+        parts += [_pack_dims(t.dtype, t.shape) for t in group]
+    parts.append(struct.pack("<I", len(program.instructions)))
+    for ins in program.instructions:
+        parts.append(_INSTR.pack(int(ins.opcode), int(ins.unit), ins.unit_index, len(ins.srcs), len(ins.dsts),
+                                 len(ins.attrs), ins.layer, ins.cycle))
+        parts += [_pack_ref(r) for r in ins.srcs + ins.dsts]
+        parts.append(struct.pack(f"<{len(ins.attrs)}d", *ins.attrs))
+    parts.append(struct.pack("<I", len(program.constants)))
+    for const in program.constants:
+        parts.append(_pack_ref(const.ref))
+        parts.append(memoryview(np.ascontiguousarray(const.data)).cast("B"))
+    body = b"".join(parts)
+    digest = hashlib.blake2b(body, digest_size=16).digest()
+    return _HEADER.pack(MAGIC, VERSION, 0, len(body), digest) + body
+
+
+# ---------------------------------------------------------------------------
+# decode
+# ---------------------------------------------------------------------------
+class _Reader:
+    """Bounds-checked cursor over the body; every read names what it read."""
+
+    def __init__(self, buf: memoryview):
+        self.buf = buf
+        self.pos = 0
+
+    def take(self, n: int, what: str) -> memoryview:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise ProgramFormatError(f"program truncated while reading {what} at byte {self.pos}")
+        view = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return view
+
+    def unpack(self, fmt: str, what: str):
+        s = struct.Struct("<" + fmt)
+        return s.unpack(self.take(s.size, what))
+
+    def count(self, what: str, min_record_bytes: int) -> int:
+        (n,) = self.unpack("I", what)
+        if n * min_record_bytes > len(self.buf) - self.pos:
+            raise ProgramFormatError(f"{what} = {n} does not fit in the remaining {len(self.buf) - self.pos} bytes")
+        return n
+
+    def string(self, what: str) -> str:
+        (n,) = self.unpack("H", what)
+        try:
+            return bytes(self.take(n, what)).decode()
+        except UnicodeDecodeError:
+            raise ProgramFormatError(f"{what} is not UTF-8") from None
+
+    def dims(self, what: str) -> tuple:
+        code, rank = self.unpack("BB", what)
+        if code not in DType._value2member_map_:
+            raise ProgramFormatError(f"{what}: unknown dtype code {code}")
+        if rank > MAX_RANK:
+            raise ProgramFormatError(f"{what}: rank {rank} exceeds {MAX_RANK}")
+        shape = self.unpack(f"{rank}I", what)
+        if any(d == 0 or d >= MAX_DIM for d in shape):
+            raise ProgramFormatError(f"{what}: dimension out of range in {shape}")
+        return DType(code), tuple(shape)
+
+    def ref(self, what: str) -> TensorRef:
+        (addr,) = self.unpack("Q", what)
+        dtype, shape = self.dims(what)
+        return TensorRef(addr, shape, dtype)
+
+
+def read_digest(blob) -> bytes:
+    """The 16-byte body digest from a program header, checking only the magic."""
+    head = bytes(memoryview(blob)[:_HEADER.size])
+    if len(head) < _HEADER.size or head[:8] != MAGIC:
+        raise ProgramFormatError("not an LPX program (bad magic)")
+    return head[-16:]
+
+
+def decode(blob, config: ChipConfig | str | None = None) -> Program:
+    """Parse and fully validate a program.
+
+    Parameters
+    ----------
+    blob : bytes-like
+        The encoded program.
+    config : ChipConfig or str, optional
+        The chip it will run on; by default the preset the program names.
+
+    Raises
+    ------
+    ProgramFormatError
+        On any malformed, corrupted, foreign or out-of-bounds content.
+    """
+    buf = memoryview(blob).cast("B")
+    if len(buf) < _HEADER.size:
+        raise ProgramFormatError(f"program truncated: {len(buf)} bytes is shorter than the header")
+    magic, version, _, body_len, digest = _HEADER.unpack(buf[:_HEADER.size])
+    if magic != MAGIC:
+        raise ProgramFormatError("not an LPX program (bad magic)")
+    if version != VERSION:
+        raise ProgramFormatError(f"program format version {version}; this runtime reads version {VERSION}")
+    body = buf[_HEADER.size:]
+    if len(body) != body_len:
+        raise ProgramFormatError(f"program truncated or padded: body is {len(body)} bytes, header says {body_len}")
+    if hashlib.blake2b(body, digest_size=16).digest() != digest:
+        raise ProgramFormatError("program checksum mismatch: the bytes were corrupted")
+    try:
+        program = _parse_body(_Reader(body), digest)
+    except ProgramFormatError:
+        raise
+    except (ValueError, struct.error) as err:  # defensive: any parse slip is still a format error
+        raise ProgramFormatError(f"malformed program: {err}") from None
+    validate(program, config)
+    return program
+
+
+def _parse_body(r: _Reader, digest: bytes) -> Program:
+    config_name = r.string("config name")
+    config_digest = bytes(r.take(8, "config digest"))
+    predicted, n_layers = r.unpack("QI", "program header")
+    if n_layers * 2 > len(r.buf) - r.pos:
+        raise ProgramFormatError(f"layer count {n_layers} does not fit in the program")
+    layers = tuple(r.string("layer name") for _ in range(n_layers))
+    sigs = []
+    for what in ("input count", "output count"):
+        n = r.count(what, 2)
+        sigs.append(tuple(HostTensor(s, d) for d, s in (r.dims(what) for _ in range(n))))
+    n_instr = r.count("instruction count", _INSTR.size)
+    instructions = []
+    for index in range(n_instr):
+        op, unit, unit_index, n_src, n_dst, n_attr, layer, cycle = r.unpack(_INSTR.format[1:], "instruction")
+        where = f"instruction {index}"
+        if op not in Opcode._value2member_map_:
+            raise ProgramFormatError(f"{where}: unknown opcode {op}")
+        op = Opcode(op)
+        if unit != UNIT_OF[op]:
+            raise ProgramFormatError(f"{where}: {op.name} runs on {UNIT_OF[op].name}, not unit {unit}")
+        if layer >= max(n_layers, 1):
+            raise ProgramFormatError(f"{where}: layer index {layer} out of range")
+        refs = tuple(r.ref(f"{where} operand") for _ in range(n_src + n_dst))
+        attrs = r.unpack(f"{n_attr}d", f"{where} attributes")
+        if not all(np.isfinite(a) or op in (Opcode.CLIP,) for a in attrs):
+            raise ProgramFormatError(f"{where}: non-finite attribute")
+        instructions.append(Instruction(op, unit_index, cycle, refs[:n_src], refs[n_src:], attrs, layer))
+    n_const = r.count("constant count", 10)
+    constants = []
+    for _ in range(n_const):
+        ref = r.ref("constant")
+        data = np.frombuffer(r.take(ref.nbytes, "constant data"), dtype=np.uint8)
+        constants.append(Constant(ref, data))
+    if r.pos != len(r.buf):
+        raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the constants")
+    return Program(config_name, config_digest, tuple(instructions), tuple(constants), sigs[0], sigs[1],
+                   layers, predicted, digest)
+
+
+def validate(program: Program, config: ChipConfig | str | None = None) -> ChipConfig:
+    """Check a program against a chip: config identity, units, shapes and SRAM bounds.
+
+    Returns the chip config. Raises ProgramFormatError naming the first problem.
+    """
+    try:
+        chip = load_config(config if config is not None else program.config_name)
+    except ValueError as err:
+        raise ProgramFormatError(f"program names chip config {program.config_name!r}: {err}") from None
+    if program.config_digest != chip.digest or program.config_name != chip.name:
+        raise ProgramFormatError(
+            f"program was compiled for chip config {program.config_name!r}, not for {chip.name!r} "
+            f"(config digests {program.config_digest.hex()} vs {chip.digest.hex()})")
+
+    def check_ref(ref: TensorRef, where: str):
+        if ref.addr % 4 or ref.end > chip.sram_bytes:
+            raise ProgramFormatError(f"SRAM overflow: {where}: {ref} lies outside SRAM of {chip.sram_bytes} bytes "
+                                     "(or is not 4-byte aligned)")
+
+    for const in program.constants:
+        check_ref(const.ref, "constant")
+    for index, ins in enumerate(program.instructions):
+        where = f"instruction {index} ({ins.opcode.name})"
+        if ins.unit_index >= chip.unit_count(ins.unit.name):
+            raise ProgramFormatError(f"{where}: {ins.unit.name} instance {ins.unit_index} does not exist")
+        for ref in ins.srcs + ins.dsts:
+            check_ref(ref, where)
+        _validate_operands(ins, program, where)
+    return chip
+
+
+def _validate_operands(ins: Instruction, program: Program, where: str) -> None:
+    op = ins.opcode
+    expect_dst = 0 if op in (Opcode.STORE, Opcode.NOP) else 1
+    expect_src = 0 if op in (Opcode.LOAD, Opcode.NOP) else None
+    if len(ins.dsts) != expect_dst or (expect_src is not None and len(ins.srcs) != expect_src):
+        raise ProgramFormatError(f"{where}: wrong operand count")
+    try:
+        shapes = infer_shapes(op, [(r.shape, r.dtype) for r in ins.srcs], ins.attrs)
+        if op in (Opcode.LOAD, Opcode.STORE):
+            index = int(ins.attrs[0])
+            group, ref = (program.inputs, ins.dsts[0]) if op == Opcode.LOAD else (program.outputs, ins.srcs[0])
+            if index >= len(group) or group[index].nbytes != ref.nbytes or group[index].dtype != ref.dtype:
+                raise ValueError(f"host tensor {index} does not match {ref}")
+        elif op == Opcode.SLICE:
+            check_slice(ins.srcs[0].shape, ins.dsts[0].shape, ins.attrs)
+        elif shapes is not None:
+            dst = ins.dsts[0].shape
+            if prod(dst) != prod(shapes[0]) or (op not in _RESHAPING and dst != shapes[0]):
+                raise ValueError(f"output shape {dst}, expected {shapes[0]}")
+        if op not in (Opcode.CAST, Opcode.LOAD, Opcode.STORE, Opcode.NOP):
+            dtypes = {r.dtype for r in ins.srcs + ins.dsts}
+            if len(dtypes) != 1 or not dtypes <= FLOAT_DTYPES:
+                raise ValueError(f"operand dtypes {sorted(d.short for d in dtypes)} are not one float type")
+    except ValueError as err:
+        raise ProgramFormatError(f"{where}: {err}") from None
+
+
+# opcodes whose destination may be a reshaped view of the inferred shape
+_RESHAPING = frozenset({Opcode.REDUCE_SUM, Opcode.REDUCE_MEAN, Opcode.REDUCE_MAX, Opcode.IM2COL, Opcode.MATMUL})
+
+
+# ---------------------------------------------------------------------------
+# disassembler
+# ---------------------------------------------------------------------------
+def format_instruction(index: int, ins: Instruction, layer_names=()) -> str:
+    """One readable line for one instruction."""
+    attrs = ",".join(f"{a:g}" for a in ins.attrs)
+    srcs = " ".join(str(r) for r in ins.srcs) or "-"
+    dsts = " ".join(str(r) for r in ins.dsts) or "-"
+    layer = layer_names[ins.layer] if ins.layer < len(layer_names) else ins.layer
+    return (f"{index:6d} @{ins.cycle:<10d} {ins.unit.name}{ins.unit_index:<2d} {ins.opcode.name:<12s}"
+            f"{dsts} <- {srcs}" + (f" [{attrs}]" if attrs else "") + f"  ; {layer}")
+
+
+def disassemble(program: Program) -> str:
+    """The whole program, one line per instruction after a short header."""
+    head = [f"; lpx program for chip {program.config_name!r}, {len(program.instructions)} instructions, "
+            f"{len(program.constants)} constants ({sum(c.ref.nbytes for c in program.constants)} bytes), "
+            f"predicted {program.predicted_cycles} cycles",
+            "; inputs:  " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.inputs),
+            "; outputs: " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.outputs)]
+    body = [format_instruction(i, ins, program.layer_names) for i, ins in enumerate(program.instructions)]
+    return "\n".join(head + body)
+
+

@@ -1,0 +1,377 @@
+"""What every opcode computes: one table ``Opcode -> numpy function``.
+
+A semantics function has the signature ``f(outs, ins, attrs)``: ``ins`` and
+``outs`` are numpy views of the instruction's operands (SRAM views, or host
+arrays for LOAD/STORE), and it writes its results into ``outs``. Floating-point
+storage types (fp16, bf16) compute and accumulate in fp32 and round once on the
+way out, as the hardware does.
+
+``infer_shapes`` is the other half of the definition: the shapes an opcode's
+outputs must have, given its inputs and attributes. The decoder uses it to
+reject a malformed instruction before anything runs.
+
+Attributes, by opcode
+---------------------
+LOAD (input_index) · STORE (output_index) · NOP (cycles)
+MATMUL (epilogue opcode, p0, p1), srcs a[..., M, K], b[..., K, N], optional bias
+CLIP (lo, hi) · other unary and binary ops ()
+REDUCE_* (axis, ...) · SOFTMAX (axis) · LAYERNORM (eps, n_trailing_axes)
+MAXPOOL/AVGPOOL and IM2COL (kh, kw, sh, sw, pad_top, pad_left, pad_bottom,
+pad_right, dh, dw, count_include_pad | groups)
+TRANSPOSE (perm...) · CONCAT (axis) · SLICE (begin..., step...)
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from .isa import (BINARY_OPS, EPILOGUE_OPS, POOL_OPS, REDUCE_OPS, UNARY_OPS, DType, Opcode)
+
+F32 = np.float32
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == F32 else a.astype(F32)
+
+
+def _store(out: np.ndarray, value: np.ndarray) -> None:
+    if value is not out:
+        np.copyto(out, value.reshape(out.shape), casting="unsafe")
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf in fp32 (Abramowitz & Stegun 7.1.26; |error| < 1.5e-7, below fp32 rounding)."""
+    a = np.abs(x, dtype=np.float64)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return np.copysign(1.0 - poly * np.exp(-a * a), x).astype(F32)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    return (x * F32(0.5) * (F32(1.0) + erf(x * F32(0.7071067811865476)))).astype(F32)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    # two branches so large |x| never overflows exp
+    out = np.empty_like(x)
+    pos = x >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
+    ex = np.exp(x[~pos])
+    out[~pos] = ex / (1.0 + ex)
+    return out
+
+
+UNARY_FUNCS = {
+    Opcode.COPY: lambda x, attrs: x,
+    Opcode.CAST: lambda x, attrs: x,
+    Opcode.RELU: lambda x, attrs: np.maximum(x, F32(0)),
+    Opcode.CLIP: lambda x, attrs: np.clip(x, F32(attrs[0]), F32(attrs[1])),
+    Opcode.GELU: lambda x, attrs: gelu(x),
+    Opcode.EXP: lambda x, attrs: np.exp(x),
+    Opcode.ERF: lambda x, attrs: erf(x),
+    Opcode.TANH: lambda x, attrs: np.tanh(x),
+    Opcode.SIGMOID: lambda x, attrs: sigmoid(x),
+    Opcode.SQRT: lambda x, attrs: np.sqrt(x),
+    Opcode.RSQRT: lambda x, attrs: F32(1.0) / np.sqrt(x),
+    Opcode.NEG: lambda x, attrs: np.negative(x),
+    Opcode.NOP: lambda x, attrs: x,
+}
+
+BINARY_UFUNCS = {
+    Opcode.ADD: np.add, Opcode.SUB: np.subtract, Opcode.MUL: np.multiply, Opcode.DIV: np.divide,
+    Opcode.MAXIMUM: np.maximum, Opcode.MINIMUM: np.minimum, Opcode.POW: np.power,
+}
+
+
+def _unary(op):
+    fn = UNARY_FUNCS[op]
+
+    def run(outs, ins, attrs):
+        x = ins[0]
+        if op in (Opcode.COPY, Opcode.CAST) or x.dtype != F32:
+            _store(outs[0], fn(_f32(x), attrs) if op != Opcode.COPY else x)
+        elif op == Opcode.RELU:
+            np.maximum(x, F32(0), out=outs[0])
+        else:
+            _store(outs[0], fn(x, attrs))
+    return run
+
+
+def _binary(op):
+    ufunc = BINARY_UFUNCS[op]
+
+    def run(outs, ins, attrs):
+        a, b = ins
+        out = outs[0]
+        if a.dtype == b.dtype == out.dtype == F32:
+            ufunc(a, b, out=out)
+        else:
+            _store(out, ufunc(_f32(a), _f32(b)))
+    return run
+
+
+def _apply_epilogue(out: np.ndarray, act: Opcode, attrs) -> None:
+    if act == Opcode.NOP:
+        return
+    if act == Opcode.RELU:
+        np.maximum(out, F32(0), out=out)
+    elif act == Opcode.CLIP:
+        np.clip(out, F32(attrs[1]), F32(attrs[2]), out=out)
+    else:
+        out[...] = UNARY_FUNCS[act](out, attrs)
+
+
+def _matmul(outs, ins, attrs):
+    out = outs[0]
+    a, b = ins[0], ins[1]
+    act = Opcode(int(attrs[0]))
+    if out.dtype == F32 and a.dtype == b.dtype == F32:
+        np.matmul(a, b, out=out)
+        acc = out
+    else:
+        acc = np.matmul(_f32(a), _f32(b))
+    if len(ins) == 3:
+        np.add(acc, _f32(ins[2]), out=acc)
+    _apply_epilogue(acc, act, attrs)
+    _store(out, acc)
+
+
+def _reduce(kind):
+    def run(outs, ins, attrs):
+        axes = tuple(int(a) for a in attrs)
+        x = _f32(ins[0])
+        value = kind(x, axis=axes, keepdims=True)
+        _store(outs[0], value)
+    return run
+
+
+def _softmax(outs, ins, attrs):
+    axis = int(attrs[0])
+    x = _f32(ins[0])
+    shifted = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    e /= e.sum(axis=axis, keepdims=True)
+    _store(outs[0], e)
+
+
+def _layernorm(outs, ins, attrs):
+    eps, n_axes = F32(attrs[0]), int(attrs[1])
+    x = _f32(ins[0])
+    axes = tuple(range(x.ndim - n_axes, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    centered = x - mean
+    var = np.mean(np.square(centered), axis=axes, keepdims=True)
+    y = centered / np.sqrt(var + eps)
+    y *= _f32(ins[1])
+    y += _f32(ins[2])
+    _store(outs[0], y)
+
+
+def _window_attrs(attrs):
+    kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, extra = (int(a) for a in attrs)
+    return kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, extra
+
+
+def _windows(x, attrs, fill):
+    """Strided view of every pooling/conv window: [N, C, OH, OW, kh, kw]."""
+    kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, _ = _window_attrs(attrs)
+    if pt or pl or pb or pr:
+        x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    win = np.lib.stride_tricks.sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
+    return win[:, :, ::sh, ::sw, ::dh, ::dw]
+
+
+def _maxpool(outs, ins, attrs):
+    x = _f32(ins[0])
+    _store(outs[0], _windows(x, attrs, -np.inf).max(axis=(4, 5)))
+
+
+def _avgpool(outs, ins, attrs):
+    x = _f32(ins[0])
+    kh, kw, *_, count_include_pad = _window_attrs(attrs)
+    total = _windows(x, attrs, 0.0).sum(axis=(4, 5), dtype=F32)
+    if count_include_pad:
+        total /= F32(kh * kw)
+    else:
+        ones = np.ones((1, 1) + x.shape[2:], F32)
+        total /= _windows(ones, attrs, 0.0).sum(axis=(4, 5), dtype=F32)
+    _store(outs[0], total)
+
+
+def _im2col(outs, ins, attrs):
+    x = ins[0]
+    groups = int(attrs[10])
+    win = _windows(x, attrs, 0)  # [N, C, OH, OW, kh, kw]
+    n, c, oh, ow, kh, kw = win.shape
+    cols = win.reshape(n, groups, c // groups, oh, ow, kh, kw).transpose(0, 1, 2, 5, 6, 3, 4)
+    outs[0][...] = cols.reshape(outs[0].shape)
+
+
+def _transpose(outs, ins, attrs):
+    outs[0][...] = ins[0].transpose(tuple(int(a) for a in attrs))
+
+
+def _concat(outs, ins, attrs):
+    np.concatenate(ins, axis=int(attrs[0]), out=outs[0])
+
+
+def _slice(outs, ins, attrs):
+    x = ins[0]
+    rank = x.ndim
+    out = outs[0]
+    index = tuple(slice(int(attrs[i]), int(attrs[i]) + int(attrs[rank + i]) * out.shape[i], int(attrs[rank + i]))
+                  for i in range(rank))
+    out[...] = x[index]
+
+
+def _host_copy(outs, ins, attrs):
+    np.copyto(outs[0], ins[0].reshape(outs[0].shape), casting="unsafe")
+
+
+SEMANTICS = {
+    Opcode.NOP: lambda outs, ins, attrs: None,
+    Opcode.LOAD: _host_copy,
+    Opcode.STORE: _host_copy,
+    Opcode.MATMUL: _matmul,
+    **{op: _unary(op) for op in UNARY_OPS},
+    **{op: _binary(op) for op in BINARY_OPS},
+    Opcode.REDUCE_SUM: _reduce(np.sum),
+    Opcode.REDUCE_MEAN: _reduce(np.mean),
+    Opcode.REDUCE_MAX: _reduce(np.max),
+    Opcode.SOFTMAX: _softmax,
+    Opcode.LAYERNORM: _layernorm,
+    Opcode.MAXPOOL: _maxpool,
+    Opcode.AVGPOOL: _avgpool,
+    Opcode.TRANSPOSE: _transpose,
+    Opcode.IM2COL: _im2col,
+    Opcode.CONCAT: _concat,
+    Opcode.SLICE: _slice,
+}
+assert set(SEMANTICS) == set(Opcode), "every opcode needs semantics"
+
+
+# ---------------------------------------------------------------------------
+# shape rules (used to validate decoded programs before anything runs)
+# ---------------------------------------------------------------------------
+def _window_out(size, k, s, p0, p1, d):
+    return (size + p0 + p1 - (k - 1) * d - 1) // s + 1
+
+
+def _check(cond, message):
+    if not cond:
+        raise ValueError(message)
+
+
+def _ints(attrs):
+    _check(all(float(a).is_integer() for a in attrs), "integer attribute expected")
+    return [int(a) for a in attrs]
+
+
+def _rule_window(src, attrs):
+    _check(len(src) == 4, "window ops take an NCHW tensor")
+    _check(len(attrs) == 11, "window ops take 11 attributes")
+    kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, extra = _ints(attrs)
+    _check(min(kh, kw, sh, sw, dh, dw) >= 1 and min(pt, pl, pb, pr) >= 0, "bad window attributes")
+    oh = _window_out(src[2], kh, sh, pt, pb, dh)
+    ow = _window_out(src[3], kw, sw, pl, pr, dw)
+    _check(oh >= 1 and ow >= 1, "window larger than its input")
+    return kh, kw, oh, ow, extra
+
+
+def infer_shapes(op: Opcode, srcs: list, attrs: tuple, n_inputs_outputs=None) -> list | None:
+    """Output shapes an instruction must have, or None where the dst shape is free.
+
+    Parameters
+    ----------
+    op : Opcode
+    srcs : list of (shape, DType)
+    attrs : tuple of float
+
+    Raises
+    ------
+    ValueError
+        If the operands or attributes are not valid for the opcode.
+    """
+    shapes = [tuple(s) for s, _ in srcs]
+    if op in (Opcode.LOAD, Opcode.STORE, Opcode.NOP):
+        _check(len(attrs) == 1 and _ints(attrs)[0] >= 0, f"{op.name} takes one index attribute")
+        return None
+    if op == Opcode.MATMUL:
+        _check(len(shapes) in (2, 3) and len(attrs) == 3, "MATMUL takes 2-3 operands and 3 attributes")
+        a, b = shapes[0], shapes[1]
+        _check(len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2], f"MATMUL shapes {a} and {b} do not chain")
+        _check(Opcode(_ints(attrs[:1])[0]) in EPILOGUE_OPS, "MATMUL epilogue must be an activation")
+        batch = np.broadcast_shapes(a[:-2], b[:-2])
+        out = tuple(batch) + (a[-2], b[-1])
+        if len(shapes) == 3:
+            _check(np.broadcast_shapes(out, shapes[2]) == out, "MATMUL bias does not broadcast")
+        return [out]
+    if op in UNARY_OPS:
+        _check(len(shapes) == 1 and len(attrs) == (2 if op == Opcode.CLIP else 0), f"{op.name} operands")
+        return [shapes[0]]
+    if op in BINARY_OPS:
+        _check(len(shapes) == 2 and not attrs, f"{op.name} takes two operands")
+        return [tuple(np.broadcast_shapes(*shapes))]
+    if op in REDUCE_OPS:
+        _check(len(shapes) == 1 and attrs, f"{op.name} takes one operand and its axes")
+        axes = _ints(attrs)
+        _check(all(0 <= a < len(shapes[0]) for a in axes), "reduce axis out of range")
+        return [tuple(1 if i in axes else d for i, d in enumerate(shapes[0]))]
+    if op == Opcode.SOFTMAX:
+        _check(len(shapes) == 1 and len(attrs) == 1 and 0 <= _ints(attrs)[0] < len(shapes[0]), "SOFTMAX axis")
+        return [shapes[0]]
+    if op == Opcode.LAYERNORM:
+        _check(len(shapes) == 3 and len(attrs) == 2, "LAYERNORM takes x, gamma, beta, eps, n_axes")
+        n = _ints(attrs[1:])[0]
+        _check(1 <= n <= len(shapes[0]), "LAYERNORM axis count")
+        for p in shapes[1:]:
+            _check(np.broadcast_shapes(shapes[0], p) == shapes[0], "LAYERNORM gamma/beta shape")
+        return [shapes[0]]
+    if op in POOL_OPS:
+        _check(len(shapes) == 1, f"{op.name} takes one operand")
+        _, _, oh, ow, _ = _rule_window(shapes[0], attrs)
+        return [shapes[0][:2] + (oh, ow)]
+    if op == Opcode.IM2COL:
+        _check(len(shapes) == 1, "IM2COL takes one operand")
+        kh, kw, oh, ow, groups = _rule_window(shapes[0], attrs)
+        n, c = shapes[0][:2]
+        _check(groups >= 1 and c % groups == 0, "IM2COL groups must divide channels")
+        return [(n, groups, c // groups * kh * kw, oh * ow)]
+    if op == Opcode.TRANSPOSE:
+        _check(len(shapes) == 1, "TRANSPOSE takes one operand")
+        perm = _ints(attrs)
+        _check(sorted(perm) == list(range(len(shapes[0]))), "TRANSPOSE perm")
+        return [tuple(shapes[0][p] for p in perm)]
+    if op == Opcode.CONCAT:
+        _check(len(shapes) >= 1 and len(attrs) == 1, "CONCAT operands")
+        axis = _ints(attrs)[0]
+        first = shapes[0]
+        _check(0 <= axis < len(first), "CONCAT axis")
+        for s in shapes:
+            _check(len(s) == len(first) and all(s[i] == first[i] for i in range(len(s)) if i != axis),
+                   "CONCAT shapes")
+        return [first[:axis] + (sum(s[axis] for s in shapes),) + first[axis + 1:]]
+    if op == Opcode.SLICE:
+        _check(len(shapes) == 1 and len(attrs) == 2 * len(shapes[0]), "SLICE attributes")
+        return None
+    raise ValueError(f"no shape rule for {op.name}")
+
+
+def check_slice(src_shape, dst_shape, attrs) -> None:
+    """SLICE bounds: every index read must lie inside the source."""
+    rank = len(src_shape)
+    _check(len(dst_shape) == rank, "SLICE rank")
+    vals = _ints(attrs)
+    for i in range(rank):
+        begin, step, n = vals[i], vals[rank + i], dst_shape[i]
+        _check(step >= 1 and 0 <= begin and (n == 0 or begin + step * (n - 1) < src_shape[i]),
+               "SLICE out of bounds")
+
+
+def element_count(shape) -> int:
+    return prod(shape)
+
+
+FLOAT_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})

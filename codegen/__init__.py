@@ -1,0 +1,117 @@
+"""The LPX codegen: Relax composite ─► Program, as named stages.
+
+    lower     Relax ops ─► LPX operator graph (no TVM types past this step)
+    fuse      fold per-channel scale/bias and activations into conv/matmul
+    tile      split each operator into instructions that fit the units
+    alloc     place every tensor in SRAM (liveness-based, never over capacity)
+    schedule  assign each instruction a unit and an issue cycle
+    emit      build the Program (instructions + constants)
+
+Each stage's result can be written to a folder for debugging
+(``compile_function(..., dump_dir=...)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..runtime_sim import ChipConfig, Program, disassemble, load_config
+from .alloc import CapacityError, allocate
+from .emit import emit, resolve
+from .fuse import fuse_epilogues
+from .graph import Graph
+from .schedule import schedule
+from .tile import tile
+
+STAGES = ("lower", "fuse", "tile", "alloc", "schedule", "emit")
+
+
+@dataclass(frozen=True)
+class CodegenOptions:
+    """Options of the lpx codegen, validated on construction.
+
+    Parameters
+    ----------
+    config : str
+        Chip preset name (or path to a JSON preset).
+    in_order : bool
+        Use the in-order reference schedule instead of the list scheduler.
+    dump_dir : str, optional
+        Write each stage's result there.
+    """
+
+    config: str = "tiny"
+    in_order: bool = False
+    dump_dir: str | None = None
+
+    def __post_init__(self):
+        load_config(self.config)  # raises a clear error for an unknown preset
+        if not isinstance(self.in_order, bool):
+            raise ValueError(f"in_order must be a bool, got {self.in_order!r}")
+
+    @classmethod
+    def from_dict(cls, options: dict | None) -> "CodegenOptions":
+        options = dict(options or {})
+        unknown = set(options) - {"config", "in_order", "dump_dir"}
+        if unknown:
+            raise ValueError(f"unknown lpx codegen options {sorted(unknown)}; known: config, in_order, dump_dir")
+        return cls(**options)
+
+    @property
+    def chip(self) -> ChipConfig:
+        return load_config(self.config)
+
+
+def _describe_graph(g: Graph) -> str:
+    lines = [f"inputs {g.inputs} outputs {g.outputs}"]
+    for n in g.nodes:
+        shapes = [g.tensors[t].shape for t in n.inputs]
+        lines.append(f"t{n.output} {g.tensors[n.output].shape} = {n.kind}({n.inputs} {shapes}) "
+                     f"{ {k: v for k, v in n.attrs.items()} }  ; {n.layer}")
+    return "\n".join(lines)
+
+
+def compile_graph(g: Graph, options: CodegenOptions, name: str = "lpx") -> Program:
+    """Run fuse ─► emit on a lowered graph."""
+    chip = options.chip
+    dump = Path(options.dump_dir) if options.dump_dir else None
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / f"{name}.1_lower.txt").write_text(_describe_graph(g))
+    fuse_epilogues(g)
+    if dump:
+        (dump / f"{name}.2_fuse.txt").write_text(_describe_graph(g))
+    ops = tile(g, chip)
+    if dump:
+        (dump / f"{name}.3_tile.txt").write_text(
+            "\n".join(f"{o.opcode.name} {o.dsts} <- {o.srcs} {o.attrs} ; {o.layer}" for o in ops))
+    addr = allocate(g, ops, chip)
+    if dump:
+        (dump / f"{name}.4_alloc.txt").write_text(
+            "\n".join(f"t{t} @ {a:#x} {g.tensors[t].shape}" for t, a in addr.items() if t != "high_water"))
+    instructions, layers = resolve(g, ops, addr)
+    instructions, makespan = schedule(instructions, chip, in_order=options.in_order)
+    program = emit(g, addr, instructions, layers, makespan, chip)
+    if dump:
+        (dump / f"{name}.5_schedule+emit.txt").write_text(disassemble(program))
+    return program
+
+
+def compile_function(func, options: CodegenOptions | None = None, name: str = "lpx") -> Program:
+    """Compile one offloaded Relax function to an LPX Program.
+
+    Parameters
+    ----------
+    func : tvm.relax.Function
+        A function partitioned for lpx.
+    options : CodegenOptions
+    name : str
+        Used for layer names and dump files.
+    """
+    from .lower import lower  # TVM is imported only when a Relax function is compiled
+
+    return compile_graph(lower(func, name), options or CodegenOptions(), name)
+
+
+__all__ = ["CodegenOptions", "CapacityError", "compile_function", "compile_graph", "STAGES"]

@@ -1,0 +1,97 @@
+"""alloc: place every tensor in SRAM.
+
+Weights (constants) are resident: they sit at the bottom of SRAM for the life of
+the program. Activations are placed by liveness, in program order, first fit:
+a tensor's space is taken just before its first writer and returned after its
+last reader, so later tensors reuse it. Nothing is ever placed past capacity:
+a program that cannot fit raises :class:`CapacityError` naming the layer and the
+sizes.
+"""
+
+from __future__ import annotations
+
+from ..runtime_sim import ChipConfig
+from .graph import Graph
+
+ALIGN = 64
+
+
+class CapacityError(ValueError):
+    """The tensors live at some point do not fit in SRAM."""
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class _FreeList:
+    def __init__(self, start: int, end: int):
+        self.blocks = [(start, end)]  # sorted, disjoint [lo, hi)
+        self.high_water = start
+
+    def take(self, size: int) -> int | None:
+        for i, (lo, hi) in enumerate(self.blocks):
+            if hi - lo >= size:
+                self.blocks[i] = (lo + size, hi)
+                if lo + size == hi:
+                    del self.blocks[i]
+                self.high_water = max(self.high_water, lo + size)
+                return lo
+        return None
+
+    def give(self, lo: int, size: int) -> None:
+        hi = lo + size
+        blocks = sorted(self.blocks + [(lo, hi)])
+        merged = [blocks[0]]
+        for b_lo, b_hi in blocks[1:]:
+            if b_lo == merged[-1][1]:
+                merged[-1] = (merged[-1][0], b_hi)
+            else:
+                merged.append((b_lo, b_hi))
+        self.blocks = merged
+
+
+def allocate(g: Graph, ops: list, config: ChipConfig) -> dict:
+    """SRAM address of every base tensor used by ``ops``.
+
+    Returns
+    -------
+    dict
+        tensor id -> byte address, plus ``"high_water"``: the top of used SRAM.
+    """
+    addr, cursor = {}, 0
+    first, last = {}, {}
+    for i, op in enumerate(ops):
+        for operand in op.dsts + op.srcs:
+            base = g.base(operand.tensor)
+            if g.tensors[base].data is not None:
+                if base not in addr:
+                    addr[base] = cursor
+                    cursor += _align(g.tensors[base].nbytes)
+                continue
+            first.setdefault(base, i)
+            last[base] = i
+    if cursor > config.sram_bytes:
+        raise CapacityError(f"weights need {cursor} bytes of SRAM; chip {config.name!r} has {config.sram_bytes}")
+    free = _FreeList(cursor, config.sram_bytes)
+    ends_at = {}
+    for base, i in last.items():
+        ends_at.setdefault(i, []).append(base)
+    starts_at = {}
+    for base, i in first.items():
+        starts_at.setdefault(i, []).append(base)
+    for i, op in enumerate(ops):
+        for base in starts_at.get(i, ()):
+            size = _align(g.tensors[base].nbytes)
+            where = free.take(size)
+            if where is None:
+                live = config.sram_bytes - sum(h - l for l, h in free.blocks)
+                raise CapacityError(
+                    f"layer {op.layer!r}: a {size}-byte tensor {g.tensors[base].shape} does not fit in SRAM "
+                    f"({config.sram_bytes} bytes on chip {config.name!r}, {live} already in use, "
+                    f"{cursor} of them weights)")
+            addr[base] = where
+        for base in ends_at.get(i, ()):
+            free.give(addr[base], _align(g.tensors[base].nbytes))
+    addr["high_water"] = free.high_water
+    return addr

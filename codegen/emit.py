@@ -1,0 +1,42 @@
+"""emit: resolve operands to SRAM addresses and build the Program."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..runtime_sim import ChipConfig, Constant, DType, Instruction, Program, TensorRef
+from ..runtime_sim.isa import HostTensor
+from .graph import Graph
+
+
+def _ref(g: Graph, addr: dict, operand) -> TensorRef:
+    base = g.base(operand.tensor)
+    return TensorRef(addr[base] + operand.offset, tuple(operand.shape), DType.from_numpy(g.tensors[base].dtype))
+
+
+def resolve(g: Graph, ops: list, addr: dict) -> tuple:
+    """Instructions (unscheduled) and the layer-name table for tile ops."""
+    layers, index = [], {}
+    instructions = []
+    for op in ops:
+        layer = index.setdefault(op.layer, len(index))
+        if layer == len(layers):
+            layers.append(op.layer)
+        instructions.append(Instruction(op.opcode, 0, 0, tuple(_ref(g, addr, s) for s in op.srcs),
+                                        tuple(_ref(g, addr, d) for d in op.dsts),
+                                        tuple(float(a) for a in op.attrs), layer))
+    return instructions, tuple(layers)
+
+
+def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int, config: ChipConfig) -> Program:
+    """Assemble the Program: constants at their addresses, host signature, schedule."""
+    constants = []
+    for tid, where in addr.items():
+        if tid == "high_water" or g.tensors[tid].data is None:
+            continue
+        t = g.tensors[tid]
+        data = np.ascontiguousarray(t.data).reshape(-1).view(np.uint8)
+        constants.append(Constant(TensorRef(where, t.shape, DType.from_numpy(t.dtype)), data))
+    host = lambda ids: tuple(HostTensor(g.tensors[t].shape, DType.from_numpy(g.tensors[t].dtype)) for t in ids)
+    return Program(config.name, config.digest, tuple(instructions), tuple(constants),
+                   host(g.inputs), host(g.outputs), layers, makespan)

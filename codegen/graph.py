@@ -1,0 +1,83 @@
+"""The LPX operator graph: what ``lower`` produces and ``tile`` consumes.
+
+No TVM types live past lowering. A tensor is a shape, a numpy dtype and, for
+constants, its data; a reshape is an alias (same bytes, another shape), so it
+costs no instruction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+import numpy as np
+
+
+@dataclass
+class Tensor:
+    shape: tuple
+    dtype: np.dtype
+    data: np.ndarray | None = None  # set for constants (weights)
+    alias_of: int | None = None     # set for reshapes: the tensor whose bytes these are
+
+    @property
+    def nbytes(self) -> int:
+        return prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class Node:
+    """One LPX operator.
+
+    ``kind`` is ``"conv2d"``, ``"matmul"``, or the name of an LPX opcode that
+    runs as a single instruction (``"ADD"``, ``"SOFTMAX"``, ...).
+    """
+
+    kind: str
+    inputs: list
+    output: int
+    attrs: dict = field(default_factory=dict)
+    layer: str = ""
+
+
+@dataclass
+class Graph:
+    tensors: list = field(default_factory=list)
+    nodes: list = field(default_factory=list)
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+
+    def add_tensor(self, shape, dtype, data=None, alias_of=None) -> int:
+        self.tensors.append(Tensor(tuple(int(d) for d in shape), np.dtype(str(dtype)), data, alias_of))
+        return len(self.tensors) - 1
+
+    def constant(self, array: np.ndarray) -> int:
+        array = np.ascontiguousarray(array)
+        return self.add_tensor(array.shape, array.dtype, data=array)
+
+    def is_constant(self, tid: int) -> bool:
+        return self.tensors[tid].data is not None
+
+    def base(self, tid: int) -> int:
+        """The tensor that owns the bytes of ``tid`` (follows reshape aliases)."""
+        while self.tensors[tid].alias_of is not None:
+            tid = self.tensors[tid].alias_of
+        return tid
+
+    def add_node(self, kind, inputs, shape, dtype, layer, **attrs) -> int:
+        out = self.add_tensor(shape, dtype)
+        self.nodes.append(Node(kind, list(inputs), out, attrs, layer))
+        return out
+
+    def uses(self) -> dict:
+        """How many times each tensor (by base) is read, graph outputs included."""
+        counts = {}
+        for node in self.nodes:
+            for t in node.inputs:
+                counts[self.base(t)] = counts.get(self.base(t), 0) + 1
+        for t in self.outputs:
+            counts[self.base(t)] = counts.get(self.base(t), 0) + 1
+        return counts
+
+    def producer(self) -> dict:
+        return {node.output: node for node in self.nodes}

@@ -1,0 +1,107 @@
+"""``lpx_tvm.compile``: from an ONNX file (or Relax module) to something callable on numpy arrays."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .codegen import CodegenOptions
+from .frontend import from_onnx
+from .patterns import partition_for_lpx
+from .pipeline import _ORIGINAL_DEFAULT, lower_lpx_calls
+from .report import OffloadReport, offload_report
+from .runtime import load_program
+from .runtime_sim.simulator import CallError
+
+
+class CompiledModel:
+    """A compiled model: call it with numpy arrays, read its offload report and LPX programs.
+
+    Parameters
+    ----------
+    executable : tvm.relax.Executable
+    report : OffloadReport
+    programs : dict
+        Offloaded function name -> encoded LPX program.
+    """
+
+    def __init__(self, executable, report: OffloadReport, programs: dict, params):
+        self.executable = executable
+        self.report = report
+        self.programs = programs
+        self.vm = relax.VirtualMachine(executable, tvm.cpu())
+        self.input_signature = [(str(p.name), tuple(int(d) for d in p.ty.shape.values), str(p.ty.dtype))
+                                for p in params]
+
+    @property
+    def simulators(self) -> dict:
+        """Offloaded function name -> loaded (verified) simulator of its program."""
+        return {name: load_program(blob) for name, blob in self.programs.items()}
+
+    def _check(self, inputs) -> list:
+        sig = self.input_signature
+        if len(inputs) != len(sig):
+            raise CallError(f"model takes {len(sig)} inputs ({', '.join(n for n, _, _ in sig)}), got {len(inputs)}")
+        arrays = []
+        for value, (name, shape, dtype) in zip(inputs, sig):
+            arr = np.asarray(value)
+            if arr.shape != shape or arr.dtype != np.dtype(dtype):
+                raise CallError(f"input {name!r}: expected {dtype}{list(shape)}, got {arr.dtype}{list(arr.shape)}")
+            arrays.append(np.ascontiguousarray(arr))
+        return arrays
+
+    def __call__(self, *inputs, **named) -> list:
+        """Run the model. Inputs by position or by name; returns a list of numpy arrays."""
+        if named:
+            missing = [n for n, _, _ in self.input_signature if n not in named]
+            if inputs or missing:
+                raise CallError(f"pass inputs either by position or all by name; missing {missing}")
+            inputs = [named[n] for n, _, _ in self.input_signature]
+        arrays = self._check(inputs)
+        result = self.vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+        return _to_numpy(result)
+
+    def export_library(self, path) -> None:
+        """Write a shared library that ``tvm.runtime.load_module`` reloads (import lpx_tvm first)."""
+        self.executable.export_library(str(path))
+
+
+def _to_numpy(result) -> list:
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    return [x for item in result for x in _to_numpy(item)]
+
+
+def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_order: bool = False,
+            dump_dir: str | None = None) -> CompiledModel:
+    """Compile an ONNX model (or a Relax module) for lpx with host fallback.
+
+    Parameters
+    ----------
+    model : str, Path, bytes, onnx.ModelProto or tvm.IRModule
+    config : str
+        Chip preset (``"tsp"``, ``"tiny"``) or path to a JSON preset.
+    input_shapes : dict, optional
+        ``{input name: dims}`` to pin dynamic input shapes.
+    in_order : bool
+        Use the in-order reference schedule.
+    dump_dir : str, optional
+        Write every codegen stage's result there.
+
+    Returns
+    -------
+    CompiledModel
+    """
+    options = CodegenOptions(config=str(config), in_order=in_order, dump_dir=dump_dir)
+    mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes)
+    params = list(mod["main"].params)
+    partitioned = partition_for_lpx(mod, options.config)
+    report = offload_report(partitioned)
+    programs = {}
+    lowered, _ = lower_lpx_calls(partitioned, options, programs_out=programs)
+    executable = tvm.compile(lowered, target="lpx", relax_pipeline=_ORIGINAL_DEFAULT())
+    return CompiledModel(executable, report, programs, params)
+
+

@@ -1,0 +1,150 @@
+"""ONNX ─► Relax with weights bound, and the cheap folding the patterns need.
+
+Folding here is numpy work on the ONNX graph or on Relax constants; it never
+builds anything with LLVM (``FoldConstant`` would, once per constant).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .codegen.lower import Constant, constant_value
+
+
+class FrontendError(ValueError):
+    """A model that cannot be read or imported, with the reason and the file."""
+
+
+def load_onnx(model) -> onnx.ModelProto:
+    """Read an ONNX model from a path, bytes or a ModelProto, with clear errors."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    name = "<bytes>" if isinstance(model, (bytes, bytearray)) else str(model)
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            proto = onnx.load_from_string(bytes(model))
+        else:
+            path = Path(model)
+            if not path.is_file():
+                raise FrontendError(f"{name}: no such file")
+            proto = onnx.load(str(path))
+    except FrontendError:
+        raise
+    except Exception as err:  # protobuf raises several types for garbage input
+        raise FrontendError(f"{name}: not a readable ONNX model ({type(err).__name__}: {err})") from None
+    if not proto.graph.node:
+        raise FrontendError(f"{name}: not an ONNX model (the graph has no nodes)")
+    return proto
+
+
+def _set_shape(value_info, dims) -> None:
+    shape = value_info.type.tensor_type.shape
+    del shape.dim[:]
+    for d in dims:
+        shape.dim.add().dim_value = int(d)
+
+
+def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> onnx.ModelProto:
+    """Normalise an ONNX model for import.
+
+    - graph inputs that are really initializers are dropped (old IR versions
+      list them, and the importer would then duplicate the weights);
+    - ``Sum`` becomes a chain of ``Add`` (the importer's stack+sum hides the adds);
+    - ``input_shapes`` (name -> dims) pins dynamic input dimensions.
+    """
+    model = copy.deepcopy(model)
+    graph = model.graph
+    init_names = {i.name for i in graph.initializer}
+    real_inputs = [i for i in graph.input if i.name not in init_names]
+    del graph.input[:]
+    graph.input.extend(real_inputs)
+    nodes = []
+    for node in graph.node:
+        if node.op_type == "Sum" and len(node.input) >= 2:
+            acc = node.input[0]
+            for k, name in enumerate(node.input[1:]):
+                out = node.output[0] if k == len(node.input) - 2 else f"{node.output[0]}__sum{k}"
+                nodes.append(helper.make_node("Add", [acc, name], [out], name=f"{node.name}_add{k}"))
+                acc = out
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for name, dims in (input_shapes or {}).items():
+        match = [i for i in graph.input if i.name == name]
+        if not match:
+            raise FrontendError(f"--input-shape names {name!r}, but the model's inputs are "
+                                f"{[i.name for i in graph.input]}")
+        _set_shape(match[0], dims)
+    if model.ir_version < 4:
+        model.ir_version = 4
+    return model
+
+
+@mutator
+class _FoldConstantShapes(PyExprMutator):
+    """reshape / permute_dims / astype of a constant ─► a constant, in numpy."""
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.Op) or not call.args:
+            return call
+        data = call.args[0]
+        if isinstance(data, relax.Var):
+            bound = self.lookup_binding(data)
+            data = bound if isinstance(bound, Constant) else data
+        if not isinstance(data, Constant):
+            return call
+        name = call.op.name
+        value = constant_value(data)
+        if name == "relax.reshape":
+            return relax.const(value.reshape([int(d) for d in call.ty.shape.values]))
+        if name == "relax.permute_dims":
+            axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+            return relax.const(np.ascontiguousarray(value.transpose(axes)))
+        if name == "relax.astype":
+            return relax.const(value.astype(call.ty.dtype))
+        return call
+
+
+def fold_constant_shapes(mod: tvm.IRModule) -> tvm.IRModule:
+    """Fold shape-only ops on constants in every Relax function, then inline the constants."""
+    folder = _FoldConstantShapes(mod)
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gvar] = folder.visit_expr(func)
+    return relax.transform.CanonicalizeBindings()(mod)
+
+
+def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
+    """Import an ONNX model as a Relax module with its weights bound as constants.
+
+    Parameters
+    ----------
+    model : str, Path, bytes or onnx.ModelProto
+    input_shapes : dict, optional
+        ``{input name: dims}`` to pin dynamic input shapes.
+
+    Raises
+    ------
+    FrontendError
+        Naming the file and the problem (unreadable file, unsupported opset or op).
+    """
+    name = model if isinstance(model, (str, Path)) else getattr(model, "name", "") or "model"
+    proto = prepare_onnx(load_onnx(model), input_shapes)
+    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
+
+    try:
+        mod = tvm_from_onnx(proto, keep_params_in_input=False)
+    except Exception as err:  # the importer raises assorted types; name the model and the reason
+        raise FrontendError(f"{name}: TVM's ONNX importer failed: {str(err).strip().splitlines()[-1]}") from None
+    return fold_constant_shapes(mod)

@@ -1,0 +1,209 @@
+"""The lpx pattern table, its check functions, and ``partition_for_lpx``.
+
+Every Relax op the codegen can lower gets a single-op pattern ``lpx.<op>``;
+fused patterns (conv2d + bias + batch norm + activation, matmul + bias +
+activation) come last because later patterns win. A check function rejects what
+the codegen cannot run (dtype, dynamic shape, layout, SRAM fit); a rejected op
+stays on the host.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from tvm import relax
+from tvm.relax.backend.pattern_registry import register_patterns
+from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, wildcard
+from tvm.relax.transform import FuseOpsByPattern, MergeCompositeFunctions
+
+from .codegen.lower import PRIM_TYPES, Constant
+from .runtime_sim import load_config
+
+SUPPORTED_DTYPES = ("float32",)
+UNARY = ("nn.relu", "nn.gelu", "sigmoid", "tanh", "exp", "erf", "sqrt", "rsqrt", "negative")
+BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
+SHAPE_OPS = ("reshape", "flatten", "squeeze", "expand_dims", "permute_dims")
+REDUCE = ("mean", "sum", "max")
+ACTIVATIONS = ("relu", "clip", "gelu")
+
+
+def _static_tensor(expr) -> tuple | None:
+    return _static_type(expr.ty)
+
+
+def _static_type(ty) -> tuple | None:
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    try:
+        return tuple(int(v) for v in ty.shape.values), ty.dtype
+    except TypeError:
+        return None
+
+
+def _tensors_ok(exprs) -> bool:
+    for e in exprs:
+        if isinstance(e, PRIM_TYPES + (relax.ShapeExpr,)):
+            continue
+        if isinstance(e, relax.Tuple):
+            if not _tensors_ok(e.fields):
+                return False
+            continue
+        types = list(e.ty.fields) if isinstance(e.ty, relax.TupleType) else [e.ty]
+        for ty in types:
+            info = _static_type(ty)
+            if info is None or info[1] not in SUPPORTED_DTYPES or len(info[0]) > 8:
+                return False
+    return True
+
+
+def _calls(expr):
+    """Every relax.Call in the matched expression (the matched sub-graph)."""
+    out, stack = [], [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, relax.Call):
+            out.append(e)
+            stack.extend(e.args)
+        elif isinstance(e, relax.TupleGetItem):
+            stack.append(e.tuple_value)
+        elif isinstance(e, relax.Tuple):
+            stack.extend(e.fields)
+    return out
+
+
+def _op_ok(call) -> bool:
+    name = call.op.name.removeprefix("relax.")
+    a = call.attrs
+    if name == "nn.conv2d":
+        return (a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
+                and isinstance(call.args[1], Constant))
+    if name in ("nn.max_pool2d", "nn.avg_pool2d"):
+        return a.layout == "NCHW" and a.out_layout == "NCHW" and (name == "nn.max_pool2d" or not a.ceil_mode)
+    if name == "nn.adaptive_avg_pool2d":
+        return a.layout == "NCHW" and _static_tensor(call)[0][2:] == (1, 1)
+    if name == "nn.layer_norm":
+        rank = len(_static_tensor(call)[0])
+        axes = sorted(int(x) % rank for x in a.axes)
+        return axes == list(range(rank - len(axes), rank))
+    if name == "nn.batch_norm":
+        return all(isinstance(p, Constant) for p in call.args[1:])
+    if name in SHAPE_OPS or name in BINARY:
+        # an op on constants alone is folded by lowering; keep such ops off the boundary
+        return any(not isinstance(x, Constant) for x in call.args if not isinstance(x, relax.ShapeExpr))
+    return True
+
+
+def _bytes(expr) -> int:
+    info = _static_tensor(expr)
+    return prod(info[0]) * 4 if info else 0
+
+
+def _make_check(sram_bytes: int):
+    def check(context) -> bool:
+        calls = _calls(context.matched_expr)
+        for call in calls:
+            if not _tensors_ok(list(call.args) + [call]) or not _op_ok(call):
+                return False
+        # one operator's working set (weights, inputs, output, im2col scratch) must fit in SRAM
+        working = sum(_bytes(a) for c in calls for a in c.args if isinstance(a, relax.Expr)
+                      and not isinstance(a, PRIM_TYPES + (relax.ShapeExpr, relax.Tuple)))
+        working += sum(_bytes(c) for c in calls)
+        for c in calls:
+            if c.op.name == "relax.nn.conv2d":
+                w = _static_tensor(c.args[1])[0]
+                working += _bytes(c) // max(w[0], 1) * w[1] * w[2] * w[3]
+        return working <= sram_bytes
+    return check
+
+
+def _activation(name, inner):
+    if name == "clip":
+        return is_op("relax.clip")(inner, wildcard(), wildcard())
+    return is_op(f"relax.nn.{name}")(inner)
+
+
+def pattern_table(config: str = "tsp") -> list:
+    """The lpx fusion patterns, lowest priority first.
+
+    Parameters
+    ----------
+    config : str
+        Chip preset whose SRAM size bounds what a check function accepts.
+    """
+    check = _make_check(load_config(config).sram_bytes)
+    table = []
+    for op in UNARY:
+        table.append((f"lpx.{op.removeprefix('nn.')}", is_op(f"relax.{op}")(wildcard())))
+    table.append(("lpx.clip", is_op("relax.clip")(wildcard(), wildcard(), wildcard())))
+    for op in BINARY:
+        table.append((f"lpx.{op}", is_op(f"relax.{op}")(wildcard(), wildcard())))
+    for op in REDUCE:
+        table.append((f"lpx.{op}", is_op(f"relax.{op}")(wildcard())))
+    for op in SHAPE_OPS:
+        pattern = is_op(f"relax.{op}")(wildcard(), wildcard()) if op == "reshape" else is_op(f"relax.{op}")(wildcard())
+        table.append((f"lpx.{op}", pattern))
+    table += [
+        ("lpx.concat", is_op("relax.concat")(wildcard())),
+        ("lpx.max_pool2d", is_op("relax.nn.max_pool2d")(wildcard())),
+        ("lpx.avg_pool2d", is_op("relax.nn.avg_pool2d")(wildcard())),
+        ("lpx.global_avg_pool2d", is_op("relax.nn.adaptive_avg_pool2d")(wildcard())),
+        ("lpx.softmax", is_op("relax.nn.softmax")(wildcard())),
+        ("lpx.layer_norm", is_op("relax.nn.layer_norm")(wildcard(), wildcard(), wildcard())),
+        ("lpx.batch_norm", is_tuple_get_item(is_op("relax.nn.batch_norm")(
+            wildcard(), is_const(), is_const(), is_const(), is_const()), 0)),
+        ("lpx.matmul", is_op("relax.matmul")(wildcard(), wildcard())),
+        ("lpx.conv2d", is_op("relax.nn.conv2d")(wildcard(), is_const())),
+    ]
+    # fused patterns, registered last so they win
+    conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
+    conv_bias = is_op("relax.add")(conv, is_const())
+    conv_bn = is_tuple_get_item(is_op("relax.nn.batch_norm")(
+        conv_bias | conv, is_const(), is_const(), is_const(), is_const()), 0)
+    dense = is_op("relax.matmul")(wildcard(), is_const() | is_op("relax.permute_dims")(is_const()))
+    dense_bias = is_op("relax.add")(dense, is_const())
+    table += [("lpx.conv2d_bias", conv_bias), ("lpx.conv2d_bn", conv_bn), ("lpx.matmul_bias", dense_bias)]
+    for act in ACTIVATIONS:
+        table += [(f"lpx.conv2d_{act}", _activation(act, conv)),
+                  (f"lpx.conv2d_bias_{act}", _activation(act, conv_bias)),
+                  (f"lpx.conv2d_bn_{act}", _activation(act, conv_bn)),
+                  (f"lpx.matmul_bias_{act}", _activation(act, dense_bias))]
+    # tuples, not FusionPattern objects: the registry only clears tuple entries at exit, and a
+    # Python check function left in it crashes the interpreter on shutdown (TVM 0.27)
+    return [(name, pattern, {}, check) for name, pattern in table]
+
+
+register_patterns(pattern_table())
+
+
+def partition_for_lpx(mod, config: str = "tsp"):
+    """Group the ops lpx can run into functions with ``Codegen="lpx"``.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A Relax module with weights bound as constants.
+    config : str
+        Chip preset; its SRAM size decides what fits.
+
+    Returns
+    -------
+    tvm.IRModule
+        The partitioned module; run ``relax.transform.RunCodegen()`` or
+        ``tvm.compile(mod, target="lpx")`` next.
+    """
+    mod = FuseOpsByPattern(pattern_table(config), bind_constants=True, annotate_codegen=False)(mod)
+    mod = MergeCompositeFunctions()(mod)
+    return _unique_symbols(mod)
+
+
+def _unique_symbols(mod):
+    """Suffix each lpx function's symbol with a content hash, so compiled programs are keyed safely."""
+    import tvm_ffi
+
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and func.attrs and func.attrs.get("Codegen") == "lpx":
+            symbol = str(func.attrs["global_symbol"])
+            digest = f"{tvm_ffi.structural_hash(func) & 0xFFFFFFFFFFFF:012x}"
+            if not symbol.endswith(digest):
+                mod[gvar] = func.with_attr("global_symbol", f"{symbol}_{digest}")
+    return mod

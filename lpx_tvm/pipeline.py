@@ -1,0 +1,151 @@
+"""The relax pipeline ``"lpx"``, the codegen hook ``relax.ext.lpx`` and the target tag ``"lpx"``.
+
+Offloaded functions become calls of the global runtime function
+``lpx.runtime.execute`` whose first argument is the encoded program, held as a
+uint8 constant of the executable, so ``export_library`` / ``load_module``
+round-trip it with no side files.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax import pipeline as relax_pipeline
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .codegen import CodegenOptions, compile_function
+from .patterns import partition_for_lpx
+from .runtime_sim import encode
+
+EXECUTE = "lpx.runtime.execute"
+_EXTERN_PROGRAMS: dict = {}  # symbol -> encoded program, filled by relax.ext.lpx (the BYOC path)
+
+
+class NothingOffloadedWarning(UserWarning):
+    """A module compiled for lpx ran entirely on the host."""
+
+
+@tvm_ffi.register_global_func("relax.ext.lpx", override=True)
+def _relax_ext_lpx(functions, options, constant_names):
+    """BYOC hook called by ``relax.transform.RunCodegen``: compile each function to a program."""
+    opts = CodegenOptions.from_dict(dict(options) if options else None)
+    for func in functions:
+        symbol = str(func.attrs["global_symbol"])
+        _EXTERN_PROGRAMS[symbol] = encode(compile_function(func, opts, symbol))
+    return []
+
+
+def _is_lpx_function(func) -> bool:
+    return isinstance(func, relax.Function) and func.attrs is not None and func.attrs.get("Codegen") == "lpx"
+
+
+@mutator
+class _CallRewriter(PyExprMutator):
+    def __init__(self, mod, programs: dict):
+        super().__init__(mod)
+        self.programs = programs  # GlobalVar name or extern symbol -> program bytes
+        self.count = 0
+
+    def _execute(self, blob: bytes, args, out_ty):
+        program = relax.const(np.frombuffer(blob, np.uint8))
+        self.count += 1
+        outs = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else out_ty
+        return relax.call_dps_packed(relax.ExternFunc(EXECUTE), relax.Tuple([program, *args]), outs)
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if isinstance(call.op, relax.GlobalVar) and call.op.name_hint in self.programs:
+            return self._execute(self.programs[call.op.name_hint], call.args, call.ty)
+        if call.op.same_as(tvm.ir.Op.get("relax.call_dps_packed")) and isinstance(call.args[0], relax.ExternFunc):
+            blob = self.programs.get(str(call.args[0].global_symbol))
+            if blob is not None:
+                return self._execute(blob, call.args[1].fields, call.ty)
+        return call
+
+
+def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = None) -> tuple:
+    """Compile every lpx function and call its program through the runtime bridge.
+
+    Returns
+    -------
+    (IRModule, int)
+        The rewritten module and the number of offloaded call sites.
+    """
+    programs = dict(_EXTERN_PROGRAMS)
+    for gvar, func in mod.functions.items():
+        if _is_lpx_function(func):
+            programs[gvar.name_hint] = encode(compile_function(func, options, gvar.name_hint))
+            if programs_out is not None:
+                programs_out[gvar.name_hint] = programs[gvar.name_hint]
+    rewriter = _CallRewriter(mod, programs)
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and not _is_lpx_function(func) and not (
+                func.attrs and func.attrs.get("Composite")):
+            mod[gvar] = rewriter.visit_expr(func)
+    for gvar, func in list(mod.functions.items()):
+        if _is_lpx_function(func):
+            del mod[gvar]
+    return mod, rewriter.count
+
+
+def lpx_passes(config: str = "tsp", in_order: bool = False, dump_dir: str | None = None):
+    """Partition for lpx and lower the offloaded functions (run before the default build pipeline)."""
+    options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir)
+
+    @tvm.transform.module_pass(opt_level=0, name="lpx.PartitionAndLower")
+    def _passes(mod, _ctx):
+        mod = partition_for_lpx(mod, config)
+        mod, count = lower_lpx_calls(mod, options)
+        if count == 0:
+            warnings.warn("target lpx: no operator was offloaded to lpx; the whole module runs on the host",
+                          NothingOffloadedWarning, stacklevel=2)
+        return mod
+    return _passes
+
+
+_ORIGINAL_DEFAULT = relax_pipeline.PIPELINE_MAP["default"]
+
+
+def lpx_pipeline(config: str = "tsp", in_order: bool = False, dump_dir: str | None = None):
+    """The ``"lpx"`` relax pipeline: lpx offload, then TVM's default build pipeline.
+
+    Parameters
+    ----------
+    config : str
+        Chip preset (``"tsp"`` or ``"tiny"``) or a path to a JSON preset.
+    in_order : bool
+        Use the in-order reference schedule.
+    dump_dir : str, optional
+        Write each codegen stage's result there.
+    """
+    passes = lpx_passes(config, in_order, dump_dir)
+    base = _ORIGINAL_DEFAULT()
+
+    @tvm.transform.module_pass(opt_level=0, name="lpx.Pipeline")
+    def _pipeline(mod, _ctx):
+        return base(passes(mod))
+    return _pipeline
+
+
+def _default_pipeline(**kwargs):
+    """TVM's default pipeline, with lpx offload first when the current target has the ``lpx`` key."""
+    base = _ORIGINAL_DEFAULT(**kwargs)
+
+    @tvm.transform.module_pass(opt_level=0, name="lpx.DefaultOrLpx")
+    def _pipeline(mod, _ctx):
+        target = tvm.target.Target.current(allow_none=True)
+        if target is not None and "lpx" in target.keys:
+            mod = lpx_passes()(mod)
+        return base(mod)
+    return _pipeline
+
+
+def register() -> None:
+    """Register the target tag ``lpx`` and the pipelines (idempotent)."""
+    tvm.target.register_tag("lpx", {"kind": "llvm", "keys": ["lpx", "cpu"]}, override=True)
+    relax_pipeline.PIPELINE_MAP["lpx"] = lpx_pipeline
+    relax_pipeline.PIPELINE_MAP["default"] = _default_pipeline

@@ -1,0 +1,60 @@
+"""The runtime bridge: ``lpx.runtime.execute(program, *inputs, *outputs)``.
+
+The VM calls this global function for every offloaded call. The program (a
+uint8 tensor constant of the executable) is decoded, validated and loaded into a
+simulator once, cached by its verified digest; each call then views the VM's
+tensors through DLPack (no copies) and runs the arithmetic.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import numpy as np
+import tvm_ffi
+
+from .runtime_sim import Simulator
+from .runtime_sim.program import read_digest
+
+_SIMULATORS: dict = {}
+_LOCK = threading.Lock()
+_CALLS: Counter = Counter()
+
+
+def load_program(blob) -> Simulator:
+    """The simulator for an encoded program, decoded and verified on first use."""
+    key = (read_digest(blob), len(blob))
+    sim = _SIMULATORS.get(key)
+    if sim is None:
+        with _LOCK:
+            sim = _SIMULATORS.get(key)
+            if sim is None:
+                sim = Simulator(bytes(memoryview(blob).cast("B")))
+                _SIMULATORS[key] = sim
+    return sim
+
+
+def offload_counts() -> Counter:
+    """How many times each program (by digest hex) has run on lpx in this process."""
+    with _LOCK:
+        return Counter(_CALLS)
+
+
+def total_offloaded_calls() -> int:
+    """Total lpx calls in this process."""
+    with _LOCK:
+        return sum(_CALLS.values())
+
+
+@tvm_ffi.register_global_func("lpx.runtime.execute", override=True)
+def execute(program, *args) -> None:
+    """Run one offloaded call: inputs then (destination-passing) outputs."""
+    blob = np.from_dlpack(program)
+    sim = load_program(blob)
+    n_in = len(sim.inputs)
+    if len(args) != n_in + len(sim.outputs):
+        raise ValueError(f"lpx program takes {n_in} inputs and {len(sim.outputs)} outputs, got {len(args)} tensors")
+    sim.run([np.from_dlpack(a) for a in args[:n_in]], [np.from_dlpack(a) for a in args[n_in:]])
+    with _LOCK:
+        _CALLS[read_digest(blob).hex()] += 1

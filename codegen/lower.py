@@ -156,7 +156,8 @@ def _batch_norm(lw, call, args, layer):
     s = g.constant(scale.astype(np.float32).reshape(bshape))
     t = g.constant(shift.astype(np.float32).reshape(bshape))
     scaled = g.add_node("MUL", [x, s], shape, "float32", layer)
-    return (g.add_node("ADD", [scaled, t], shape, "float32", layer),)
+    # inference-mode batch_norm returns the moving statistics unchanged
+    return (g.add_node("ADD", [scaled, t], shape, "float32", layer), g.constant(mean), g.constant(var))
 
 
 def _pool(opcode):

@@ -1,7 +1,7 @@
 """The lpx pattern table, its check functions, and ``partition_for_lpx``.
 
 Every Relax op the codegen can lower gets a single-op pattern ``lpx.<op>``;
-fused patterns (conv2d + bias + batch norm + activation, matmul + bias +
+fused patterns (conv2d + bias + activation, matmul + bias +
 activation) come last because later patterns win. A check function rejects what
 the codegen cannot run (dtype, dynamic shape, layout, SRAM fit); a rejected op
 stays on the host.
@@ -13,7 +13,7 @@ from math import prod
 
 from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
-from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, wildcard
+from tvm.relax.dpl import is_const, is_op, wildcard
 from tvm.relax.transform import FuseOpsByPattern, MergeCompositeFunctions
 
 from .codegen.lower import PRIM_TYPES, Constant
@@ -149,23 +149,20 @@ def pattern_table(config: str = "tsp") -> list:
         ("lpx.global_avg_pool2d", is_op("relax.nn.adaptive_avg_pool2d")(wildcard())),
         ("lpx.softmax", is_op("relax.nn.softmax")(wildcard())),
         ("lpx.layer_norm", is_op("relax.nn.layer_norm")(wildcard(), wildcard(), wildcard())),
-        ("lpx.batch_norm", is_tuple_get_item(is_op("relax.nn.batch_norm")(
-            wildcard(), is_const(), is_const(), is_const(), is_const()), 0)),
+        # TVM 0.27's FuseOpsByPattern does not match TupleGetItem patterns: offload the whole tuple
+        ("lpx.batch_norm", is_op("relax.nn.batch_norm")(wildcard(), is_const(), is_const(), is_const(), is_const())),
         ("lpx.matmul", is_op("relax.matmul")(wildcard(), wildcard())),
         ("lpx.conv2d", is_op("relax.nn.conv2d")(wildcard(), is_const())),
     ]
     # fused patterns, registered last so they win
     conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
     conv_bias = is_op("relax.add")(conv, is_const())
-    conv_bn = is_tuple_get_item(is_op("relax.nn.batch_norm")(
-        conv_bias | conv, is_const(), is_const(), is_const(), is_const()), 0)
     dense = is_op("relax.matmul")(wildcard(), is_const() | is_op("relax.permute_dims")(is_const()))
     dense_bias = is_op("relax.add")(dense, is_const())
-    table += [("lpx.conv2d_bias", conv_bias), ("lpx.conv2d_bn", conv_bn), ("lpx.matmul_bias", dense_bias)]
+    table += [("lpx.conv2d_bias", conv_bias), ("lpx.matmul_bias", dense_bias)]
     for act in ACTIVATIONS:
         table += [(f"lpx.conv2d_{act}", _activation(act, conv)),
                   (f"lpx.conv2d_bias_{act}", _activation(act, conv_bias)),
-                  (f"lpx.conv2d_bn_{act}", _activation(act, conv_bn)),
                   (f"lpx.matmul_bias_{act}", _activation(act, dense_bias))]
     # tuples, not FusionPattern objects: the registry only clears tuple entries at exit, and a
     # Python check function left in it crashes the interpreter on shutdown (TVM 0.27)

@@ -67,6 +67,17 @@ class _CallRewriter(PyExprMutator):
         return call
 
 
+def _already_partitioned(mod) -> bool:
+    """True once partition_for_lpx (and maybe RunCodegen) ran: lpx functions or extern calls exist."""
+    found = []
+    for _, func in mod.functions.items():
+        if _is_lpx_function(func):
+            return True
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, relax.ExternFunc) else None)
+    return bool(found)
+
+
 def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = None) -> tuple:
     """Compile every lpx function and call its program through the runtime bridge.
 
@@ -98,7 +109,8 @@ def lpx_passes(config: str = "tsp", in_order: bool = False, dump_dir: str | None
 
     @tvm.transform.module_pass(opt_level=0, name="lpx.PartitionAndLower")
     def _passes(mod, _ctx):
-        mod = partition_for_lpx(mod, config)
+        if not _already_partitioned(mod):
+            mod = partition_for_lpx(mod, config)
         mod, count = lower_lpx_calls(mod, options)
         if count == 0:
             warnings.warn("target lpx: no operator was offloaded to lpx; the whole module runs on the host",

@@ -1,0 +1,108 @@
+"""End-to-end on small ONNX graphs: lpx vs ONNX Runtime, and proof that lpx really ran."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import lpx_tvm
+from lpx_tvm import runtime
+from conftest import assert_close, cnn_model, mlp_model, ort_run, sin_between_model
+
+
+def _run_counted(compiled, *inputs):
+    before = runtime.total_offloaded_calls()
+    out = compiled(*inputs)
+    return out, runtime.total_offloaded_calls() - before
+
+
+@pytest.mark.parametrize("config", ["tiny", "tsp"])
+def test_mlp_matches_ort(rng, config):
+    model = mlp_model()
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    compiled = lpx_tvm.compile(model, config=config)
+    (out,), calls = _run_counted(compiled, x)
+    assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
+    assert compiled.report.lpx_functions == 1 and calls == 1
+    assert not compiled.report.host_ops
+
+
+def test_cnn_matches_ort(rng):
+    model = cnn_model()
+    x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    compiled = lpx_tvm.compile(model, config="tiny")
+    (out,), calls = _run_counted(compiled, x)
+    assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
+    assert compiled.report.lpx_functions == 1 and calls == 1
+    assert compiled.report.offloaded_pct == 100.0
+
+
+def test_unsupported_op_runs_on_host_between_two_lpx_regions(rng):
+    model = sin_between_model()
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    compiled = lpx_tvm.compile(model, config="tiny")
+    (out,), calls = _run_counted(compiled, x)
+    assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
+    assert compiled.report.lpx_functions == 2 and calls == 2
+    assert compiled.report.host_ops == {"relax.sin": 1}
+
+
+def _count_execute_calls(mod) -> int:
+    count = 0
+
+    def visit(expr):
+        nonlocal count
+        if isinstance(expr, relax.ExternFunc) and str(expr.global_symbol) == "lpx.runtime.execute":
+            count += 1
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return count
+
+
+def test_tvm_compile_target_lpx_offloads(rng):
+    model = sin_between_model()
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    mod = lpx_tvm.from_onnx(model)
+    expected = ort_run(model, {"x": x})[0]
+    for kwargs in ({}, {"relax_pipeline": "lpx"}):
+        ex = tvm.compile(mod, target="lpx", **kwargs)
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        before = runtime.total_offloaded_calls()
+        out = vm["main"](tvm.runtime.tensor(x)).numpy()
+        assert runtime.total_offloaded_calls() - before == 2, kwargs
+        assert_close(out, expected, 1e-4)
+
+
+def test_byoc_convention_partition_runcodegen_compile(rng):
+    model = mlp_model()
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    mod = lpx_tvm.partition_for_lpx(lpx_tvm.from_onnx(model), config="tiny")
+    mod = relax.transform.RunCodegen(target_options={"lpx": {"config": "tiny"}})(mod)
+    ex = tvm.compile(mod, target="lpx")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    before = runtime.total_offloaded_calls()
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert runtime.total_offloaded_calls() - before == 1
+    assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
+
+
+def test_llvm_target_is_unchanged(rng):
+    model = mlp_model()
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    mod = lpx_tvm.from_onnx(model)
+    ex = tvm.compile(mod, target="llvm")
+    before = runtime.total_offloaded_calls()
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert runtime.total_offloaded_calls() == before
+    assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
+
+
+def test_nothing_offloadable_warns(rng):
+    from onnx import helper
+    from conftest import make_model, tensor_info
+
+    model = make_model([helper.make_node("Sin", ["x"], ["y"])], [tensor_info("x", [2, 3])],
+                       [tensor_info("y", [2, 3])], [])
+    with pytest.warns(lpx_tvm.NothingOffloadedWarning):
+        tvm.compile(lpx_tvm.from_onnx(model), target="lpx")

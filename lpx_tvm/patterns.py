@@ -194,13 +194,15 @@ def partition_for_lpx(mod, config: str = "tsp"):
 
 
 def _unique_symbols(mod):
-    """Suffix each lpx function's symbol with a content hash, so compiled programs are keyed safely."""
+    """Name each lpx function ``lpx<k>_<content hash>``: short in reports, and a safe key for programs."""
     import tvm_ffi
 
-    for gvar, func in list(mod.functions.items()):
+    k = 0
+    for gvar, func in sorted(mod.functions.items(), key=lambda item: item[0].name_hint):
         if isinstance(func, relax.Function) and func.attrs and func.attrs.get("Codegen") == "lpx":
             symbol = str(func.attrs["global_symbol"])
-            digest = f"{tvm_ffi.structural_hash(func) & 0xFFFFFFFFFFFF:012x}"
-            if not symbol.endswith(digest):
-                mod[gvar] = func.with_attr("global_symbol", f"{symbol}_{digest}")
+            if not symbol.startswith("lpx"):
+                digest = f"{tvm_ffi.structural_hash(func) & 0xFFFFFFFFFFFF:012x}"
+                mod[gvar] = func.with_attr("global_symbol", f"lpx{k}_{digest}")
+            k += 1
     return mod

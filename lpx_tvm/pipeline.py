@@ -89,9 +89,10 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
     programs = dict(_EXTERN_PROGRAMS)
     for gvar, func in mod.functions.items():
         if _is_lpx_function(func):
-            programs[gvar.name_hint] = encode(compile_function(func, options, gvar.name_hint))
+            symbol = str(func.attrs["global_symbol"])
+            programs[gvar.name_hint] = encode(compile_function(func, options, symbol))
             if programs_out is not None:
-                programs_out[gvar.name_hint] = programs[gvar.name_hint]
+                programs_out[symbol] = programs[gvar.name_hint]
     rewriter = _CallRewriter(mod, programs)
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and not _is_lpx_function(func) and not (

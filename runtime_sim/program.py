@@ -193,11 +193,13 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
     buf = memoryview(blob).cast("B")
     if len(buf) < _HEADER.size:
         raise ProgramFormatError(f"program truncated: {len(buf)} bytes is shorter than the header")
-    magic, version, _, body_len, digest = _HEADER.unpack(buf[:_HEADER.size])
+    magic, version, reserved, body_len, digest = _HEADER.unpack(buf[:_HEADER.size])
     if magic != MAGIC:
         raise ProgramFormatError("not an LPX program (bad magic)")
     if version != VERSION:
         raise ProgramFormatError(f"program format version {version}; this runtime reads version {VERSION}")
+    if reserved:
+        raise ProgramFormatError(f"program header reserved field is {reserved}, must be 0")
     body = buf[_HEADER.size:]
     if len(body) != body_len:
         raise ProgramFormatError(f"program truncated or padded: body is {len(body)} bytes, header says {body_len}")

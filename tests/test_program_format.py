@@ -1,0 +1,57 @@
+"""The program format: exact round trip, one line per instruction, clear errors on damage."""
+
+import numpy as np
+import pytest
+
+import lpx_tvm
+from lpx_tvm.runtime_sim import ProgramFormatError, decode, disassemble, encode, load_config
+from conftest import cnn_model
+
+
+@pytest.fixture(scope="module")
+def blob():
+    compiled = lpx_tvm.compile(cnn_model(), config="tiny")
+    (program,) = compiled.programs.values()
+    return program
+
+
+def test_encode_decode_is_exact(blob):
+    program = decode(blob)
+    assert encode(program) == blob
+    again = decode(encode(program))
+    assert again.instructions == program.instructions
+    assert [c.ref for c in again.constants] == [c.ref for c in program.constants]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(again.constants, program.constants))
+
+
+def test_disassembler_prints_every_instruction_on_one_line(blob):
+    program = decode(blob)
+    lines = [line for line in disassemble(program).splitlines() if not line.startswith(";")]
+    assert len(lines) == len(program.instructions)
+    for line, ins in zip(lines, program.instructions):
+        assert ins.opcode.name in line and f"@{ins.cycle}" in line
+
+
+@pytest.mark.parametrize("cut", [0, 10, 39, 100, -1])
+def test_truncated_program_raises_format_error(blob, cut):
+    with pytest.raises(ProgramFormatError):
+        decode(blob[:cut])
+
+
+def test_bit_flips_raise_format_error(blob):
+    rng = np.random.default_rng(0)
+    for position in rng.integers(0, len(blob), 50):
+        damaged = bytearray(blob)
+        damaged[position] ^= 1 << int(rng.integers(0, 8))
+        with pytest.raises(ProgramFormatError):
+            decode(bytes(damaged))
+
+
+def test_program_for_another_chip_is_rejected(blob):
+    with pytest.raises(ProgramFormatError, match="compiled for chip config 'tiny'"):
+        decode(blob, load_config("tsp"))
+
+
+def test_not_a_program():
+    with pytest.raises(ProgramFormatError, match="bad magic"):
+        decode(b"\x7fELF" + bytes(100))

@@ -1,0 +1,43 @@
+"""ResNet-50 from the onnx package (seeded random weights) against ONNX Runtime."""
+
+import numpy as np
+import onnx
+import pytest
+
+import lpx_tvm
+from lpx_tvm import runtime
+from lpx_tvm.models import light_model
+from conftest import assert_close, ort_run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    model = light_model("resnet50")
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    model.graph.output.append(onnx.helper.make_tensor_value_info(softmax.input[0], onnx.TensorProto.FLOAT, None))
+    return model, lpx_tvm.compile(model, config="tsp")
+
+
+def test_resnet50_logits_match_ort_and_flops_are_offloaded(resnet):
+    model, compiled = resnet
+    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    before = runtime.total_offloaded_calls()
+    probs, logits = compiled(x)
+    assert runtime.total_offloaded_calls() - before == compiled.report.lpx_functions >= 1
+    ref_probs, ref_logits = ort_run(model, {model.graph.input[0].name: x})
+    err = assert_close(logits, ref_logits, 1e-3)
+    assert_close(probs, ref_probs, 1e-3)
+    print(f"\nResNet-50: logits max rel err {err:.2e}; {compiled.report.summary()}")
+    assert compiled.report.offloaded_pct >= 95.0
+
+
+def test_resnet50_schedule_overlaps_and_cycles_match(resnet):
+    _, compiled = resnet
+    for name, sim in compiled.simulators.items():
+        stats = sim.stats
+        assert stats.cycles == sim.program.predicted_cycles
+        util = ", ".join(f"{u} {v:.1%}" for u, v in stats.utilisation.items())
+        print(f"\n{name}: makespan {stats.cycles} cycles < sum of durations {stats.instruction_cycles_sum}; {util}")
+        assert stats.cycles < stats.instruction_cycles_sum

@@ -1,0 +1,178 @@
+"""The ``lpx-tvm`` command: compile, run, profile, zoo, disasm.
+
+Every error becomes one line on stderr and exit status 1 (``--debug`` shows the
+traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+
+
+def _input_shapes(values) -> dict:
+    shapes = {}
+    for value in values or []:
+        name, _, dims = value.rpartition("=")
+        try:
+            shapes[name] = [int(d) for d in dims.split(",")]
+        except ValueError:
+            raise ValueError(f"--input-shape {value!r}: expected name=d0,d1,...") from None
+        if not name:
+            raise ValueError(f"--input-shape {value!r}: expected name=d0,d1,...")
+    return shapes
+
+
+def _compile(args):
+    import lpx_tvm
+
+    return lpx_tvm.compile(args.model, config=args.config, input_shapes=_input_shapes(args.input_shape))
+
+
+def cmd_compile(args) -> int:
+    compiled = _compile(args)
+    compiled.export_library(args.output)
+    print(f"{args.output}: {compiled.report.summary()}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .frontend import load_onnx, prepare_onnx
+    from .zoo import _inputs, compare
+
+    compiled = _compile(args)
+    model = prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape))
+    feeds = _inputs(model)
+    outputs = compiled(*[feeds[name] for name, _, _ in compiled.input_signature])
+    print(compiled.report.summary())
+    for i, out in enumerate(outputs):
+        print(f"output {i}: {out.dtype}{list(out.shape)} mean {float(out.mean()):.6g}")
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return 0
+    refs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    print("vs ONNX Runtime: " + ", ".join(f"{k} {v:.3g}" for k, v in compare(outputs, refs).items()))
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from tabulate import tabulate
+
+    from .runtime_sim.trace import write_trace
+
+    compiled = _compile(args)
+    sims = compiled.simulators
+    rows, report = [], {"predicted_cycles": 0, "simulated_cycles": 0, "units": {}, "layers": [], "programs": {}}
+    for name, sim in sims.items():
+        stats, chip = sim.stats, sim.config
+        report["predicted_cycles"] += stats.predicted_cycles
+        report["simulated_cycles"] += stats.cycles
+        report["programs"][name] = stats.to_dict()
+        for unit, info in stats.to_dict()["units"].items():
+            total = report["units"].setdefault(unit, {"busy_cycles": 0})
+            total["busy_cycles"] += info["busy_cycles"]
+        for layer in stats.layers:
+            peak = chip.mxm_peak_macs_per_cycle(sim.program.inputs[0].dtype.short) * 2 if "MXM" in layer["units"] \
+                else chip.vxm_alus
+            intensity = layer["flops"] / layer["bytes"] if layer["bytes"] else 0.0
+            pct = 100.0 * layer["flops"] / (layer["cycles_busy"] * peak) if layer["cycles_busy"] else 0.0
+            row = {"layer": layer["name"], "cycles": layer["cycles_busy"], "flops": layer["flops"],
+                   "bytes": layer["bytes"], "intensity": intensity, "pct_peak": pct, "bound": layer["bound"]}
+            report["layers"].append(row)
+            rows.append([row["layer"][-60:], row["cycles"], row["flops"], row["bytes"], f"{intensity:.1f}",
+                         f"{pct:.1f}", row["bound"]])
+    for unit, info in report["units"].items():
+        instances = sum(s.stats.unit_instances[unit] * s.stats.cycles for s in sims.values())
+        info["utilisation"] = info["busy_cycles"] / instances if instances else 0.0
+    print(tabulate(rows, headers=["layer", "cycles", "FLOPs", "bytes", "FLOP/B", "% peak", "bound"],
+                   tablefmt="github"))
+    print(f"\ntotal: predicted {report['predicted_cycles']} cycles, simulated {report['simulated_cycles']} cycles; "
+          + ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items()))
+    print(compiled.report.summary())
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+    if args.trace:
+        write_trace(args.trace, list(sims.items()))
+    return 0
+
+
+def cmd_zoo(args) -> int:
+    from .zoo import run_zoo, table
+
+    records = run_zoo(args.models, config=args.config, llvm=not args.skip_llvm)
+    print(table(records))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(records, fh, indent=1)
+    if args.csv:
+        keys = sorted({k for r in records for k in r})
+        with open(args.csv, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(records)
+    return 0 if all(r["ok"] for r in records) else 1
+
+
+def cmd_disasm(args) -> int:
+    from .runtime_sim import decode, disassemble
+
+    if args.model.endswith(".onnx"):
+        for name, blob in _compile(args).programs.items():
+            print(f"; ---- {name}")
+            print(disassemble(decode(blob)))
+    else:
+        with open(args.model, "rb") as fh:
+            print(disassemble(decode(fh.read())))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lpx-tvm", description="Compile and run ONNX models on the LPX simulator.")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_command(name, help_text, func):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("model", help="an ONNX file")
+        p.add_argument("--config", default="tsp", help="chip preset (tsp, tiny) or a JSON preset file")
+        p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
+        p.set_defaults(func=func)
+        return p
+
+    model_command("compile", "compile to a shared library", cmd_compile).add_argument(
+        "-o", "--output", required=True, help="the .so to write")
+    model_command("run", "run on seeded inputs and compare with ONNX Runtime", cmd_run)
+    p = model_command("profile", "per-layer cycles, roofline and utilisation", cmd_profile)
+    p.add_argument("--trace", help="write a Chrome/Perfetto trace-event file")
+    p.add_argument("--json", help="write the profile as JSON")
+    model_command("disasm", "print the LPX programs (an ONNX file or an encoded program)", cmd_disasm)
+    p = sub.add_parser("zoo", help="run the model zoo against ONNX Runtime")
+    p.add_argument("--models", nargs="+", help="zoo models (default: all)")
+    p.add_argument("--config", default="tsp")
+    p.add_argument("--json", help="write one record per model")
+    p.add_argument("--csv", help="write the table as CSV")
+    p.add_argument("--skip-llvm", action="store_true", help="do not time TVM's llvm-only build")
+    p.set_defaults(func=cmd_zoo)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``lpx-tvm`` command."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # the CLI's contract: one line, no traceback unless --debug
+        if args.debug:
+            raise
+        print(f"lpx-tvm {args.command}: error: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

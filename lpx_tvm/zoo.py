@@ -1,0 +1,163 @@
+"""The model zoo: every model, how to get it offline, its inputs and tolerance, and the runner.
+
+Each run compares lpx with ONNX Runtime on the same seeded inputs and measures,
+side by side in one process: compile time, simulator time, ONNX Runtime time and
+TVM-llvm-only time, plus the predicted LPX latency on the chosen chip.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import onnx
+
+from .models import LIGHT_MODELS, light_model
+from .transformers import bert_encoder, gpt2_decoder
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """One zoo entry: a name, a family, an offline loader and a tolerance (max relative error)."""
+
+    name: str
+    family: str
+    load: Callable[[], onnx.ModelProto]
+    rtol: float = 1e-3
+    min_cosine: float = 0.9999
+
+
+ZOO = {m.name: m for m in (
+    [ZooModel(name, "cnn", lambda name=name: light_model(name)) for name in LIGHT_MODELS]
+    + [ZooModel("bert_encoder", "encoder", bert_encoder), ZooModel("gpt2_decoder", "decoder", gpt2_decoder)]
+)}
+DEFAULT_MODELS = tuple(ZOO)
+
+
+def _inputs(model: onnx.ModelProto, seed: int = 1) -> dict:
+    """Seeded inputs for every graph input (token ids for int64 inputs)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    init_names = {i.name for i in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in init_names:
+            continue
+        tt = inp.type.tensor_type
+        shape = [d.dim_value for d in tt.shape.dim]
+        if tt.elem_type == onnx.TensorProto.INT64:
+            feeds[inp.name] = rng.integers(0, 1000, shape).astype(np.int64)
+        else:
+            feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def _timed(fn, repeat: int) -> float:
+    """Median wall seconds of ``repeat`` calls (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def compare(outputs, references) -> dict:
+    """Max abs error, max error relative to the reference's magnitude, and cosine similarity."""
+    a = np.concatenate([np.asarray(o, np.float64).ravel() for o in outputs])
+    b = np.concatenate([np.asarray(r, np.float64).ravel() for r in references])
+    abs_err = float(np.abs(a - b).max())
+    rel = abs_err / max(float(np.abs(b).max()), 1e-30)
+    cosine = float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-300))
+    return {"max_abs_err": abs_err, "max_rel_err": rel, "cosine": cosine}
+
+
+def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: int = 3) -> dict:
+    """Run one zoo model through lpx and ONNX Runtime (and TVM llvm) and return its record."""
+    import onnxruntime as ort
+    import tvm
+    from tvm import relax
+
+    from . import compile as lpx_compile
+    from .frontend import from_onnx
+
+    record = {"model": entry.name, "family": entry.family, "ok": False, "config": config}
+    model = entry.load()
+    feeds = _inputs(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    references = sess.run(None, feeds)
+    start = time.perf_counter()
+    compiled = lpx_compile(model, config=config)
+    record["compile_s"] = time.perf_counter() - start
+    args = [feeds[name] for name, _, _ in compiled.input_signature]
+    outputs = compiled(*args)
+    record.update(compare(outputs, references))
+    record["lpx_subgraphs"] = compiled.report.lpx_functions
+    record["flops_offloaded_pct"] = compiled.report.offloaded_pct
+    record["gflops"] = compiled.report.flops_total / 1e9
+    record["host_ops"] = sorted(op.removeprefix("relax.") for op in compiled.report.host_ops)
+    record["sim_s"] = _timed(lambda: compiled(*args), repeat)
+    record["ort_s"] = _timed(lambda: sess.run(None, feeds), repeat)
+    record["tvm_llvm_s"] = None
+    if llvm:
+        ex = tvm.compile(from_onnx(model), target="llvm")
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        tensors = [tvm.runtime.tensor(a) for a in args]
+        record["tvm_llvm_s"] = _timed(lambda: vm["main"](*tensors), 1)
+    stats = [sim.stats for sim in compiled.simulators.values()]
+    record["predicted_cycles"] = sum(s.cycles for s in stats)
+    record["predicted_latency_s"] = sum(s.seconds for s in stats)
+    record["throughput_per_s"] = 1.0 / record["predicted_latency_s"] if record["predicted_latency_s"] else None
+    record["ok"] = record["max_rel_err"] <= entry.rtol and record["cosine"] >= entry.min_cosine
+    if not record["ok"]:
+        record["error"] = f"outside tolerance (rel {record['max_rel_err']:.2e} > {entry.rtol} or cosine)"
+    return record
+
+
+def run_zoo(names=None, config: str = "tsp", llvm: bool = True, progress=sys.stderr) -> list:
+    """Run several zoo models; a model that fails gets a record saying why and the run goes on."""
+    names = list(names or DEFAULT_MODELS)
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        raise ValueError(f"unknown zoo models {unknown}; choose from {', '.join(ZOO)}")
+    records = []
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name} ...", file=progress, flush=True)
+        start = time.perf_counter()
+        try:
+            record = run_model(ZOO[name], config, llvm)
+        except Exception as err:  # one model's failure must not stop the sweep
+            record = {"model": name, "family": ZOO[name].family, "ok": False, "config": config,
+                      "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"}
+        print(f"[{i}/{len(names)}] {name}: {'ok' if record['ok'] else 'FAILED'} "
+              f"({time.perf_counter() - start:.1f} s)", file=progress, flush=True)
+        records.append(record)
+    return records
+
+
+COLUMNS = [("model", "model"), ("ok", "ok"), ("lpx_subgraphs", "lpx fns"), ("flops_offloaded_pct", "% FLOPs lpx"),
+           ("max_abs_err", "max abs err"), ("max_rel_err", "max rel err"), ("cosine", "cosine"),
+           ("compile_s", "compile s"), ("sim_s", "sim s"), ("ort_s", "ORT s"), ("tvm_llvm_s", "TVM llvm s"),
+           ("predicted_latency_s", "LPX latency s"), ("throughput_per_s", "LPX inf/s")]
+
+
+def table(records: list) -> str:
+    """The zoo table (tabulate)."""
+    from tabulate import tabulate
+
+    rows = []
+    for r in records:
+        row = []
+        for key, _ in COLUMNS:
+            value = r.get(key)
+            if isinstance(value, float):
+                value = f"{value:.6f}" if key == "cosine" else f"{value:.2f}" if key == "flops_offloaded_pct" \
+                    else f"{value:.3g}"
+            row.append("" if value is None else value)
+        rows.append(row)
+    text = tabulate(rows, headers=[h for _, h in COLUMNS], tablefmt="github")
+    failures = [f"{r['model']}: {r['error']}" for r in records if r.get("error")]
+    return text + ("\n\nfailures:\n  " + "\n  ".join(failures) if failures else "")

@@ -1,0 +1,8 @@
+"""Run the model zoo: the same as ``lpx-tvm zoo`` (see ``--help``)."""
+
+import sys
+
+from lpx_tvm.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["zoo", *sys.argv[1:]]))

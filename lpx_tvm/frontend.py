@@ -59,6 +59,7 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
     - graph inputs that are really initializers are dropped (old IR versions
       list them, and the importer would then duplicate the weights);
     - ``Sum`` becomes a chain of ``Add`` (the importer's stack+sum hides the adds);
+    - ``Dropout`` becomes ``Identity`` (inference);
     - ``input_shapes`` (name -> dims) pins dynamic input dimensions.
     """
     model = copy.deepcopy(model)
@@ -69,7 +70,9 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
     graph.input.extend(real_inputs)
     nodes = []
     for node in graph.node:
-        if node.op_type == "Sum" and len(node.input) >= 2:
+        if node.op_type == "Dropout":  # identity at inference; its mask output is never used by a model
+            nodes.append(helper.make_node("Identity", node.input[:1], node.output[:1], name=node.name))
+        elif node.op_type == "Sum" and len(node.input) >= 2:
             acc = node.input[0]
             for k, name in enumerate(node.input[1:]):
                 out = node.output[0] if k == len(node.input) - 2 else f"{node.output[0]}__sum{k}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+import threading
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -31,9 +33,17 @@ class CompiledModel:
         self.executable = executable
         self.report = report
         self.programs = programs
-        self.vm = relax.VirtualMachine(executable, tvm.cpu())
+        self._local = threading.local()
         self.input_signature = [(str(p.name), tuple(int(d) for d in p.ty.shape.values), str(p.ty.dtype))
                                 for p in params]
+
+    @property
+    def vm(self) -> relax.VirtualMachine:
+        """This thread's VM over the shared executable (a VM's frames are not thread-safe)."""
+        vm = getattr(self._local, "vm", None)
+        if vm is None:
+            vm = self._local.vm = relax.VirtualMachine(self.executable, tvm.cpu())
+        return vm
 
     @property
     def simulators(self) -> dict:

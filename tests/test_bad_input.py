@@ -1,0 +1,121 @@
+"""Bad input gets a clear error naming what was wrong; untrusted programs never run unverified."""
+
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+import lpx_tvm
+from lpx_tvm.cli import main
+from lpx_tvm.runtime_sim import ProgramFormatError, decode
+from conftest import cnn_model, mlp_model, ort_run, assert_close
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return lpx_tvm.compile(mlp_model(), config="tiny")
+
+
+def test_malformed_onnx_file_is_named(tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"this is not protobuf \x00\xff" * 10)
+    with pytest.raises(lpx_tvm.FrontendError, match="broken.onnx"):
+        lpx_tvm.from_onnx(bad)
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(mlp_model().SerializeToString()[:50])
+    with pytest.raises(lpx_tvm.FrontendError, match="truncated.onnx"):
+        lpx_tvm.from_onnx(truncated)
+
+
+def test_cli_errors_are_one_line_without_traceback(tmp_path, capsys):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"garbage")
+    for argv in (["run", str(bad)], ["compile", str(bad), "-o", str(tmp_path / "x.so")],
+                 ["profile", str(tmp_path / "missing.onnx")], ["disasm", str(bad)]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_wrong_inputs_name_expected_and_given(mlp):
+    with pytest.raises(ValueError, match=r"expected float32\[4, 64\], got float32\[4, 63\]"):
+        mlp(np.zeros((4, 63), np.float32))
+    with pytest.raises(ValueError, match=r"expected float32\[4, 64\], got float64\[4, 64\]"):
+        mlp(np.zeros((4, 64), np.float64))
+    with pytest.raises(ValueError, match="takes 1 inputs"):
+        mlp(np.zeros((4, 64), np.float32), np.zeros((4, 64), np.float32))
+
+
+def test_input_shape_pins_a_dynamic_dimension(rng):
+    model = mlp_model()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    compiled = lpx_tvm.compile(model, config="tiny", input_shapes={"x": [4, 64]})
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    assert_close(compiled(x)[0], ort_run(mlp_model(), {"x": x})[0], 1e-4)
+    assert compiled.report.lpx_functions == 1
+
+
+def test_two_threads_share_one_executable(rng):
+    compiled = lpx_tvm.compile(cnn_model(), config="tiny")
+    inputs = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(2)]
+    expected = [compiled(x)[0] for x in inputs]
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            for _ in range(20):
+                out = compiled(inputs[i])[0]
+                assert np.array_equal(out, expected[i])
+            results[i] = True
+        except Exception as err:  # collected and asserted below
+            errors.append(err)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and results == {0: True, 1: True}
+
+
+@pytest.fixture(scope="module")
+def program_blob(mlp):
+    (blob,) = mlp.programs.values()
+    return blob
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                    HealthCheck.too_slow])
+@given(data=st.data())
+def test_decoder_only_raises_its_own_error(program_blob, data):
+    kind = data.draw(st.sampled_from(["random", "flip", "truncate", "splice"]))
+    if kind == "random":
+        blob = data.draw(st.binary(max_size=512))
+    elif kind == "flip":
+        blob = bytearray(program_blob)
+        for _ in range(data.draw(st.integers(1, 8))):
+            pos = data.draw(st.integers(0, len(blob) - 1))
+            blob[pos] ^= 1 << data.draw(st.integers(0, 7))
+        blob = bytes(blob)
+    elif kind == "truncate":
+        blob = program_blob[:data.draw(st.integers(0, len(program_blob) - 1))]
+    else:
+        blob = program_blob[:40] + data.draw(st.binary(max_size=256))
+    assume(blob != program_blob)  # two flips of one bit give the original back
+    with pytest.raises(ProgramFormatError):
+        decode(blob)
+
+
+def test_no_pickle_or_eval_in_the_project():
+    pattern = re.compile(r"\bimport pickle\b|\bpickle\.|\beval\(|\bexec\(|\bcloudpickle\b")
+    offenders = []
+    for folder in ("lpx_tvm", "codegen", "runtime_sim", "scripts"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if pattern.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not offenders, offenders

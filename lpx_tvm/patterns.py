@@ -9,6 +9,7 @@ stays on the host.
 
 from __future__ import annotations
 
+import warnings
 from math import prod
 
 from tvm import relax
@@ -112,8 +113,17 @@ def _make_check(sram_bytes: int):
             if c.op.name == "relax.nn.conv2d":
                 w = _static_tensor(c.args[1])[0]
                 working += _bytes(c) // max(w[0], 1) * w[1] * w[2] * w[3]
-        return working <= sram_bytes
+        if working > sram_bytes:
+            ops = "+".join(c.op.name.removeprefix("relax.") for c in reversed(calls))
+            warnings.warn(f"lpx: {ops} with output {list(_static_tensor(calls[0])[0])} needs {working} bytes of "
+                          f"SRAM, the chip has {sram_bytes}; it runs on the host", CapacityWarning, stacklevel=2)
+            return False
+        return True
     return check
+
+
+class CapacityWarning(UserWarning):
+    """An operator too large for SRAM falls back to the host."""
 
 
 def _activation(name, inner):

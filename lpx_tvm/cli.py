@@ -40,11 +40,11 @@ def cmd_compile(args) -> int:
 
 def cmd_run(args) -> int:
     from .frontend import load_onnx, prepare_onnx
-    from .zoo import _inputs, compare
+    from .zoo import seeded_inputs, compare
 
     compiled = _compile(args)
     model = prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape))
-    feeds = _inputs(model)
+    feeds = seeded_inputs(model)
     outputs = compiled(*[feeds[name] for name, _, _ in compiled.input_signature])
     print(compiled.report.summary())
     for i, out in enumerate(outputs):

@@ -37,7 +37,7 @@ ZOO = {m.name: m for m in (
 DEFAULT_MODELS = tuple(ZOO)
 
 
-def _inputs(model: onnx.ModelProto, seed: int = 1) -> dict:
+def seeded_inputs(model: onnx.ModelProto, seed: int = 1) -> dict:
     """Seeded inputs for every graph input (token ids for int64 inputs)."""
     rng = np.random.default_rng(seed)
     feeds = {}
@@ -54,7 +54,7 @@ def _inputs(model: onnx.ModelProto, seed: int = 1) -> dict:
     return feeds
 
 
-def _timed(fn, repeat: int) -> float:
+def timed(fn, repeat: int) -> float:
     """Median wall seconds of ``repeat`` calls (after one warm-up call)."""
     fn()
     times = []
@@ -86,7 +86,7 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
 
     record = {"model": entry.name, "family": entry.family, "ok": False, "config": config}
     model = entry.load()
-    feeds = _inputs(model)
+    feeds = seeded_inputs(model)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     references = sess.run(None, feeds)
     start = time.perf_counter()
@@ -99,14 +99,14 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
     record["flops_offloaded_pct"] = compiled.report.offloaded_pct
     record["gflops"] = compiled.report.flops_total / 1e9
     record["host_ops"] = sorted(op.removeprefix("relax.") for op in compiled.report.host_ops)
-    record["sim_s"] = _timed(lambda: compiled(*args), repeat)
-    record["ort_s"] = _timed(lambda: sess.run(None, feeds), repeat)
+    record["sim_s"] = timed(lambda: compiled(*args), repeat)
+    record["ort_s"] = timed(lambda: sess.run(None, feeds), repeat)
     record["tvm_llvm_s"] = None
     if llvm:
         ex = tvm.compile(from_onnx(model), target="llvm")
         vm = relax.VirtualMachine(ex, tvm.cpu())
         tensors = [tvm.runtime.tensor(a) for a in args]
-        record["tvm_llvm_s"] = _timed(lambda: vm["main"](*tensors), 1)
+        record["tvm_llvm_s"] = timed(lambda: vm["main"](*tensors), 1)
     stats = [sim.stats for sim in compiled.simulators.values()]
     record["predicted_cycles"] = sum(s.cycles for s in stats)
     record["predicted_latency_s"] = sum(s.seconds for s in stats)

@@ -18,7 +18,6 @@ import time
 
 def _child_peak_rss_mb(model: str, engine: str) -> float:
     code = f"""
-import resource, numpy as np
 from lpx_tvm.zoo import ZOO, seeded_inputs
 m = ZOO[{model!r}].load(); feeds = seeded_inputs(m)
 if {engine!r} == "ort":
@@ -29,7 +28,8 @@ else:
     import lpx_tvm
     c = lpx_tvm.compile(m, config="tsp"); args = [feeds[n] for n, _, _ in c.input_signature]
     for _ in range(3): c(*args)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+# VmHWM, not ru_maxrss: Linux carries the parent's ru_maxrss across fork+exec
+print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])

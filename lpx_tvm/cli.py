@@ -92,6 +92,10 @@ def cmd_profile(args) -> int:
     print(f"\ntotal: predicted {report['predicted_cycles']} cycles, simulated {report['simulated_cycles']} cycles; "
           + ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items()))
     print(compiled.report.summary())
+    if sims:
+        chip = next(iter(sims.values())).config
+        print(f"note: fp32 is not native on the {chip.name} matrix unit; the cost model charges each fp32 array "
+              f"pass as {chip.mxm_passes['fp32'] // chip.mxm_passes['fp16']} fp16 passes")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)

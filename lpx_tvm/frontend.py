@@ -26,11 +26,13 @@ class FrontendError(ValueError):
 
 def load_onnx(model) -> onnx.ModelProto:
     """Read an ONNX model from a path, bytes or a ModelProto, with clear errors."""
-    if isinstance(model, onnx.ModelProto):
-        return model
-    name = "<bytes>" if isinstance(model, (bytes, bytearray)) else str(model)
+    name = "model" if isinstance(model, onnx.ModelProto) else None
+    if name is None:
+        name = "<bytes>" if isinstance(model, (bytes, bytearray)) else str(model)
     try:
-        if isinstance(model, (bytes, bytearray)):
+        if isinstance(model, onnx.ModelProto):
+            proto = model
+        elif isinstance(model, (bytes, bytearray)):
             proto = onnx.load_from_string(bytes(model))
         else:
             path = Path(model)
@@ -43,6 +45,10 @@ def load_onnx(model) -> onnx.ModelProto:
         raise FrontendError(f"{name}: not a readable ONNX model ({type(err).__name__}: {err})") from None
     if not proto.graph.node:
         raise FrontendError(f"{name}: not an ONNX model (the graph has no nodes)")
+    newest = onnx.defs.onnx_opset_version()
+    for opset in proto.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version > newest:
+            raise FrontendError(f"{name}: unsupported opset {opset.version} (this onnx package knows up to {newest})")
     return proto
 
 

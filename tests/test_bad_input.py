@@ -119,3 +119,18 @@ def test_no_pickle_or_eval_in_the_project():
                 if pattern.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not offenders, offenders
+
+
+def test_unknown_op_and_unsupported_opset_are_named():
+    from onnx import helper
+    from conftest import make_model, tensor_info
+
+    unknown = make_model([helper.make_node("FancyOp", ["x"], ["y"])], [tensor_info("x", [2, 3])],
+                         [tensor_info("y", [2, 3])], [])
+    with pytest.raises(lpx_tvm.FrontendError, match="FancyOp"):
+        lpx_tvm.from_onnx(unknown)
+    future = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor_info("x", [2, 3])],
+                        [tensor_info("y", [2, 3])], [])
+    future.opset_import[0].version = 99
+    with pytest.raises(lpx_tvm.FrontendError, match="unsupported opset 99"):
+        lpx_tvm.from_onnx(future)

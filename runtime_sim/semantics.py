@@ -23,8 +23,6 @@ TRANSPOSE (perm...) · CONCAT (axis) · SLICE (begin..., step...)
 
 from __future__ import annotations
 
-from math import prod
-
 import numpy as np
 
 from .isa import (BINARY_OPS, EPILOGUE_OPS, POOL_OPS, REDUCE_OPS, UNARY_OPS, DType, Opcode)
@@ -280,7 +278,7 @@ def _rule_window(src, attrs):
     return kh, kw, oh, ow, extra
 
 
-def infer_shapes(op: Opcode, srcs: list, attrs: tuple, n_inputs_outputs=None) -> list | None:
+def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
     """Output shapes an instruction must have, or None where the dst shape is free.
 
     Parameters
@@ -368,10 +366,6 @@ def check_slice(src_shape, dst_shape, attrs) -> None:
         begin, step, n = vals[i], vals[rank + i], dst_shape[i]
         _check(step >= 1 and 0 <= begin and (n == 0 or begin + step * (n - 1) < src_shape[i]),
                "SLICE out of bounds")
-
-
-def element_count(shape) -> int:
-    return prod(shape)
 
 
 FLOAT_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})

@@ -72,6 +72,8 @@ class _Lowerer:
             return self.expr(expr.body, env)
         if isinstance(expr, relax.Var):
             return env[expr]
+        if isinstance(expr, PRIM_TYPES + (relax.ShapeExpr,)):  # before Constant: IntImm subclasses it in 0.27
+            return expr
         if isinstance(expr, Constant):
             return self.graph.constant(constant_value(expr))
         if isinstance(expr, relax.Tuple):
@@ -79,8 +81,6 @@ class _Lowerer:
         if isinstance(expr, relax.TupleGetItem):
             return self.expr(expr.tuple_value, env)[expr.index]
         if isinstance(expr, relax.Function):
-            return expr
-        if isinstance(expr, PRIM_TYPES + (relax.ShapeExpr,)):
             return expr
         if isinstance(expr, relax.Call):
             callee = expr.op

@@ -7,6 +7,7 @@ builds anything with LLVM (``FoldConstant`` would, once per constant).
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .codegen.lower import Constant, constant_value
+from .codegen.lower import PRIM_TYPES, Constant, constant_value
 
 
 class FrontendError(ValueError):
@@ -97,7 +98,38 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
         _set_shape(match[0], dims)
     if model.ir_version < 4:
         model.ir_version = 4
+    if any(node.op_type == "Shape" for node in graph.node) and _all_inputs_static(graph):
+        model = _fold_shape_computations(model)
     return model
+
+
+def _all_inputs_static(graph) -> bool:
+    return all(d.HasField("dim_value") and d.dim_value > 0
+               for i in graph.input for d in i.type.tensor_type.shape.dim)
+
+
+def _fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape ─► Slice ─► Concat ─► Reshape chains on static shapes become constants.
+
+    TVM's importer needs Reshape targets it can see; exporters (paddle2onnx,
+    torch) compute them at run time. With every input shape pinned, ONNX
+    Runtime's basic graph optimiser (constant folding and standard-op fusions
+    only, no contrib ops) folds them, so we use it rather than a folder of our own.
+    """
+    import tempfile
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    with tempfile.TemporaryDirectory() as tmp:
+        options.optimized_model_filepath = str(Path(tmp) / "folded.onnx")
+        try:
+            ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception as err:  # ORT rejects models it cannot run; say so rather than import a half-folded graph
+            raise FrontendError(f"{model.graph.name or 'model'}: cannot fold its shape computations "
+                                f"({str(err).strip().splitlines()[0]})") from None
+        return onnx.load(options.optimized_model_filepath)
 
 
 def _fold_batch_norms(graph) -> None:
@@ -134,39 +166,81 @@ def _fold_batch_norms(graph) -> None:
     graph.node.extend(keep)
 
 
+_TE_MIN_MAX = re.compile(r"^(maximum|minimum)\d*$")
+
+
 @mutator
 class _FoldConstantShapes(PyExprMutator):
-    """reshape / permute_dims / astype of a constant ─► a constant, in numpy."""
+    """Numpy folding the importer leaves undone, so that patterns see plain ops.
+
+    - reshape / permute_dims / astype of a constant ─► a constant;
+    - isnan / where on constants ─► a constant (the importer's NaN-bound guard for Clip);
+    - ``call_tir(maximum|minimum, x, scalar)`` (Clip, which the importer emits as TE
+      functions) ─► ``relax.maximum|minimum``, and ``minimum(maximum(x, lo), hi)`` ─► ``clip``.
+    """
+
+    def _constant(self, expr):
+        if isinstance(expr, relax.Var):
+            expr = self.lookup_binding(expr)
+        return expr if isinstance(expr, Constant) and not isinstance(expr, PRIM_TYPES) else None
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if not isinstance(call.op, tvm.ir.Op) or not call.args:
             return call
-        data = call.args[0]
-        if isinstance(data, relax.Var):
-            bound = self.lookup_binding(data)
-            data = bound if isinstance(bound, Constant) else data
-        if not isinstance(data, Constant):
-            return call
         name = call.op.name
-        value = constant_value(data)
+        if name == "relax.call_tir":
+            return self._te_min_max(call)
+        if name == "relax.minimum":
+            return self._clip(call)
+        consts = [self._constant(a) for a in call.args]
+        if consts[0] is None:
+            return call
+        value = constant_value(consts[0])
         if name == "relax.reshape":
             return relax.const(value.reshape([int(d) for d in call.ty.shape.values]))
         if name == "relax.permute_dims":
             axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
             return relax.const(np.ascontiguousarray(value.transpose(axes)))
         if name == "relax.astype":
-            return relax.const(value.astype(call.ty.dtype))
+            return relax.const(value.astype(str(call.ty.dtype)))
+        if name == "relax.isnan":
+            return relax.const(np.isnan(value))
+        if name == "relax.where" and all(c is not None for c in consts):
+            return relax.const(np.where(value, *(constant_value(c) for c in consts[1:])).astype(str(call.ty.dtype)))
         return call
+
+    def _te_min_max(self, call):
+        callee, args = call.args[0], call.args[1]
+        match = _TE_MIN_MAX.match(getattr(callee, "name_hint", ""))
+        if not match or not isinstance(args, relax.Tuple) or len(args.fields) != 2:
+            return call
+        bound = self._constant(args.fields[1])
+        if bound is None or constant_value(bound).ndim != 0:
+            return call
+        op = relax.op.maximum if match.group(1) == "maximum" else relax.op.minimum
+        return op(args.fields[0], bound)
+
+    def _clip(self, call):
+        inner = call.args[0]
+        inner = self.lookup_binding(inner) if isinstance(inner, relax.Var) else inner
+        if not (isinstance(inner, relax.Call) and isinstance(inner.op, tvm.ir.Op)
+                and inner.op.name == "relax.maximum"):
+            return call
+        lo, hi = self._constant(inner.args[1]), self._constant(call.args[1])
+        if lo is None or hi is None or constant_value(lo).ndim or constant_value(hi).ndim:
+            return call
+        return relax.op.clip(inner.args[0], float(constant_value(lo)), float(constant_value(hi)))
 
 
 def fold_constant_shapes(mod: tvm.IRModule) -> tvm.IRModule:
-    """Fold shape-only ops on constants in every Relax function, then inline the constants."""
+    """Fold what the importer leaves (see ``_FoldConstantShapes``), inline constants, drop dead functions."""
     folder = _FoldConstantShapes(mod)
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             mod[gvar] = folder.visit_expr(func)
-    return relax.transform.CanonicalizeBindings()(mod)
+    mod = relax.transform.CanonicalizeBindings()(mod)
+    return relax.transform.DeadCodeElimination(["main"])(mod)
 
 
 def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from .models import LIGHT_MODELS, light_model
+from .trained import OCR_MODELS, ocr_input_shapes, ocr_model, text_image
 from .transformers import bert_encoder, gpt2_decoder
 
 
@@ -28,11 +29,19 @@ class ZooModel:
     load: Callable[[], onnx.ModelProto]
     rtol: float = 1e-3
     min_cosine: float = 0.9999
+    input_shapes: dict | None = None  # pins dynamic input dimensions, {input name: dims}
+    inputs: Callable[[], dict] | None = None  # feeds; seeded normal (or token ids) by default
+
+    def feeds(self, model: onnx.ModelProto) -> dict:
+        """The inputs this model is compared on."""
+        return self.inputs() if self.inputs else seeded_inputs(model)
 
 
 ZOO = {m.name: m for m in (
     [ZooModel(name, "cnn", lambda name=name: light_model(name)) for name in LIGHT_MODELS]
     + [ZooModel("bert_encoder", "encoder", bert_encoder), ZooModel("gpt2_decoder", "decoder", gpt2_decoder)]
+    + [ZooModel(name, "trained", lambda name=name: ocr_model(name), input_shapes=ocr_input_shapes(name),
+                inputs=lambda name=name: {"x": text_image(ocr_input_shapes(name)["x"])}) for name in OCR_MODELS]
 )}
 DEFAULT_MODELS = tuple(ZOO)
 
@@ -83,17 +92,20 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
 
     from . import compile as lpx_compile
     from .frontend import from_onnx
+    from .runtime import total_offloaded_calls
 
     record = {"model": entry.name, "family": entry.family, "ok": False, "config": config}
     model = entry.load()
-    feeds = seeded_inputs(model)
+    feeds = entry.feeds(model)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     references = sess.run(None, feeds)
     start = time.perf_counter()
-    compiled = lpx_compile(model, config=config)
+    compiled = lpx_compile(model, config=config, input_shapes=entry.input_shapes)
     record["compile_s"] = time.perf_counter() - start
     args = [feeds[name] for name, _, _ in compiled.input_signature]
+    calls_before = total_offloaded_calls()
     outputs = compiled(*args)
+    record["lpx_calls"] = total_offloaded_calls() - calls_before
     record.update(compare(outputs, references))
     record["lpx_subgraphs"] = compiled.report.lpx_functions
     record["flops_offloaded_pct"] = compiled.report.offloaded_pct
@@ -103,7 +115,7 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
     record["ort_s"] = timed(lambda: sess.run(None, feeds), repeat)
     record["tvm_llvm_s"] = None
     if llvm:
-        ex = tvm.compile(from_onnx(model), target="llvm")
+        ex = tvm.compile(from_onnx(model, entry.input_shapes), target="llvm")
         vm = relax.VirtualMachine(ex, tvm.cpu())
         tensors = [tvm.runtime.tensor(a) for a in args]
         record["tvm_llvm_s"] = timed(lambda: vm["main"](*tensors), 1)

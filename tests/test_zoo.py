@@ -1,5 +1,6 @@
 """The smallest zoo model of each family against ONNX Runtime, with its offload share."""
 
+import importlib.util
 import json
 
 import pytest
@@ -8,7 +9,14 @@ from lpx_tvm.cli import main
 from lpx_tvm.zoo import ZOO, run_model
 
 
-@pytest.mark.parametrize("name, min_pct", [("squeezenet", 99.0), ("bert_encoder", 95.0), ("gpt2_decoder", 95.0)])
+NO_RAPIDOCR = importlib.util.find_spec("rapidocr_onnxruntime") is None
+
+
+@pytest.mark.parametrize("name, min_pct", [
+    ("squeezenet", 99.0), ("bert_encoder", 95.0), ("gpt2_decoder", 95.0),
+    pytest.param("ppocr_cls", 95.0, marks=pytest.mark.skipif(
+        NO_RAPIDOCR, reason="optional rapidocr-onnxruntime (the models extra) is not installed")),
+])
 def test_smallest_model_of_each_family(name, min_pct):
     record = run_model(ZOO[name], config="tsp", llvm=False, repeat=1)
     print(f"\n{name}: {record['flops_offloaded_pct']:.2f}% FLOPs on lpx, max rel err {record['max_rel_err']:.2e}, "
@@ -17,6 +25,7 @@ def test_smallest_model_of_each_family(name, min_pct):
     assert record["max_rel_err"] <= 1e-3 and record["cosine"] >= 0.9999
     assert record["flops_offloaded_pct"] >= min_pct
     assert record["lpx_subgraphs"] >= 1 and record["predicted_latency_s"] > 0
+    assert record["lpx_calls"] >= record["lpx_subgraphs"], "the offloaded subgraphs did not run on lpx"
 
 
 def test_zoo_command_writes_json_records(tmp_path, capsys):

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.ir.prim.expr import IntImm
 
 from .codegen import CodegenOptions
 from .frontend import from_onnx
@@ -34,7 +35,8 @@ class CompiledModel:
         self.report = report
         self.programs = programs
         self._local = threading.local()
-        self.input_signature = [(str(p.name), tuple(int(d) for d in p.ty.shape.values), str(p.ty.dtype))
+        # a symbolic dimension (dynamic shape left unpinned) is None: any size is accepted there
+        self.input_signature = [(str(p.name), tuple(_static_dim(d) for d in p.ty.shape.values), str(p.ty.dtype))
                                 for p in params]
 
     @property
@@ -57,8 +59,10 @@ class CompiledModel:
         arrays = []
         for value, (name, shape, dtype) in zip(inputs, sig):
             arr = np.asarray(value)
-            if arr.shape != shape or arr.dtype != np.dtype(dtype):
-                raise CallError(f"input {name!r}: expected {dtype}{list(shape)}, got {arr.dtype}{list(arr.shape)}")
+            shape_ok = arr.ndim == len(shape) and all(want in (None, got) for want, got in zip(shape, arr.shape))
+            if not shape_ok or arr.dtype != np.dtype(dtype):
+                wanted = ", ".join("?" if d is None else str(d) for d in shape)
+                raise CallError(f"input {name!r}: expected {dtype}[{wanted}], got {arr.dtype}{list(arr.shape)}")
             arrays.append(np.ascontiguousarray(arr))
         return arrays
 
@@ -76,6 +80,10 @@ class CompiledModel:
     def export_library(self, path) -> None:
         """Write a shared library that ``tvm.runtime.load_module`` reloads (import lpx_tvm first)."""
         self.executable.export_library(str(path))
+
+
+def _static_dim(dim):
+    return int(dim) if isinstance(dim, IntImm) else None
 
 
 def _to_numpy(result) -> list:

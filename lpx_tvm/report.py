@@ -13,22 +13,24 @@ _FREE_OPS = {"relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_di
              "relax.call_tir", "relax.shape_of"}
 
 
-def op_flops(call) -> int:
-    """FLOPs of one Relax call (2 per MAC; 1 per output element for other ops)."""
+def op_flops(call) -> int | None:
+    """FLOPs of one Relax call (2 per MAC; 1 per output element for other ops); None when shapes are symbolic."""
+    name = call.op.name
     ty = call.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+    if name in _FREE_OPS or not isinstance(ty, relax.TensorType):
         return 0
+    if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
     try:
         out = prod(int(d) for d in ty.shape.values)
     except TypeError:
-        return 0
-    name = call.op.name
+        return None
     if name == "relax.nn.conv2d":
         w = [int(d) for d in call.args[1].ty.shape.values]
         return 2 * out * w[1] * w[2] * w[3]
     if name == "relax.matmul":
         return 2 * out * int(call.args[0].ty.shape.values[-1])
-    return 0 if name in _FREE_OPS else out
+    return out
 
 
 def _walk_calls(expr, visit):
@@ -38,12 +40,17 @@ def _walk_calls(expr, visit):
 
 @dataclass
 class OffloadReport:
-    """FLOPs on lpx and on the host, lpx function count, and the ops left on the host."""
+    """FLOPs on lpx and on the host, lpx function count, and the ops left on the host.
+
+    ``dynamic_host_ops`` counts host ops whose shapes are symbolic: their FLOPs are
+    unknown at compile time and are not in ``flops_host``.
+    """
 
     lpx_functions: int = 0
     flops_offloaded: int = 0
     flops_host: int = 0
     host_ops: Counter = field(default_factory=Counter)
+    dynamic_host_ops: int = 0
 
     @property
     def flops_total(self) -> int:
@@ -55,8 +62,10 @@ class OffloadReport:
 
     def summary(self) -> str:
         host = ", ".join(f"{op.removeprefix('relax.')}×{n}" for op, n in sorted(self.host_ops.items())) or "none"
+        dynamic = (f"; {self.dynamic_host_ops} host op(s) have dynamic shapes, FLOPs unknown"
+                   if self.dynamic_host_ops else "")
         return (f"{self.lpx_functions} lpx subgraph(s), {self.offloaded_pct:.2f}% of "
-                f"{self.flops_total / 1e9:.3f} GFLOP on lpx; host ops: {host}")
+                f"{self.flops_total / 1e9:.3f} GFLOP on lpx; host ops: {host}{dynamic}")
 
 
 def offload_report(mod) -> OffloadReport:
@@ -72,9 +81,12 @@ def offload_report(mod) -> OffloadReport:
             flops = op_flops(call)
             if on_lpx:
                 report.flops_offloaded += flops
+                return
+            if flops is None:
+                report.dynamic_host_ops += 1
             else:
                 report.flops_host += flops
-                if call.op.name not in _FREE_OPS:
-                    report.host_ops[call.op.name] += 1
+            if call.op.name not in _FREE_OPS:
+                report.host_ops[call.op.name] += 1
         _walk_calls(func, visit)
     return report

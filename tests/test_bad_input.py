@@ -60,6 +60,34 @@ def test_input_shape_pins_a_dynamic_dimension(rng):
     assert compiled.report.lpx_functions == 1
 
 
+def test_dynamic_shapes_offload_the_static_part_and_fall_back_on_the_rest(rng):
+    """x[N, 64] ─► Gemm ─► Relu ─► ReduceMean over N ─► [1, 32] ─► Gemm ─► Relu: the tail is static."""
+    from onnx import helper
+
+    from conftest import make_model, tensor_info, weights
+    from lpx_tvm.runtime import total_offloaded_calls
+
+    inits = [weights(rng, "w1", (32, 64)), weights(rng, "b1", (32,)),
+             weights(rng, "w2", (10, 32)), weights(rng, "b2", (10,))]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("ReduceMean", ["r"], ["p"], axes=[0], keepdims=1),
+             helper.make_node("Gemm", ["p", "w2", "b2"], ["z"], transB=1), helper.make_node("Relu", ["z"], ["y"])]
+    model = make_model(nodes, [tensor_info("x", ["N", 64])], [tensor_info("y", [1, 10])], inits)
+    compiled = lpx_tvm.compile(model, config="tiny")
+    report = compiled.report
+    assert compiled.input_signature == [("x", (None, 64), "float32")]
+    assert report.lpx_functions == 1 and report.flops_offloaded >= 2 * 32 * 10
+    assert report.host_ops["relax.matmul"] == 1 and report.dynamic_host_ops >= 1
+    assert "dynamic shapes" in report.summary()
+    for batch in (3, 7):  # one executable serves every batch size
+        x = rng.standard_normal((batch, 64)).astype(np.float32)
+        before = total_offloaded_calls()
+        assert_close(compiled(x)[0], ort_run(model, {"x": x})[0], 1e-4)
+        assert total_offloaded_calls() - before == 1
+    with pytest.raises(ValueError, match=r"expected float32\[\?, 64\], got float32\[3, 63\]"):
+        compiled(np.zeros((3, 63), np.float32))
+
+
 def test_two_threads_share_one_executable(rng):
     compiled = lpx_tvm.compile(cnn_model(), config="tiny")
     inputs = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(2)]

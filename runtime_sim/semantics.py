@@ -172,39 +172,57 @@ def _window_attrs(attrs):
     return kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, extra
 
 
-def _windows(x, attrs, fill):
-    """Strided view of every pooling/conv window: [N, C, OH, OW, kh, kw]."""
+def _window_taps(x, attrs, fill):
+    """Yield ``(i, j, view)``: for each kernel tap, the strided [N, C, OH, OW] view of the padded input.
+
+    A pooling or im2col over a k×k window is k² vectorised passes over output-sized
+    views, which numpy runs at memory speed; reducing a 6-D sliding-window view
+    over its two small trailing axes is several times slower.
+    """
     kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, _ = _window_attrs(attrs)
     if pt or pl or pb or pr:
         x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
-    win = np.lib.stride_tricks.sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
-    return win[:, :, ::sh, ::sw, ::dh, ::dw]
+    oh = (x.shape[2] - (kh - 1) * dh - 1) // sh + 1
+    ow = (x.shape[3] - (kw - 1) * dw - 1) // sw + 1
+    for i in range(kh):
+        for j in range(kw):
+            yield i, j, x[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+
+
+def _pool(x, attrs, fill, combine):
+    acc = None
+    for _, _, view in _window_taps(x, attrs, fill):
+        if acc is None:
+            acc = view.astype(F32, copy=True)
+        else:
+            combine(acc, view, out=acc)
+    return acc
 
 
 def _maxpool(outs, ins, attrs):
-    x = _f32(ins[0])
-    _store(outs[0], _windows(x, attrs, -np.inf).max(axis=(4, 5)))
+    _store(outs[0], _pool(_f32(ins[0]), attrs, -np.inf, np.maximum))
 
 
 def _avgpool(outs, ins, attrs):
     x = _f32(ins[0])
     kh, kw, *_, count_include_pad = _window_attrs(attrs)
-    total = _windows(x, attrs, 0.0).sum(axis=(4, 5), dtype=F32)
+    total = _pool(x, attrs, 0.0, np.add)
     if count_include_pad:
         total /= F32(kh * kw)
     else:
-        ones = np.ones((1, 1) + x.shape[2:], F32)
-        total /= _windows(ones, attrs, 0.0).sum(axis=(4, 5), dtype=F32)
+        total /= _pool(np.ones((1, 1) + x.shape[2:], F32), attrs, 0.0, np.add)
     _store(outs[0], total)
 
 
 def _im2col(outs, ins, attrs):
+    """[N, C, H, W] ─► [N, G, C/G·kh·kw, OH·OW] columns, one strided copy per kernel tap."""
     x = ins[0]
-    groups = int(attrs[10])
-    win = _windows(x, attrs, 0)  # [N, C, OH, OW, kh, kw]
-    n, c, oh, ow, kh, kw = win.shape
-    cols = win.reshape(n, groups, c // groups, oh, ow, kh, kw).transpose(0, 1, 2, 5, 6, 3, 4)
-    outs[0][...] = cols.reshape(outs[0].shape)
+    kh, kw, groups = int(attrs[0]), int(attrs[1]), int(attrs[10])
+    n, c = x.shape[:2]
+    for i, j, view in _window_taps(x, attrs, 0):
+        # splitting the channel axis keeps both sides views: one strided copy per tap
+        out = outs[0].reshape(n, groups, c // groups, kh, kw, *view.shape[2:])
+        out[:, :, :, i, j] = view.reshape(n, groups, c // groups, *view.shape[2:])
 
 
 def _transpose(outs, ins, attrs):

@@ -2,7 +2,9 @@
 
 A convolution becomes an IM2COL on the switch unit (skipped for 1x1 stride-1
 convolutions, whose input already is the matrix) and MATMULs on the matrix
-planes. Large matrix products are split by output rows into one tile per plane
+planes; a depthwise convolution is one DWCONV on the vector unit instead,
+since expanding it by im2col costs k² times its input for a matrix-vector
+product per channel. Large matrix products are split by output rows into one tile per plane
 so the planes work in parallel; every tile is a contiguous slice, so it is an
 ordinary SRAM operand.
 """
@@ -85,14 +87,19 @@ def _conv2d(g: Graph, node: Node, config: ChipConfig) -> list:
     k, p, ocg = cg * kh * kw, oh * ow, oc // groups
     (sh, sw), (dh, dw) = node.attrs["strides"], node.attrs["dilation"]
     pt, pl, pb, pr = node.attrs["padding"]
+    window = (kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, groups)
+    if groups == c == oc:  # depthwise: per-channel taps on the vector unit, no 9-25x im2col blow-up
+        srcs = [_whole(g, x), _whole(g, w, (c, kh, kw))]
+        if len(node.inputs) > 2:
+            srcs.append(_whole(g, node.inputs[2], (c, 1, 1)))
+        return [TileOp(Opcode.DWCONV, srcs, [_whole(g, node.output)], window + _epilogue(node), node.layer)]
     ops = []
     if (kh, kw, sh, sw, pt, pl, pb, pr) == (1, 1, 1, 1, 0, 0, 0, 0):
         cols = _whole(g, x, (n, groups, k, p))
     else:
         cols_id = g.add_tensor((n, groups, k, p), g.tensors[x].dtype)
         cols = _whole(g, cols_id)
-        ops.append(TileOp(Opcode.IM2COL, [_whole(g, x)], [cols],
-                          (kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, groups), node.layer))
+        ops.append(TileOp(Opcode.IM2COL, [_whole(g, x)], [cols], window, node.layer))
     weight = _whole(g, w, (groups, ocg, k))
     out = _whole(g, node.output, (n, groups, ocg, p))
     bias = _whole(g, node.inputs[2], (groups, ocg, 1)) if len(node.inputs) > 2 else None

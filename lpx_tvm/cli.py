@@ -1,4 +1,4 @@
-"""The ``lpx-tvm`` command: compile, run, profile, zoo, disasm.
+"""The ``lpx-tvm`` command: compile, run, profile, zoo, bench, disasm.
 
 Every error becomes one line on stderr and exit status 1 (``--debug`` shows the
 traceback).
@@ -121,6 +121,21 @@ def cmd_zoo(args) -> int:
     return 0 if all(r["ok"] for r in records) else 1
 
 
+def cmd_bench(args) -> int:
+    from .bench import bench_table, run_bench
+    from .zoo import ZOO
+
+    unknown = [m for m in args.models if m not in ZOO]
+    if unknown:
+        raise ValueError(f"unknown zoo models {unknown}; choose from {', '.join(ZOO)}")
+    records = run_bench(args.models, args.repeat)
+    print(bench_table(records))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(records, fh, indent=1)
+    return 0 if all("error" not in r for r in records) else 1
+
+
 def cmd_disasm(args) -> int:
     from .runtime_sim import decode, disassemble
 
@@ -161,6 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", help="write the table as CSV")
     p.add_argument("--skip-llvm", action="store_true", help="do not time TVM's llvm-only build")
     p.set_defaults(func=cmd_zoo)
+    from .bench import DEFAULT_BENCH_MODELS
+
+    p = sub.add_parser("bench", help="time the flow itself: simulator vs ORT, compile vs TVM llvm, peak RSS")
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_BENCH_MODELS))
+    p.add_argument("--repeat", type=int, default=10, help="timed calls per engine (median)")
+    p.add_argument("--json", help="write one record per model")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

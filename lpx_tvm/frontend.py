@@ -218,8 +218,9 @@ class _FoldConstantShapes(PyExprMutator):
         bound = self._constant(args.fields[1])
         if bound is None or constant_value(bound).ndim != 0:
             return call
-        op = relax.op.maximum if match.group(1) == "maximum" else relax.op.minimum
-        return op(args.fields[0], bound)
+        if match.group(1) == "maximum":
+            return relax.op.maximum(args.fields[0], bound)
+        return self._clip(relax.op.minimum(args.fields[0], bound))
 
     def _clip(self, call):
         inner = call.args[0]

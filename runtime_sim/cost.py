@@ -72,6 +72,8 @@ def instruction_cost(instr: Instruction, config: ChipConfig) -> Cost:
             elements, per = instr.srcs[0].size, 1
         elif op in POOL_OPS:
             elements, per = instr.dsts[0].size, int(instr.attrs[0]) * int(instr.attrs[1])
+        elif op == Opcode.DWCONV:  # a multiply and an add per tap
+            elements, per = instr.dsts[0].size, 2 * int(instr.attrs[0]) * int(instr.attrs[1])
         else:
             elements, per = instr.dsts[0].size, VXM_OPS_PER_ELEMENT[op]
         flops = elements * per

@@ -106,6 +106,7 @@ class Opcode(IntEnum):
     LAYERNORM = 54
     MAXPOOL = 55
     AVGPOOL = 56
+    DWCONV = 57  # depthwise convolution: per-channel taps are vector work, not matrix work
     # SXM
     TRANSPOSE = 60
     IM2COL = 61
@@ -126,7 +127,7 @@ EPILOGUE_OPS = frozenset({Opcode.NOP, Opcode.RELU, Opcode.CLIP, Opcode.GELU, Opc
 UNIT_OF = {
     Opcode.NOP: Unit.ICU, Opcode.LOAD: Unit.MEM, Opcode.STORE: Unit.MEM, Opcode.MATMUL: Unit.MXM,
     **{op: Unit.VXM for op in UNARY_OPS | BINARY_OPS | REDUCE_OPS | POOL_OPS},
-    Opcode.SOFTMAX: Unit.VXM, Opcode.LAYERNORM: Unit.VXM,
+    Opcode.SOFTMAX: Unit.VXM, Opcode.LAYERNORM: Unit.VXM, Opcode.DWCONV: Unit.VXM,
     **{op: Unit.SXM for op in MOVE_OPS},
 }
 assert set(UNIT_OF) == set(Opcode), "every opcode needs a unit"

@@ -18,6 +18,8 @@ CLIP (lo, hi) · other unary and binary ops ()
 REDUCE_* (axis, ...) · SOFTMAX (axis) · LAYERNORM (eps, n_trailing_axes)
 MAXPOOL/AVGPOOL and IM2COL (kh, kw, sh, sw, pad_top, pad_left, pad_bottom,
 pad_right, dh, dw, count_include_pad | groups)
+DWCONV (the 11 window attributes, then epilogue opcode, p0, p1), srcs x[N, C, H, W],
+w[C, kh, kw], optional bias[C, 1, 1]
 TRANSPOSE (perm...) · CONCAT (axis) · SLICE (begin..., step...)
 """
 
@@ -40,11 +42,26 @@ def _store(out: np.ndarray, value: np.ndarray) -> None:
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    """erf in fp32 (Abramowitz & Stegun 7.1.26; |error| < 1.5e-7, below fp32 rounding)."""
-    a = np.abs(x, dtype=np.float64)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return np.copysign(1.0 - poly * np.exp(-a * a), x).astype(F32)
+    """erf in fp32 (Abramowitz & Stegun 7.1.26, evaluated in fp32 in place; |error| < 6e-7).
+
+    fp32 arithmetic rather than fp64 because GELU-heavy transformers spend most of
+    their non-GEMM time here; the error stays a few fp32 ulps.
+    """
+    x = _f32(np.asarray(x))
+    a = np.abs(x)
+    t = F32(0.3275911) * a
+    t += F32(1.0)
+    np.reciprocal(t, out=t)
+    poly = t * F32(1.061405429)
+    for coefficient in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        poly += F32(coefficient)
+        poly *= t
+    np.square(a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    poly *= a
+    np.subtract(F32(1.0), poly, out=poly)
+    return np.copysign(poly, x, out=poly)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -214,6 +231,24 @@ def _avgpool(outs, ins, attrs):
     _store(outs[0], total)
 
 
+def _dwconv(outs, ins, attrs):
+    """Depthwise convolution: one multiply-accumulate pass per kernel tap, in fp32."""
+    x, w = _f32(ins[0]), _f32(ins[1])
+    acc = tmp = None
+    for i, j, view in _window_taps(x, attrs[:11], 0.0):
+        tap = w[:, i, j].reshape(1, -1, 1, 1)
+        if acc is None:
+            acc = view * tap
+            tmp = np.empty_like(acc)
+        else:
+            np.multiply(view, tap, out=tmp)
+            acc += tmp
+    if len(ins) == 3:
+        acc += _f32(ins[2])
+    _apply_epilogue(acc, Opcode(int(attrs[11])), attrs[11:])
+    _store(outs[0], acc)
+
+
 def _im2col(outs, ins, attrs):
     """[N, C, H, W] ─► [N, G, C/G·kh·kw, OH·OW] columns, one strided copy per kernel tap."""
     x = ins[0]
@@ -262,6 +297,7 @@ SEMANTICS = {
     Opcode.AVGPOOL: _avgpool,
     Opcode.TRANSPOSE: _transpose,
     Opcode.IM2COL: _im2col,
+    Opcode.DWCONV: _dwconv,
     Opcode.CONCAT: _concat,
     Opcode.SLICE: _slice,
 }
@@ -349,6 +385,16 @@ def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
         _check(len(shapes) == 1, f"{op.name} takes one operand")
         _, _, oh, ow, _ = _rule_window(shapes[0], attrs)
         return [shapes[0][:2] + (oh, ow)]
+    if op == Opcode.DWCONV:
+        _check(len(shapes) in (2, 3) and len(attrs) == 14, "DWCONV takes x, w, optional bias and 14 attributes")
+        kh, kw, oh, ow, _ = _rule_window(shapes[0], attrs[:11])
+        n, c = shapes[0][:2]
+        _check(shapes[1] == (c, kh, kw), f"DWCONV weight must be {(c, kh, kw)}, got {shapes[1]}")
+        _check(Opcode(_ints(attrs[11:12])[0]) in EPILOGUE_OPS, "DWCONV epilogue must be an activation")
+        out = (n, c, oh, ow)
+        if len(shapes) == 3:
+            _check(np.broadcast_shapes(out, shapes[2]) == out, "DWCONV bias does not broadcast")
+        return [out]
     if op == Opcode.IM2COL:
         _check(len(shapes) == 1, "IM2COL takes one operand")
         kh, kw, oh, ow, groups = _rule_window(shapes[0], attrs)

@@ -1,0 +1,100 @@
+"""Benchmark the flow itself, side by side in one run: simulator vs ONNX Runtime, lpx compile vs TVM llvm.
+
+Times are medians over repeated calls in the same process (these machines are
+noisy, so only ratios taken together mean anything). Peak RSS is measured in a
+fresh child process per engine, each reporting its own high-water mark. The
+simulator runs with its schedule checks on: they happen once, at program load.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+DEFAULT_BENCH_MODELS = ("resnet50", "bert_encoder", "ppocr_rec")
+
+
+def _child_peak_rss_mb(model: str, engine: str) -> float:
+    code = f"""
+from lpx_tvm.zoo import ZOO
+entry = ZOO[{model!r}]; m = entry.load(); feeds = entry.feeds(m)
+if {engine!r} == "ort":
+    import onnxruntime as ort
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for _ in range(3): s.run(None, feeds)
+else:
+    import lpx_tvm
+    c = lpx_tvm.compile(m, config="tsp", input_shapes=entry.input_shapes)
+    args = [feeds[n] for n, _, _ in c.input_signature]
+    for _ in range(3): c(*args)
+# VmHWM, not ru_maxrss: Linux carries the parent's ru_maxrss across fork+exec
+print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{engine} child for {model} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench_model(model: str, repeat: int = 10) -> dict:
+    """One model's record: times, the two ratios, and peak RSS of each engine.
+
+    Returns
+    -------
+    dict
+        Keys ``model``, ``sim_s``, ``ort_s``, ``sim_over_ort``, ``lpx_compile_s``,
+        ``tvm_llvm_compile_s``, ``compile_over_tvm``, ``sim_peak_rss_mb``, ``ort_peak_rss_mb``.
+    """
+    import onnxruntime as ort
+    import tvm
+
+    from . import compile as lpx_compile
+    from .frontend import from_onnx
+    from .zoo import ZOO, timed
+
+    entry = ZOO[model]
+    onnx_model = entry.load()
+    feeds = entry.feeds(onnx_model)
+    start = time.perf_counter()
+    compiled = lpx_compile(onnx_model, config="tsp", input_shapes=entry.input_shapes)
+    lpx_compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    tvm.compile(from_onnx(onnx_model, entry.input_shapes), target="llvm")
+    llvm_compile_s = time.perf_counter() - start
+    args = [feeds[n] for n, _, _ in compiled.input_signature]
+    sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sim_s = timed(lambda: compiled(*args), repeat)
+    ort_s = timed(lambda: sess.run(None, feeds), repeat)
+    return {"model": model, "sim_s": sim_s, "ort_s": ort_s, "sim_over_ort": sim_s / ort_s,
+            "lpx_compile_s": lpx_compile_s, "tvm_llvm_compile_s": llvm_compile_s,
+            "compile_over_tvm": lpx_compile_s / llvm_compile_s,
+            "sim_peak_rss_mb": _child_peak_rss_mb(model, "lpx"), "ort_peak_rss_mb": _child_peak_rss_mb(model, "ort")}
+
+
+def run_bench(models=DEFAULT_BENCH_MODELS, repeat: int = 10, progress=sys.stderr) -> list:
+    """Benchmark several models; a model that fails gets a record with its error and the run goes on."""
+    records = []
+    for model in models:
+        print(f"bench {model} ...", file=progress, flush=True)
+        try:
+            records.append(bench_model(model, repeat))
+        except Exception as err:  # one model's failure must not stop the sweep
+            records.append({"model": model, "error": f"{type(err).__name__}: {str(err).strip()[:200]}"})
+    return records
+
+
+def bench_table(records: list) -> str:
+    """The benchmark table (tabulate)."""
+    from tabulate import tabulate
+
+    rows = []
+    for r in records:
+        if "error" in r:
+            rows.append([r["model"], r["error"]] + [""] * 7)
+            continue
+        rows.append([r["model"], f"{r['sim_s'] * 1e3:.1f}", f"{r['ort_s'] * 1e3:.1f}", f"{r['sim_over_ort']:.2f}",
+                     f"{r['lpx_compile_s']:.2f}", f"{r['tvm_llvm_compile_s']:.2f}", f"{r['compile_over_tvm']:.2f}",
+                     f"{r['sim_peak_rss_mb']:.0f}", f"{r['ort_peak_rss_mb']:.0f}"])
+    return tabulate(rows, headers=["model", "sim ms", "ORT ms", "sim/ORT", "lpx compile s", "llvm compile s",
+                                   "compile/llvm", "sim RSS MB", "ORT RSS MB"], tablefmt="github")

@@ -189,21 +189,27 @@ def _window_attrs(attrs):
     return kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, extra
 
 
-def _window_taps(x, attrs, fill):
-    """Yield ``(i, j, view)``: for each kernel tap, the strided [N, C, OH, OW] view of the padded input.
+def _window_taps(x, attrs, fill, channels_last=False):
+    """Yield ``(i, j, view)``: for each kernel tap, the strided output-sized view of the padded input.
 
-    A pooling or im2col over a k×k window is k² vectorised passes over output-sized
-    views, which numpy runs at memory speed; reducing a 6-D sliding-window view
-    over its two small trailing axes is several times slower.
+    ``x`` is NCHW (NHWC with ``channels_last``). A pooling or im2col over a k×k
+    window is k² vectorised passes over output-sized views, which numpy runs at
+    memory speed; reducing a 6-D sliding-window view over its two small trailing
+    axes is several times slower.
     """
     kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, _ = _window_attrs(attrs)
+    h_axis = 1 if channels_last else 2
     if pt or pl or pb or pr:
-        x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
-    oh = (x.shape[2] - (kh - 1) * dh - 1) // sh + 1
-    ow = (x.shape[3] - (kw - 1) * dw - 1) // sw + 1
+        pads = [(0, 0)] * 4
+        pads[h_axis], pads[h_axis + 1] = (pt, pb), (pl, pr)
+        x = np.pad(x, pads, constant_values=fill)
+    oh = (x.shape[h_axis] - (kh - 1) * dh - 1) // sh + 1
+    ow = (x.shape[h_axis + 1] - (kw - 1) * dw - 1) // sw + 1
+    lead = (slice(None),) * h_axis
     for i in range(kh):
         for j in range(kw):
-            yield i, j, x[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+            yield i, j, x[lead + (slice(i * dh, i * dh + (oh - 1) * sh + 1, sh),
+                                  slice(j * dw, j * dw + (ow - 1) * sw + 1, sw))]
 
 
 def _pool(x, attrs, fill, combine):
@@ -232,17 +238,23 @@ def _avgpool(outs, ins, attrs):
 
 
 def _dwconv(outs, ins, attrs):
-    """Depthwise convolution: one multiply-accumulate pass per kernel tap, in fp32."""
+    """Depthwise convolution: one multiply-accumulate pass per kernel tap, in fp32.
+
+    The taps run channels-last, where each tap's weights broadcast along the
+    contiguous axis (about twice as fast in numpy as broadcasting along NCHW's
+    channel axis, conversions included).
+    """
     x, w = _f32(ins[0]), _f32(ins[1])
+    taps = np.ascontiguousarray(w.transpose(1, 2, 0))  # [kh, kw, C]
     acc = tmp = None
-    for i, j, view in _window_taps(x, attrs[:11], 0.0):
-        tap = w[:, i, j].reshape(1, -1, 1, 1)
+    for i, j, view in _window_taps(x.transpose(0, 2, 3, 1), attrs[:11], 0.0, channels_last=True):
         if acc is None:
-            acc = view * tap
+            acc = view * taps[i, j]
             tmp = np.empty_like(acc)
         else:
-            np.multiply(view, tap, out=tmp)
+            np.multiply(view, taps[i, j], out=tmp)
             acc += tmp
+    acc = acc.transpose(0, 3, 1, 2)
     if len(ins) == 3:
         acc += _f32(ins[2])
     _apply_epilogue(acc, Opcode(int(attrs[11])), attrs[11:])

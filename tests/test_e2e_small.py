@@ -7,7 +7,8 @@ from tvm import relax
 
 import lpx_tvm
 from lpx_tvm import runtime
-from conftest import assert_close, cnn_model, mlp_model, ort_run, sin_between_model
+from lpx_tvm.runtime_sim import Opcode, decode
+from conftest import assert_close, cnn_model, make_model, mlp_model, ort_run, sin_between_model, tensor_info, weights
 
 
 def _run_counted(compiled, *inputs):
@@ -35,6 +36,24 @@ def test_cnn_matches_ort(rng):
     assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
     assert compiled.report.lpx_functions == 1 and calls == 1
     assert compiled.report.offloaded_pct == 100.0
+
+
+@pytest.mark.parametrize("kernel, stride, pad", [(3, 1, 1), (5, 2, 2), (3, 2, 0)])
+def test_depthwise_conv_runs_as_dwconv(rng, kernel, stride, pad):
+    from onnx import helper
+
+    inits = [weights(rng, "w", (12, 1, kernel, kernel)), weights(rng, "b", (12,))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=12, strides=[stride, stride],
+                              pads=[pad] * 4),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, [tensor_info("x", [1, 12, 11, 13])], [tensor_info("y", None)], inits)
+    x = rng.standard_normal((1, 12, 11, 13)).astype(np.float32)
+    compiled = lpx_tvm.compile(model, config="tiny")
+    (out,), calls = _run_counted(compiled, x)
+    assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
+    assert calls == 1
+    (program,) = (decode(blob) for blob in compiled.programs.values())
+    assert [i.opcode for i in program.instructions if i.opcode not in (Opcode.LOAD, Opcode.STORE)] == [Opcode.DWCONV]
 
 
 def test_unsupported_op_runs_on_host_between_two_lpx_regions(rng):

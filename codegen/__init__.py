@@ -72,6 +72,18 @@ def _describe_graph(g: Graph) -> str:
     return "\n".join(lines)
 
 
+def _tile_and_allocate(g: Graph, chip: ChipConfig) -> tuple:
+    """Tile, then allocate; when activations do not fit beside the weights, stream more weights and retry."""
+    for budget in (chip.sram_bytes // 2 >> k for k in range(4)):
+        ops = tile(g, chip, resident_budget=budget)
+        try:
+            return ops, allocate(g, ops, chip)
+        except CapacityError:
+            continue
+    ops = tile(g, chip, resident_budget=0)  # stream every weight that can stream; a CapacityError here is final
+    return ops, allocate(g, ops, chip)
+
+
 def compile_graph(g: Graph, options: CodegenOptions, name: str = "lpx") -> Program:
     """Run fuse ─► emit on a lowered graph."""
     chip = options.chip
@@ -82,11 +94,10 @@ def compile_graph(g: Graph, options: CodegenOptions, name: str = "lpx") -> Progr
     fuse_epilogues(g)
     if dump:
         (dump / f"{name}.2_fuse.txt").write_text(_describe_graph(g))
-    ops = tile(g, chip)
+    ops, addr = _tile_and_allocate(g, chip)
     if dump:
         (dump / f"{name}.3_tile.txt").write_text(
             "\n".join(f"{o.opcode.name} {o.dsts} <- {o.srcs} {o.attrs} ; {o.layer}" for o in ops))
-    addr = allocate(g, ops, chip)
     if dump:
         (dump / f"{name}.4_alloc.txt").write_text(
             "\n".join(f"t{t} @ {a:#x} {g.tensors[t].shape}" for t, a in addr.items() if t != "high_water"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime_sim import ChipConfig, Constant, DType, Instruction, Program, TensorRef
+from ..runtime_sim import ChipConfig, Constant, DType, Instruction, Program, StreamedWeight, TensorRef
 from ..runtime_sim.isa import HostTensor
 from .graph import Graph
 
@@ -38,5 +38,7 @@ def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int,
         data = np.ascontiguousarray(t.data).reshape(-1).view(np.uint8)
         constants.append(Constant(TensorRef(where, t.shape, DType.from_numpy(t.dtype)), data))
     host = lambda ids: tuple(HostTensor(g.tensors[t].shape, DType.from_numpy(g.tensors[t].dtype)) for t in ids)
+    streamed = tuple(StreamedWeight(HostTensor(w.shape, DType.from_numpy(w.dtype)), w.reshape(-1).view(np.uint8))
+                     for w in g.streamed)
     return Program(config.name, config.digest, tuple(instructions), tuple(constants),
-                   host(g.inputs), host(g.outputs), layers, makespan)
+                   host(g.inputs), host(g.outputs), layers, makespan, streamed=streamed)

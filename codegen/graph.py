@@ -46,6 +46,7 @@ class Graph:
     nodes: list = field(default_factory=list)
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
+    streamed: list = field(default_factory=list)  # weight tiles kept in host memory (tile decides)
 
     def add_tensor(self, shape, dtype, data=None, alias_of=None) -> int:
         self.tensors.append(Tensor(tuple(int(d) for d in shape), np.dtype(str(dtype)), data, alias_of))

@@ -7,6 +7,13 @@ since expanding it by im2col costs k² times its input for a matrix-vector
 product per channel. Large matrix products are split by output rows into one tile per plane
 so the planes work in parallel; every tile is a contiguous slice, so it is an
 ordinary SRAM operand.
+
+Weights are resident, unless together they would take more than a budget
+(half of SRAM, less when the activations do not fit beside them):
+then the largest matrix-product weights, largest first, stay in host memory and
+are streamed in column tiles (STREAM on the host link, then a MATMUL per tile)
+each time they are used. That is slow, bounded by the host link, and the cost
+model says so; but the layer runs on lpx instead of falling back.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+import numpy as np
 
 from ..runtime_sim import ChipConfig, Opcode
 from .graph import Graph, Node
@@ -111,6 +119,69 @@ def _conv2d(g: Graph, node: Node, config: ChipConfig) -> list:
     return ops + [TileOp(Opcode.MATMUL, srcs, [out], _epilogue(node), node.layer)]
 
 
+def stream_tile_bytes(config: ChipConfig) -> int:
+    """The most bytes one streamed weight tile may take (two are in flight at once)."""
+    return config.sram_bytes // 16
+
+
+def _streamable(g: Graph, node: Node, config: ChipConfig) -> int | None:
+    """Column-tile width for streaming this matmul's weight, or None when it cannot stream."""
+    if node.kind != "matmul" or not g.is_constant(node.inputs[1]) or len(g.tensors[node.inputs[1]].shape) != 2:
+        return None
+    a_shape, (k, n) = g.tensors[node.inputs[0]].shape, g.tensors[node.inputs[1]].shape
+    if prod(a_shape[:-2]) != 1:
+        return None
+    if len(node.inputs) > 2:
+        bias = g.tensors[node.inputs[2]].shape
+        if not bias or bias[-1] != n or prod(bias[:-1]) != 1:
+            return None
+    itemsize = g.tensors[node.inputs[1]].dtype.itemsize
+    widths = [d for d in range(1, n + 1) if n % d == 0 and k * d * itemsize <= stream_tile_bytes(config)]
+    return max(widths) if widths else None
+
+
+def _weights_to_stream(g: Graph, config: ChipConfig, resident_budget: int) -> dict:
+    """matmul node index -> tile width, largest weights first, until resident weights fit the budget."""
+    resident = {g.base(t) for node in g.nodes for t in node.inputs if g.is_constant(g.base(t))}
+    total = sum(g.tensors[t].nbytes for t in resident)
+    chosen = {}
+    candidates = sorted(((g.tensors[node.inputs[1]].nbytes, i) for i, node in enumerate(g.nodes)
+                         if _streamable(g, node, config)), reverse=True)
+    for nbytes, i in candidates:
+        if total <= resident_budget:
+            break
+        chosen[i] = _streamable(g, g.nodes[i], config)
+        total -= nbytes
+    return chosen
+
+
+def _streamed_matmul(g: Graph, node: Node, width: int) -> list:
+    """STREAM each column tile of the weight, MATMUL it; M > 1 gathers the tiles with one TRANSPOSE."""
+    a, w = node.inputs[0], node.inputs[1]
+    m = g.tensors[a].shape[-2]
+    weight = g.tensors[g.base(w)].data.reshape(g.tensors[w].shape)
+    n = weight.shape[1]
+    tiles = n // width
+    itemsize = g.tensors[node.output].dtype.itemsize
+    dtype = g.tensors[w].dtype
+    gathered = g.add_tensor((tiles, m, width), g.tensors[node.output].dtype) if m > 1 else None
+    ops = []
+    for t in range(tiles):
+        g.streamed.append(np.ascontiguousarray(weight[:, t * width:(t + 1) * width]))
+        buffer = g.add_tensor((weight.shape[0], width), dtype)
+        ops.append(TileOp(Opcode.STREAM, [], [_whole(g, buffer)], (len(g.streamed) - 1,), node.layer))
+        srcs = [Operand(a, (m, weight.shape[0])), _whole(g, buffer)]
+        if len(node.inputs) > 2:
+            srcs.append(Operand(node.inputs[2], (width,), t * width * itemsize))
+        out = (Operand(gathered, (m, width), t * m * width * itemsize) if gathered is not None
+               else Operand(node.output, (1, width), t * width * itemsize))
+        ops.append(TileOp(Opcode.MATMUL, srcs, [out], _epilogue(node), node.layer))
+    if gathered is not None:
+        ops.append(TileOp(Opcode.TRANSPOSE, [_whole(g, gathered)], [_whole(g, node.output, (m, tiles, width))],
+                          (1, 0, 2), node.layer))
+    return ops
+
+
 def _matmul(g: Graph, node: Node, config: ChipConfig) -> list:
     a, b = (_whole(g, t) for t in node.inputs[:2])
     bias = _whole(g, node.inputs[2]) if len(node.inputs) > 2 else None
@@ -134,8 +205,11 @@ def _attrs(node: Node) -> tuple:
     return ()
 
 
-def tile(g: Graph, config: ChipConfig) -> list:
+def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> list:
     """The instruction templates of a graph, in program order.
+
+    ``resident_budget`` (default: half of SRAM) caps the bytes of resident
+    weights; the largest streamable weights beyond it are streamed.
 
     Returns
     -------
@@ -143,8 +217,13 @@ def tile(g: Graph, config: ChipConfig) -> list:
         LOADs of the inputs, the operators' tiles, STOREs of the outputs.
     """
     ops = [TileOp(Opcode.LOAD, [], [_whole(g, t)], (i,), "load") for i, t in enumerate(g.inputs)]
-    for node in g.nodes:
-        if node.kind == "conv2d":
+    g.streamed = []
+    budget = config.sram_bytes // 2 if resident_budget is None else resident_budget
+    streamed = _weights_to_stream(g, config, budget)
+    for i, node in enumerate(g.nodes):
+        if i in streamed:
+            ops += _streamed_matmul(g, node, streamed[i])
+        elif node.kind == "conv2d":
             ops += _conv2d(g, node, config)
         elif node.kind == "matmul":
             ops += _matmul(g, node, config)

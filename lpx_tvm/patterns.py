@@ -18,6 +18,7 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 from tvm.relax.transform import FuseOpsByPattern, MergeCompositeFunctions
 
 from .codegen.lower import PRIM_TYPES, Constant
+from .codegen.tile import stream_tile_bytes
 from .runtime_sim import load_config
 
 SUPPORTED_DTYPES = ("float32",)
@@ -99,15 +100,28 @@ def _bytes(expr) -> int:
     return prod(info[0]) * 4 if info else 0
 
 
-def _make_check(sram_bytes: int):
+def _streamed_bytes(call, tile_bytes: int) -> int:
+    """Bytes a 2-D constant matmul weight occupies in SRAM: two tiles when it is big enough to be streamed."""
+    weight = call.args[1]
+    if call.op.name != "relax.matmul" or not isinstance(weight, Constant) or len(_static_tensor(weight)[0]) != 2:
+        return _bytes(weight)
+    return min(_bytes(weight), 2 * tile_bytes)
+
+
+def _make_check(config):
+    sram_bytes, tile_bytes = config.sram_bytes, stream_tile_bytes(config)
+
     def check(context) -> bool:
         calls = _calls(context.matched_expr)
         for call in calls:
             if not _tensors_ok(list(call.args) + [call]) or not _op_ok(call):
                 return False
         # one operator's working set (weights, inputs, output, im2col scratch) must fit in SRAM
-        working = sum(_bytes(a) for c in calls for a in c.args if isinstance(a, relax.Expr)
+        working = sum(_bytes(a) for c in calls for a in c.args[:1] + c.args[2:] if isinstance(a, relax.Expr)
                       and not isinstance(a, PRIM_TYPES + (relax.ShapeExpr, relax.Tuple)))
+        working += sum(_streamed_bytes(c, tile_bytes) for c in calls if len(c.args) > 1
+                       and isinstance(c.args[1], relax.Expr)
+                       and not isinstance(c.args[1], PRIM_TYPES + (relax.ShapeExpr, relax.Tuple)))
         working += sum(_bytes(c) for c in calls)
         for c in calls:
             if c.op.name == "relax.nn.conv2d":
@@ -140,7 +154,7 @@ def pattern_table(config: str = "tsp") -> list:
     config : str
         Chip preset whose SRAM size bounds what a check function accepts.
     """
-    check = _make_check(load_config(config).sram_bytes)
+    check = _make_check(load_config(config))
     table = []
     for op in UNARY:
         table.append((f"lpx.{op.removeprefix('nn.')}", is_op(f"relax.{op}")(wildcard())))

@@ -7,12 +7,12 @@ LPX program means.
 
 from .config import ChipConfig, load_config, available_configs
 from .isa import DType, Opcode, Unit, TensorRef, Instruction
-from .program import Program, Constant, ProgramFormatError, encode, decode, disassemble
+from .program import Program, Constant, StreamedWeight, ProgramFormatError, encode, decode, disassemble, validate
 from .simulator import Simulator, ScheduleError, RunStats
 
 __all__ = [
     "ChipConfig", "load_config", "available_configs",
     "DType", "Opcode", "Unit", "TensorRef", "Instruction",
-    "Program", "Constant", "ProgramFormatError", "encode", "decode", "disassemble",
+    "Program", "Constant", "StreamedWeight", "ProgramFormatError", "encode", "decode", "disassemble", "validate",
     "Simulator", "ScheduleError", "RunStats",
 ]

@@ -75,6 +75,7 @@ class Opcode(IntEnum):
     # MEM
     LOAD = 1
     STORE = 2
+    STREAM = 3  # a host-resident weight (too big to stay in SRAM) into SRAM, one tile per use
     # MXM
     MATMUL = 10
     # VXM, unary
@@ -125,7 +126,8 @@ MOVE_OPS = frozenset({Opcode.TRANSPOSE, Opcode.IM2COL, Opcode.CONCAT, Opcode.SLI
 EPILOGUE_OPS = frozenset({Opcode.NOP, Opcode.RELU, Opcode.CLIP, Opcode.GELU, Opcode.SIGMOID, Opcode.TANH})
 
 UNIT_OF = {
-    Opcode.NOP: Unit.ICU, Opcode.LOAD: Unit.MEM, Opcode.STORE: Unit.MEM, Opcode.MATMUL: Unit.MXM,
+    Opcode.NOP: Unit.ICU, Opcode.LOAD: Unit.MEM, Opcode.STORE: Unit.MEM, Opcode.STREAM: Unit.MEM,
+    Opcode.MATMUL: Unit.MXM,
     **{op: Unit.VXM for op in UNARY_OPS | BINARY_OPS | REDUCE_OPS | POOL_OPS},
     Opcode.SOFTMAX: Unit.VXM, Opcode.LAYERNORM: Unit.VXM, Opcode.DWCONV: Unit.VXM,
     **{op: Unit.SXM for op in MOVE_OPS},

@@ -4,7 +4,7 @@ Layout (little endian)::
 
     header   magic b"LPXPROG\\0" | u16 version | u16 reserved | u64 body length | 16-byte blake2b of body
     body     config name, config digest, predicted cycles
-             layer names | host inputs | host outputs | instructions | constants
+             layer names | host inputs | host outputs | instructions | constants | streamed weights
 
 Decoding verifies the header, the checksum, every opcode, every field range, every
 operand shape and every SRAM address against the chip config before it returns;
@@ -26,7 +26,7 @@ from .isa import MAX_RANK, DType, HostTensor, Instruction, Opcode, TensorRef, UN
 from .semantics import FLOAT_DTYPES, check_slice, infer_shapes
 
 MAGIC = b"LPXPROG\0"
-VERSION = 1
+VERSION = 2  # 2: streamed weights
 _HEADER = struct.Struct("<8sHHQ16s")
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
 MAX_DIM = 1 << 31
@@ -43,6 +43,14 @@ class Constant:
 
     ref: TensorRef
     data: np.ndarray  # 1-D uint8, exactly ref.nbytes long
+
+
+@dataclass(frozen=True)
+class StreamedWeight:
+    """A weight kept in host memory and brought into SRAM by STREAM each time it is used."""
+
+    host: HostTensor
+    data: np.ndarray  # 1-D uint8, exactly host.nbytes long
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,8 @@ class Program:
         Instruction ``layer`` indexes into these.
     predicted_cycles : int
         The makespan the compiler's scheduler computed.
+    streamed : tuple of StreamedWeight
+        Weights too big to stay resident; STREAM k copies streamed[k] into SRAM.
     """
 
     config_name: str
@@ -75,6 +85,7 @@ class Program:
     layer_names: tuple = ("program",)
     predicted_cycles: int = 0
     digest: bytes = field(default=b"", compare=False)
+    streamed: tuple = ()
 
 
 # ---------------------------------------------------------------------------
@@ -111,6 +122,10 @@ def encode(program: Program) -> bytes:
     for const in program.constants:
         parts.append(_pack_ref(const.ref))
         parts.append(memoryview(np.ascontiguousarray(const.data)).cast("B"))
+    parts.append(struct.pack("<I", len(program.streamed)))
+    for weight in program.streamed:
+        parts.append(_pack_dims(weight.host.dtype, weight.host.shape))
+        parts.append(memoryview(np.ascontiguousarray(weight.data)).cast("B"))
     body = b"".join(parts)
     digest = hashlib.blake2b(body, digest_size=16).digest()
     return _HEADER.pack(MAGIC, VERSION, 0, len(body), digest) + body
@@ -249,10 +264,16 @@ def _parse_body(r: _Reader, digest: bytes) -> Program:
         ref = r.ref("constant")
         data = np.frombuffer(r.take(ref.nbytes, "constant data"), dtype=np.uint8)
         constants.append(Constant(ref, data))
+    n_streamed = r.count("streamed weight count", 2)
+    streamed = []
+    for _ in range(n_streamed):
+        dtype, shape = r.dims("streamed weight")
+        host = HostTensor(shape, dtype)
+        streamed.append(StreamedWeight(host, np.frombuffer(r.take(host.nbytes, "streamed weight data"), np.uint8)))
     if r.pos != len(r.buf):
-        raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the constants")
+        raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the streamed weights")
     return Program(config_name, config_digest, tuple(instructions), tuple(constants), sigs[0], sigs[1],
-                   layers, predicted, digest)
+                   layers, predicted, digest, tuple(streamed))
 
 
 def validate(program: Program, config: ChipConfig | str | None = None) -> ChipConfig:
@@ -289,14 +310,18 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
 def _validate_operands(ins: Instruction, program: Program, where: str) -> None:
     op = ins.opcode
     expect_dst = 0 if op in (Opcode.STORE, Opcode.NOP) else 1
-    expect_src = 0 if op in (Opcode.LOAD, Opcode.NOP) else None
+    expect_src = 0 if op in (Opcode.LOAD, Opcode.STREAM, Opcode.NOP) else None
     if len(ins.dsts) != expect_dst or (expect_src is not None and len(ins.srcs) != expect_src):
         raise ProgramFormatError(f"{where}: wrong operand count")
     try:
         shapes = infer_shapes(op, [(r.shape, r.dtype) for r in ins.srcs], ins.attrs)
-        if op in (Opcode.LOAD, Opcode.STORE):
+        if op in (Opcode.LOAD, Opcode.STORE, Opcode.STREAM):
             index = int(ins.attrs[0])
-            group, ref = (program.inputs, ins.dsts[0]) if op == Opcode.LOAD else (program.outputs, ins.srcs[0])
+            if op == Opcode.STORE:
+                group, ref = program.outputs, ins.srcs[0]
+            else:
+                group = program.inputs if op == Opcode.LOAD else [w.host for w in program.streamed]
+                ref = ins.dsts[0]
             if index >= len(group) or group[index].nbytes != ref.nbytes or group[index].dtype != ref.dtype:
                 raise ValueError(f"host tensor {index} does not match {ref}")
         elif op == Opcode.SLICE:
@@ -305,7 +330,7 @@ def _validate_operands(ins: Instruction, program: Program, where: str) -> None:
             dst = ins.dsts[0].shape
             if prod(dst) != prod(shapes[0]) or (op not in _RESHAPING and dst != shapes[0]):
                 raise ValueError(f"output shape {dst}, expected {shapes[0]}")
-        if op not in (Opcode.CAST, Opcode.LOAD, Opcode.STORE, Opcode.NOP):
+        if op not in (Opcode.CAST, Opcode.LOAD, Opcode.STORE, Opcode.STREAM, Opcode.NOP):
             dtypes = {r.dtype for r in ins.srcs + ins.dsts}
             if len(dtypes) != 1 or not dtypes <= FLOAT_DTYPES:
                 raise ValueError(f"operand dtypes {sorted(d.short for d in dtypes)} are not one float type")
@@ -334,6 +359,7 @@ def disassemble(program: Program) -> str:
     """The whole program, one line per instruction after a short header."""
     head = [f"; lpx program for chip {program.config_name!r}, {len(program.instructions)} instructions, "
             f"{len(program.constants)} constants ({sum(c.ref.nbytes for c in program.constants)} bytes), "
+            f"{len(program.streamed)} streamed weights ({sum(w.host.nbytes for w in program.streamed)} bytes), "
             f"predicted {program.predicted_cycles} cycles",
             "; inputs:  " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.inputs),
             "; outputs: " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.outputs)]

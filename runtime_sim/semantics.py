@@ -12,7 +12,7 @@ reject a malformed instruction before anything runs.
 
 Attributes, by opcode
 ---------------------
-LOAD (input_index) · STORE (output_index) · NOP (cycles)
+LOAD (input_index) · STORE (output_index) · STREAM (streamed_weight_index) · NOP (cycles)
 MATMUL (epilogue opcode, p0, p1), srcs a[..., M, K], b[..., K, N], optional bias
 CLIP (lo, hi) · other unary and binary ops ()
 REDUCE_* (axis, ...) · SOFTMAX (axis) · LAYERNORM (eps, n_trailing_axes)
@@ -297,6 +297,7 @@ SEMANTICS = {
     Opcode.NOP: lambda outs, ins, attrs: None,
     Opcode.LOAD: _host_copy,
     Opcode.STORE: _host_copy,
+    Opcode.STREAM: _host_copy,
     Opcode.MATMUL: _matmul,
     **{op: _unary(op) for op in UNARY_OPS},
     **{op: _binary(op) for op in BINARY_OPS},
@@ -359,7 +360,7 @@ def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
         If the operands or attributes are not valid for the opcode.
     """
     shapes = [tuple(s) for s, _ in srcs]
-    if op in (Opcode.LOAD, Opcode.STORE, Opcode.NOP):
+    if op in (Opcode.LOAD, Opcode.STORE, Opcode.STREAM, Opcode.NOP):
         _check(len(attrs) == 1 and _ints(attrs)[0] >= 0, f"{op.name} takes one index attribute")
         return None
     if op == Opcode.MATMUL:

@@ -144,8 +144,11 @@ class Simulator:
 
     def _bind(self, index: int):
         ins = self.program.instructions[index]
-        return (SEMANTICS[ins.opcode], ins.opcode, [self._view(r) for r in ins.dsts],
-                [self._view(r) for r in ins.srcs], ins.attrs)
+        srcs = [self._view(r) for r in ins.srcs]
+        if ins.opcode == Opcode.STREAM:  # host memory, bound once like everything else
+            weight = self.program.streamed[int(ins.attrs[0])]
+            srcs = [weight.data.view(weight.host.dtype.np).reshape(weight.host.shape)]
+        return (SEMANTICS[ins.opcode], ins.opcode, [self._view(r) for r in ins.dsts], srcs, ins.attrs)
 
     def _stats(self) -> RunStats:
         program, chip = self.program, self.config

@@ -10,6 +10,7 @@ from onnx import helper
 import lpx_tvm
 from lpx_tvm.cli import main
 from lpx_tvm.patterns import CapacityWarning
+from lpx_tvm.runtime_sim import Opcode, decode
 from conftest import assert_close, cnn_model, make_model, ort_run, tensor_info, weights
 
 
@@ -30,15 +31,34 @@ def test_profile_writes_report_and_trace(tmp_path, capsys):
 
 
 def test_layer_too_big_for_sram_falls_back_with_a_warning(rng):
-    # a 2048x2048 fp32 weight (16 MiB) cannot fit the tiny chip's 16 MiB SRAM with its activations
-    big = weights(rng, "w", (2048, 2048), 0.02)
+    # Relu of a [1100, 2048] fp32 tensor: 9 MB in + 9 MB out, more than the tiny chip's 16 MiB
     small = weights(rng, "v", (2048, 16), 0.1)
-    model = make_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-                        helper.make_node("MatMul", ["r", "v"], ["y"])],
-                       [tensor_info("x", [2, 2048])], [tensor_info("y", [2, 16])], [big, small])
-    with pytest.warns(CapacityWarning, match="needs .* bytes of SRAM"):
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("MatMul", ["r", "v"], ["y"])],
+                       [tensor_info("x", [1100, 2048])], [tensor_info("y", [1100, 16])], [small])
+    with pytest.warns(CapacityWarning, match="nn.relu with output \\[1100, 2048\\] needs .* bytes of SRAM"):
         compiled = lpx_tvm.compile(model, config="tiny")
-    assert compiled.report.host_ops["relax.matmul"] == 1
+    assert compiled.report.host_ops == {"relax.nn.relu": 1}
     assert compiled.report.lpx_functions == 1
-    x = rng.standard_normal((2, 2048)).astype(np.float32)
+    x = rng.standard_normal((1100, 2048)).astype(np.float32)
     assert_close(compiled(x)[0], ort_run(model, {"x": x})[0], 1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_weight_bigger_than_sram_streams_from_host(rng, rows):
+    # a 2048x2048 fp32 weight (16 MiB) cannot stay resident in the tiny chip's 16 MiB SRAM: it streams
+    big = weights(rng, "w", (2048, 2048), 0.02)
+    bias = weights(rng, "b", (2048,), 0.1)
+    small = weights(rng, "v", (2048, 16), 0.1)
+    model = make_model([helper.make_node("Gemm", ["x", "w", "b"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                        helper.make_node("MatMul", ["r", "v"], ["y"])],
+                       [tensor_info("x", [rows, 2048])], [tensor_info("y", [rows, 16])], [big, bias, small])
+    compiled = lpx_tvm.compile(model, config="tiny")
+    assert compiled.report.lpx_functions == 1 and not compiled.report.host_ops, compiled.report.summary()
+    (blob,) = compiled.programs.values()
+    program = decode(blob)
+    streams = [i for i in program.instructions if i.opcode == Opcode.STREAM]
+    assert len(streams) >= 2 and sum(w.host.nbytes for w in program.streamed) == 2048 * 2048 * 4
+    x = rng.standard_normal((rows, 2048)).astype(np.float32)
+    assert_close(compiled(x)[0], ort_run(model, {"x": x})[0], 1e-4)
+    stats = next(iter(compiled.simulators.values())).stats
+    assert stats.host_bytes >= 2048 * 2048 * 4  # every call pays for the weight on the host link

@@ -55,3 +55,23 @@ def test_program_for_another_chip_is_rejected(blob):
 def test_not_a_program():
     with pytest.raises(ProgramFormatError, match="bad magic"):
         decode(b"\x7fELF" + bytes(100))
+
+
+def test_streamed_weights_round_trip_and_are_checked(rng):
+    import dataclasses
+
+    from onnx import helper
+
+    from conftest import make_model, tensor_info, weights
+    from lpx_tvm.runtime_sim import Opcode, validate
+
+    # a 10 MB weight is more than half of the tiny chip's 16 MiB SRAM: it is streamed, not resident
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [1, 1024])],
+                       [tensor_info("y", [1, 2560])], [weights(rng, "w", (1024, 2560), 0.05)])
+    (blob,) = lpx_tvm.compile(model, config="tiny").programs.values()
+    program = decode(blob)
+    assert program.streamed and any(i.opcode == Opcode.STREAM for i in program.instructions)
+    assert encode(program) == blob
+    assert "streamed weights" in disassemble(program).splitlines()[0]
+    with pytest.raises(ProgramFormatError, match="STREAM.*host tensor"):
+        validate(dataclasses.replace(program, streamed=program.streamed[:-1]))

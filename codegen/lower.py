@@ -178,6 +178,19 @@ def _pool(opcode):
     return rule
 
 
+def _channel_avg_pool3d(lw, call, args, layer):
+    """avg_pool3d with a (k, 1, 1) window (ONNX LRN): a 2-D AVGPOOL over [N·C, 1, D, H·W]."""
+    a = call.attrs
+    n, c, d, h, w = _shape_of(call.args[0])
+    k = int(a.pool_size[0])
+    front, back = int(a.padding[0]), int(a.padding[3])
+    flat = lw.alias(args[0], (n * c, 1, d, h * w))
+    include = int(bool(a.count_include_pad))
+    pooled = lw.graph.add_node("AVGPOOL", [flat], (n * c, 1, _shape_of(call)[2], h * w), call.ty.dtype, layer,
+                               window=(k, 1, 1, 1, front, 0, back, 0, 1, 1, include))
+    return lw.alias(pooled, _shape_of(call))
+
+
 def _adaptive_avg_pool(lw, call, args, layer):
     out = _shape_of(call)
     if out[2:] != (1, 1) or call.attrs.layout != "NCHW":
@@ -254,6 +267,7 @@ RULES = {
     "relax.nn.max_pool2d": _pool(Opcode.MAXPOOL),
     "relax.nn.avg_pool2d": _pool(Opcode.AVGPOOL),
     "relax.nn.adaptive_avg_pool2d": _adaptive_avg_pool,
+    "relax.nn.avg_pool3d": _channel_avg_pool3d,
     "relax.mean": _reduce(Opcode.REDUCE_MEAN),
     "relax.sum": _reduce(Opcode.REDUCE_SUM),
     "relax.max": _reduce(Opcode.REDUCE_MAX),

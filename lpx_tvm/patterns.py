@@ -81,6 +81,11 @@ def _op_ok(call) -> bool:
                 and isinstance(call.args[1], Constant))
     if name in ("nn.max_pool2d", "nn.avg_pool2d"):
         return a.layout == "NCHW" and a.out_layout == "NCHW" and (name == "nn.max_pool2d" or not a.ceil_mode)
+    if name == "nn.avg_pool3d":  # only a window along the first spatial axis, as ONNX LRN imports
+        return (a.layout == "NCDHW" and a.out_layout == "NCDHW" and not a.ceil_mode
+                and [int(x) for x in a.pool_size][1:] == [1, 1] and [int(x) for x in a.strides] == [1, 1, 1]
+                and [int(x) for x in a.dilation] == [1, 1, 1]
+                and [int(x) for x in a.padding][1:3] + [int(x) for x in a.padding][4:] == [0, 0, 0, 0])
     if name == "nn.adaptive_avg_pool2d":
         return a.layout == "NCHW" and _static_tensor(call)[0][2:] == (1, 1)
     if name == "nn.layer_norm":
@@ -170,6 +175,7 @@ def pattern_table(config: str = "tsp") -> list:
         ("lpx.concat", is_op("relax.concat")(wildcard())),
         ("lpx.max_pool2d", is_op("relax.nn.max_pool2d")(wildcard())),
         ("lpx.avg_pool2d", is_op("relax.nn.avg_pool2d")(wildcard())),
+        ("lpx.channel_avg_pool3d", is_op("relax.nn.avg_pool3d")(wildcard())),  # LRN's window over channels
         ("lpx.global_avg_pool2d", is_op("relax.nn.adaptive_avg_pool2d")(wildcard())),
         ("lpx.softmax", is_op("relax.nn.softmax")(wildcard())),
         ("lpx.layer_norm", is_op("relax.nn.layer_norm")(wildcard(), wildcard(), wildcard())),

@@ -125,3 +125,17 @@ def test_nothing_offloadable_warns(rng):
                        [tensor_info("y", [2, 3])], [])
     with pytest.warns(lpx_tvm.NothingOffloadedWarning):
         tvm.compile(lpx_tvm.from_onnx(model), target="lpx")
+
+
+def test_lrn_runs_on_lpx(rng):
+    from onnx import helper
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("LRN", ["c"], ["y"], size=5, alpha=1e-3, beta=0.75, bias=2.0)]
+    model = make_model(nodes, [tensor_info("x", [1, 3, 9, 9])], [tensor_info("y", None)],
+                       [weights(rng, "w", (10, 3, 3, 3))])
+    x = rng.standard_normal((1, 3, 9, 9)).astype(np.float32) * 3
+    compiled = lpx_tvm.compile(model, config="tiny")
+    (out,), calls = _run_counted(compiled, x)
+    assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
+    assert calls == 1 and not compiled.report.host_ops, compiled.report.summary()

@@ -2,6 +2,7 @@
 
     lower     Relax ops ─► LPX operator graph (no TVM types past this step)
     fuse      fold per-channel scale/bias and activations into conv/matmul
+    precision store tensors in the requested type (fp16, bf16), casts at the boundary
     tile      split each operator into instructions that fit the units
     alloc     place every tensor in SRAM (liveness-based, never over capacity)
     schedule  assign each instruction a unit and an issue cycle
@@ -21,10 +22,12 @@ from .alloc import CapacityError, allocate
 from .emit import emit, resolve
 from .fuse import fuse_epilogues
 from .graph import Graph
+from .precision import lower_precision
 from .schedule import schedule
 from .tile import tile
 
-STAGES = ("lower", "fuse", "tile", "alloc", "schedule", "emit")
+STAGES = ("lower", "fuse", "precision", "tile", "alloc", "schedule", "emit")
+DTYPES = ("fp32", "fp16", "bf16", "int8")
 
 
 @dataclass(frozen=True)
@@ -39,23 +42,30 @@ class CodegenOptions:
         Use the in-order reference schedule instead of the list scheduler.
     dump_dir : str, optional
         Write each stage's result there.
+    dtype : str
+        Storage type on lpx: ``"fp32"`` (default), ``"fp16"``, ``"bf16"`` or ``"int8"``.
     """
 
     config: str = "tiny"
     in_order: bool = False
     dump_dir: str | None = None
+    dtype: str = "fp32"
 
     def __post_init__(self):
-        load_config(self.config)  # raises a clear error for an unknown preset
+        chip = load_config(self.config)  # raises a clear error for an unknown preset
         if not isinstance(self.in_order, bool):
             raise ValueError(f"in_order must be a bool, got {self.in_order!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        chip.check_dtype(self.dtype)
 
     @classmethod
     def from_dict(cls, options: dict | None) -> "CodegenOptions":
         options = dict(options or {})
-        unknown = set(options) - {"config", "in_order", "dump_dir"}
-        if unknown:
-            raise ValueError(f"unknown lpx codegen options {sorted(unknown)}; known: config, in_order, dump_dir")
+        known = {"config", "in_order", "dump_dir", "dtype"}
+        if set(options) - known:
+            raise ValueError(f"unknown lpx codegen options {sorted(set(options) - known)}; "
+                             f"known: {', '.join(sorted(known))}")
         return cls(**options)
 
     @property
@@ -94,6 +104,9 @@ def compile_graph(g: Graph, options: CodegenOptions, name: str = "lpx") -> Progr
     fuse_epilogues(g)
     if dump:
         (dump / f"{name}.2_fuse.txt").write_text(_describe_graph(g))
+    lower_precision(g, options.dtype)
+    if dump and options.dtype != "fp32":
+        (dump / f"{name}.2b_precision.txt").write_text(_describe_graph(g))
     ops, addr = _tile_and_allocate(g, chip)
     if dump:
         (dump / f"{name}.3_tile.txt").write_text(

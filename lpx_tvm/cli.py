@@ -28,7 +28,8 @@ def _input_shapes(values) -> dict:
 def _compile(args):
     import lpx_tvm
 
-    return lpx_tvm.compile(args.model, config=args.config, input_shapes=_input_shapes(args.input_shape))
+    return lpx_tvm.compile(args.model, config=args.config, input_shapes=_input_shapes(args.input_shape),
+                           dtype=args.dtype)
 
 
 def cmd_compile(args) -> int:
@@ -65,7 +66,8 @@ def cmd_profile(args) -> int:
 
     compiled = _compile(args)
     sims = compiled.simulators
-    rows, report = [], {"predicted_cycles": 0, "simulated_cycles": 0, "units": {}, "layers": [], "programs": {}}
+    rows, report = [], {"dtype": compiled.dtype, "predicted_cycles": 0, "simulated_cycles": 0, "units": {},
+                        "layers": [], "programs": {}}
     for name, sim in sims.items():
         stats, chip = sim.stats, sim.config
         report["predicted_cycles"] += stats.predicted_cycles
@@ -75,8 +77,7 @@ def cmd_profile(args) -> int:
             total = report["units"].setdefault(unit, {"busy_cycles": 0})
             total["busy_cycles"] += info["busy_cycles"]
         for layer in stats.layers:
-            peak = chip.mxm_peak_macs_per_cycle(sim.program.inputs[0].dtype.short) * 2 if "MXM" in layer["units"] \
-                else chip.vxm_alus
+            peak = chip.mxm_peak_macs_per_cycle(compiled.dtype) * 2 if "MXM" in layer["units"] else chip.vxm_alus
             intensity = layer["flops"] / layer["bytes"] if layer["bytes"] else 0.0
             pct = 100.0 * layer["flops"] / (layer["cycles_busy"] * peak) if layer["cycles_busy"] else 0.0
             row = {"layer": layer["name"], "cycles": layer["cycles_busy"], "flops": layer["flops"],
@@ -89,10 +90,10 @@ def cmd_profile(args) -> int:
         info["utilisation"] = info["busy_cycles"] / instances if instances else 0.0
     print(tabulate(rows, headers=["layer", "cycles", "FLOPs", "bytes", "FLOP/B", "% peak", "bound"],
                    tablefmt="github"))
-    print(f"\ntotal: predicted {report['predicted_cycles']} cycles, simulated {report['simulated_cycles']} cycles; "
+    print(f"\ntotal ({compiled.dtype}): predicted {report['predicted_cycles']} cycles, simulated {report['simulated_cycles']} cycles; "
           + ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items()))
     print(compiled.report.summary())
-    if sims:
+    if sims and compiled.dtype == "fp32":
         chip = next(iter(sims.values())).config
         print(f"note: fp32 is not native on the {chip.name} matrix unit; the cost model charges each fp32 array "
               f"pass as {chip.mxm_passes['fp32'] // chip.mxm_passes['fp16']} fp16 passes")
@@ -107,7 +108,7 @@ def cmd_profile(args) -> int:
 def cmd_zoo(args) -> int:
     from .zoo import run_zoo, table
 
-    records = run_zoo(args.models, config=args.config, llvm=not args.skip_llvm)
+    records = run_zoo(args.models, config=args.config, llvm=not args.skip_llvm, dtype=args.dtype)
     print(table(records))
     if args.json:
         with open(args.json, "w") as fh:
@@ -149,6 +150,9 @@ def cmd_disasm(args) -> int:
     return 0
 
 
+DTYPES = ("fp32", "fp16", "bf16", "int8")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lpx-tvm", description="Compile and run ONNX models on the LPX simulator.")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
@@ -159,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("model", help="an ONNX file")
         p.add_argument("--config", default="tsp", help="chip preset (tsp, tiny) or a JSON preset file")
         p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
+        p.add_argument("--dtype", default="fp32", choices=DTYPES, help="storage type on lpx (default fp32)")
         p.set_defaults(func=func)
         return p
 
@@ -175,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write one record per model")
     p.add_argument("--csv", help="write the table as CSV")
     p.add_argument("--skip-llvm", action="store_true", help="do not time TVM's llvm-only build")
+    p.add_argument("--dtype", default="fp32", choices=DTYPES,
+                   help="storage type on lpx; int8 quantises each model with lpx_tvm.quantize first")
     p.set_defaults(func=cmd_zoo)
     from .bench import DEFAULT_BENCH_MODELS
 

@@ -28,10 +28,15 @@ class CompiledModel:
     report : OffloadReport
     programs : dict
         Offloaded function name -> encoded LPX program.
+    params : list of relax.Var
+        The model's inputs.
+    dtype : str
+        The storage type on lpx the programs were compiled for.
     """
 
-    def __init__(self, executable, report: OffloadReport, programs: dict, params):
+    def __init__(self, executable, report: OffloadReport, programs: dict, params, dtype: str = "fp32"):
         self.executable = executable
+        self.dtype = dtype
         self.report = report
         self.programs = programs
         self._local = threading.local()
@@ -93,7 +98,7 @@ def _to_numpy(result) -> list:
 
 
 def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_order: bool = False,
-            dump_dir: str | None = None) -> CompiledModel:
+            dump_dir: str | None = None, dtype: str = "fp32") -> CompiledModel:
     """Compile an ONNX model (or a Relax module) for lpx with host fallback.
 
     Parameters
@@ -107,19 +112,23 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
         Use the in-order reference schedule.
     dump_dir : str, optional
         Write every codegen stage's result there.
+    dtype : str
+        Storage type on lpx: ``"fp32"`` (default), ``"fp16"`` or ``"bf16"`` (fp32
+        accumulation), or ``"int8"`` for a QDQ-quantised model (see ``lpx_tvm.quantize``).
+        The host part keeps the model's own dtype.
 
     Returns
     -------
     CompiledModel
     """
-    options = CodegenOptions(config=str(config), in_order=in_order, dump_dir=dump_dir)
+    options = CodegenOptions(config=str(config), in_order=in_order, dump_dir=dump_dir, dtype=dtype)
     mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes)
     params = list(mod["main"].params)
-    partitioned = partition_for_lpx(mod, options.config)
+    partitioned = partition_for_lpx(mod, options.config, dtype)
     report = offload_report(partitioned)
     programs = {}
     lowered, _ = lower_lpx_calls(partitioned, options, programs_out=programs)
     executable = tvm.compile(lowered, target="lpx", relax_pipeline=_ORIGINAL_DEFAULT())
-    return CompiledModel(executable, report, programs, params)
+    return CompiledModel(executable, report, programs, params, dtype)
 
 

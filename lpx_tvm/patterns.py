@@ -202,7 +202,7 @@ def pattern_table(config: str = "tsp") -> list:
 register_patterns(pattern_table())
 
 
-def partition_for_lpx(mod, config: str = "tsp"):
+def partition_for_lpx(mod, config: str = "tsp", dtype: str = "fp32"):
     """Group the ops lpx can run into functions with ``Codegen="lpx"``.
 
     Parameters
@@ -211,6 +211,8 @@ def partition_for_lpx(mod, config: str = "tsp"):
         A Relax module with weights bound as constants.
     config : str
         Chip preset; its SRAM size decides what fits.
+    dtype : str
+        Storage type on lpx (fp32, fp16, bf16, int8); the chip must run it.
 
     Returns
     -------
@@ -218,6 +220,7 @@ def partition_for_lpx(mod, config: str = "tsp"):
         The partitioned module; run ``relax.transform.RunCodegen()`` or
         ``tvm.compile(mod, target="lpx")`` next.
     """
+    load_config(config).check_dtype(dtype)
     mod = FuseOpsByPattern(pattern_table(config), bind_constants=True, annotate_codegen=False)(mod)
     mod = MergeCompositeFunctions()(mod)
     return _unique_symbols(mod)

@@ -104,14 +104,14 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
     return mod, rewriter.count
 
 
-def lpx_passes(config: str = "tsp", in_order: bool = False, dump_dir: str | None = None):
+def lpx_passes(config: str = "tsp", in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
     """Partition for lpx and lower the offloaded functions (run before the default build pipeline)."""
-    options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir)
+    options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype)
 
     @tvm.transform.module_pass(opt_level=0, name="lpx.PartitionAndLower")
     def _passes(mod, _ctx):
         if not _already_partitioned(mod):
-            mod = partition_for_lpx(mod, config)
+            mod = partition_for_lpx(mod, config, dtype)
         mod, count = lower_lpx_calls(mod, options)
         if count == 0:
             warnings.warn("target lpx: no operator was offloaded to lpx; the whole module runs on the host",
@@ -123,7 +123,7 @@ def lpx_passes(config: str = "tsp", in_order: bool = False, dump_dir: str | None
 _ORIGINAL_DEFAULT = relax_pipeline.PIPELINE_MAP["default"]
 
 
-def lpx_pipeline(config: str = "tsp", in_order: bool = False, dump_dir: str | None = None):
+def lpx_pipeline(config: str = "tsp", in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
     """The ``"lpx"`` relax pipeline: lpx offload, then TVM's default build pipeline.
 
     Parameters
@@ -134,8 +134,10 @@ def lpx_pipeline(config: str = "tsp", in_order: bool = False, dump_dir: str | No
         Use the in-order reference schedule.
     dump_dir : str, optional
         Write each codegen stage's result there.
+    dtype : str
+        Storage type on lpx: fp32, fp16, bf16 or int8.
     """
-    passes = lpx_passes(config, in_order, dump_dir)
+    passes = lpx_passes(config, in_order, dump_dir, dtype)
     base = _ORIGINAL_DEFAULT()
 
     @tvm.transform.module_pass(opt_level=0, name="lpx.Pipeline")

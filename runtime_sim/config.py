@@ -34,8 +34,9 @@ class ChipConfig:
     mxm_planes, mxm_rows, mxm_cols : int
         Matrix units: count and the MAC array of each.
     mxm_passes : dict
-        Cycles per MAC-array pass for each dtype (int8 is native, 1). fp32 is
-        not native on the matrix unit and is charged as several fp16 passes.
+        Cycles per MAC-array pass for each dtype the matrix unit runs (int8 is
+        native, 1). fp32 is not native and is charged as several fp16 passes.
+        A dtype left out is one the chip does not run.
     vxm_alus : int
         Vector ALUs, all working on one instruction at a time.
     sxm_bytes_per_cycle, sram_bytes_per_cycle : int
@@ -76,9 +77,12 @@ class ChipConfig:
                 raise ValueError(f"chip config {self.name!r}: {f.name} must be a positive integer, got {value!r}")
         if self.sram_bytes % self.sram_slices:
             raise ValueError(f"chip config {self.name!r}: sram_bytes must divide into {self.sram_slices} slices")
-        missing = set(MXM_DTYPES) - set(self.mxm_passes)
-        if missing:
-            raise ValueError(f"chip config {self.name!r}: mxm_passes lacks {sorted(missing)}")
+        unknown = set(self.mxm_passes) - set(MXM_DTYPES)
+        if "fp32" not in self.mxm_passes or unknown:
+            raise ValueError(f"chip config {self.name!r}: mxm_passes must give fp32 and may give "
+                             f"{', '.join(MXM_DTYPES[:-1])}; got {sorted(self.mxm_passes)}")
+        if any(not isinstance(v, int) or v <= 0 for v in self.mxm_passes.values()):
+            raise ValueError(f"chip config {self.name!r}: mxm_passes must be positive integers")
         for unit in UNIT_NAMES:
             if unit != "MXM" and self.unit_counts.get(unit, 0) < 1:
                 raise ValueError(f"chip config {self.name!r}: unit_counts[{unit!r}] must be >= 1")
@@ -90,6 +94,12 @@ class ChipConfig:
         object.__setattr__(self, "latency_cycles", _FrozenDict(self.latency_cycles))
 
     # ---- derived values -------------------------------------------------
+    def check_dtype(self, dtype: str) -> None:
+        """Raise a clear error unless the matrix unit runs ``dtype``."""
+        if dtype not in self.mxm_passes:
+            raise ValueError(f"chip config {self.name!r} has no {dtype} matrix unit "
+                             f"(it runs {', '.join(sorted(self.mxm_passes))})")
+
     def unit_count(self, unit_name: str) -> int:
         """Number of independent instances of a unit."""
         return self.mxm_planes if unit_name == "MXM" else self.unit_counts[unit_name]

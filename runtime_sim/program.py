@@ -303,6 +303,8 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
             raise ProgramFormatError(f"{where}: {ins.unit.name} instance {ins.unit_index} does not exist")
         for ref in ins.srcs + ins.dsts:
             check_ref(ref, where)
+        if ins.opcode == Opcode.MATMUL and ins.srcs and ins.srcs[0].dtype.short not in chip.mxm_passes:
+            raise ProgramFormatError(f"{where}: chip {chip.name!r} has no {ins.srcs[0].dtype.short} matrix unit")
         _validate_operands(ins, program, where)
     return chip
 

@@ -1,0 +1,60 @@
+"""Reduced precision on lpx: fp16 and bf16 storage with fp32 accumulation, and clear errors for what a chip lacks."""
+
+import dataclasses
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+import lpx_tvm
+from lpx_tvm.runtime_sim import DType, Opcode, decode
+from lpx_tvm.runtime_sim.config import load_config
+from lpx_tvm.zoo import ZOO, run_model
+from conftest import mlp_model
+
+NO_RAPIDOCR = importlib.util.find_spec("rapidocr_onnxruntime") is None
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("name", [
+    "squeezenet", "bert_encoder", "gpt2_decoder",
+    pytest.param("ppocr_cls", marks=pytest.mark.skipif(
+        NO_RAPIDOCR, reason="optional rapidocr-onnxruntime (the models extra) is not installed")),
+])
+def test_one_model_per_family_against_ort_fp32(name, dtype):
+    record = run_model(ZOO[name], config="tsp", llvm=False, repeat=1, dtype=dtype)
+    print(f"\n{name} {dtype}: cosine {record['cosine']:.6f}, max rel err {record['max_rel_err']:.2e}")
+    assert record["ok"] and record["cosine"] >= 0.999, record.get("error")
+    assert record["lpx_calls"] >= 1 and record["dtype"] == dtype
+
+
+@pytest.mark.parametrize("dtype, storage", [("fp16", DType.F16), ("bf16", DType.BF16)])
+def test_storage_is_reduced_and_casts_sit_at_the_boundary(rng, dtype, storage):
+    compiled = lpx_tvm.compile(mlp_model(), config="tiny", dtype=dtype)
+    (program,) = (decode(blob) for blob in compiled.programs.values())
+    ops = [i.opcode for i in program.instructions]
+    assert ops[1] == Opcode.CAST and ops[-2] == Opcode.CAST  # LOAD, CAST ... CAST, STORE
+    assert {i.srcs[0].dtype for i in program.instructions if i.opcode == Opcode.MATMUL} == {storage}
+    assert all(t.dtype == DType.F32 for t in program.inputs + program.outputs)  # the host keeps fp32
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    assert compiled(x)[0].dtype == np.float32
+
+
+def test_cycles_fall_with_the_matrix_rate():
+    model = ZOO["squeezenet"].load()
+    cycles = {d: sum(s.stats.cycles for s in lpx_tvm.compile(model, dtype=d).simulators.values())
+              for d in ("fp32", "fp16")}
+    assert cycles["fp16"] < cycles["fp32"]
+
+
+def test_dtype_the_chip_lacks_is_a_clear_error(tmp_path):
+    preset = dataclasses.asdict(load_config("tiny"))
+    preset["mxm_passes"] = {k: v for k, v in preset["mxm_passes"].items() if k != "bf16"}
+    preset["name"] = "no_bf16"
+    path = tmp_path / "no_bf16.json"
+    path.write_text(json.dumps(preset))
+    with pytest.raises(ValueError, match="chip config 'no_bf16' has no bf16 matrix unit"):
+        lpx_tvm.compile(mlp_model(), config=str(path), dtype="bf16")
+    with pytest.raises(ValueError, match="dtype must be one of fp32, fp16, bf16, int8"):
+        lpx_tvm.compile(mlp_model(), config="tiny", dtype="fp8")

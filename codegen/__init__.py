@@ -2,7 +2,8 @@
 
     lower     Relax ops ─► LPX operator graph (no TVM types past this step)
     fuse      fold per-channel scale/bias and activations into conv/matmul
-    precision store tensors in the requested type (fp16, bf16), casts at the boundary
+    precision store tensors in the requested type (fp16, bf16), casts at the boundary;
+              for int8, DQ ─► conv/matmul ─► Q becomes an int8 operator (qfuse)
     tile      split each operator into instructions that fit the units
     alloc     place every tensor in SRAM (liveness-based, never over capacity)
     schedule  assign each instruction a unit and an issue cycle
@@ -14,6 +15,7 @@ Each stage's result can be written to a folder for debugging
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from .emit import emit, resolve
 from .fuse import fuse_epilogues
 from .graph import Graph
 from .precision import lower_precision
+from .qfuse import fuse_int8
 from .schedule import schedule
 from .tile import tile
 
@@ -94,6 +97,19 @@ def _tile_and_allocate(g: Graph, chip: ChipConfig) -> tuple:
     return ops, allocate(g, ops, chip)
 
 
+class Int8CoverageWarning(UserWarning):
+    """With dtype="int8", a conv/matmul outside a complete QDQ pattern runs in float on lpx."""
+
+
+def _fuse_int8_or_warn(g: Graph, name: str) -> None:
+    fuse_int8(g)
+    left = [n.layer for n in g.nodes if n.kind in ("conv2d", "matmul")]
+    if left:
+        warnings.warn(f"lpx int8: {len(left)} conv/matmul in {name} are not between DequantizeLinear and "
+                      f"QuantizeLinear with integer weights and run in float (first: {left[0]})",
+                      Int8CoverageWarning, stacklevel=3)
+
+
 def compile_graph(g: Graph, options: CodegenOptions, name: str = "lpx") -> Program:
     """Run fuse ─► emit on a lowered graph."""
     chip = options.chip
@@ -104,7 +120,10 @@ def compile_graph(g: Graph, options: CodegenOptions, name: str = "lpx") -> Progr
     fuse_epilogues(g)
     if dump:
         (dump / f"{name}.2_fuse.txt").write_text(_describe_graph(g))
-    lower_precision(g, options.dtype)
+    if options.dtype == "int8":
+        _fuse_int8_or_warn(g, name)
+    else:
+        lower_precision(g, options.dtype)
     if dump and options.dtype != "fp32":
         (dump / f"{name}.2b_precision.txt").write_text(_describe_graph(g))
     ops, addr = _tile_and_allocate(g, chip)

@@ -47,6 +47,9 @@ class Graph:
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
     streamed: list = field(default_factory=list)  # weight tiles kept in host memory (tile decides)
+    # constants that were dequantised from integers: tensor id -> (q, scale, zero_point), the last two
+    # with q's rank (size-1 axes broadcast), so that int8 kernels can use the integers themselves
+    quantized: dict = field(default_factory=dict)
 
     def add_tensor(self, shape, dtype, data=None, alias_of=None) -> int:
         self.tensors.append(Tensor(tuple(int(d) for d in shape), np.dtype(str(dtype)), data, alias_of))

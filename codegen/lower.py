@@ -228,8 +228,48 @@ def _permute(lw, call, args, layer):
     perm = list(range(rank))[::-1] if call.attrs.axes is None else _ints(call.attrs.axes)
     value = lw.const_value(args[0])
     if value is not None:
-        return lw.graph.constant(np.ascontiguousarray(value.transpose(perm)))
+        g = lw.graph
+        tid = g.constant(np.ascontiguousarray(value.transpose(perm)))
+        if args[0] in g.quantized:  # a transposed quantised weight (Gemm's transB) keeps its integers
+            g.quantized[tid] = tuple(np.ascontiguousarray(part.transpose(perm)) for part in g.quantized[args[0]])
+        return tid
     return lw.node("TRANSPOSE", args[:1], call, layer, perm=tuple(perm))
+
+
+def _scalar(lw, tid, what: str) -> float:
+    value = lw.const_value(tid)
+    if value is None or value.size != 1:
+        raise LoweringError(f"{what} must be one constant number on lpx (per-tensor quantisation)")
+    return float(value.reshape(()))
+
+
+def _per_axis(value: np.ndarray, rank: int, axis: int) -> np.ndarray:
+    shape = [1] * rank
+    if value.size > 1:
+        shape[axis] = value.size
+    return value.reshape(shape)
+
+
+def _dequantize(lw, call, args, layer):
+    x, scale, zero_point = args
+    data = lw.const_value(x)
+    if data is not None:  # a weight: fold to float, and keep the integers for int8 kernels
+        axis = int(call.attrs.axis) % max(data.ndim, 1)
+        s = _per_axis(lw.const_value(scale).astype(np.float32), data.ndim, axis)
+        z = _per_axis(lw.const_value(zero_point).astype(np.float32), data.ndim, axis)
+        tid = lw.graph.constant(((data.astype(np.float32) - z) * s).astype(np.float32))
+        lw.graph.quantized[tid] = (data, s, z)
+        return tid
+    return lw.node("DEQUANTIZE", [x], call, layer, scale=_scalar(lw, scale, "dequantize scale"),
+                   zero_point=_scalar(lw, zero_point, "dequantize zero point"))
+
+
+def _quantize(lw, call, args, layer):
+    x, scale, zero_point = args
+    if lw.const_value(x) is not None:
+        raise LoweringError("quantize of a constant should have been folded by the importer")
+    return lw.node("QUANTIZE", [x], call, layer, scale=_scalar(lw, scale, "quantize scale"),
+                   zero_point=_scalar(lw, zero_point, "quantize zero point"))
 
 
 def _concat(lw, call, args, layer):
@@ -280,6 +320,8 @@ RULES = {
     "relax.permute_dims": _permute,
     "relax.concat": _concat,
     "relax.astype": _astype,
+    "relax.quantize": _quantize,
+    "relax.dequantize": _dequantize,
 }
 
 

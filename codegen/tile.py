@@ -62,27 +62,39 @@ def _epilogue(node: Node) -> tuple:
     return (float(node.attrs["act"]), float(lo), float(hi))
 
 
-def _matmul_tiles(g, node, a: Operand, b: Operand, out: Operand, bias: Operand | None, config, row_axis_bytes):
-    """MATMUL tiles split by the rows of ``a``/``out`` (only when they have no batch)."""
+def _matmul_attrs(node: Node, zp_a: int = 0, zp_b: int = 0) -> tuple:
+    """Float MATMUL: the epilogue; int8 MATMUL: the epilogue and the zero points of a, b and out."""
+    if node.kind.startswith("q"):
+        return (float(node.attrs["act"]), zp_a, zp_b, node.attrs["zp_out"])
+    return _epilogue(node)
+
+
+def _matmul_tiles(g, node, a: Operand, b: Operand, out: Operand, extras: list, config, per_row: bool, attrs):
+    """MATMUL tiles split by the rows of ``a``/``out`` (only when they have no batch).
+
+    ``extras`` (bias, and the requantisation scale of int8) are sliced with the
+    rows when ``per_row`` (a convolution's output channels), else shared.
+    """
     a_shape, out_shape = a.shape, out.shape
     rows = a_shape[-2]
     if prod(a_shape[:-2]) != 1 or prod(out_shape[:-2]) != 1:
         tiles = [(0, rows)]
     else:
         tiles = _row_tiles(rows, config)
-    itemsize = g.tensors[node.output].dtype.itemsize
+    a_item, out_item = (g.tensors[g.base(t.tensor)].dtype.itemsize for t in (a, out))
     ops = []
     for r0, r1 in tiles:
         n = r1 - r0
-        ta = Operand(a.tensor, a_shape[:-2] + (n, a_shape[-1]), a.offset + r0 * a_shape[-1] * itemsize)
-        to = Operand(out.tensor, out_shape[:-2] + (n, out_shape[-1]), out.offset + r0 * out_shape[-1] * itemsize)
+        ta = Operand(a.tensor, a_shape[:-2] + (n, a_shape[-1]), a.offset + r0 * a_shape[-1] * a_item)
+        to = Operand(out.tensor, out_shape[:-2] + (n, out_shape[-1]), out.offset + r0 * out_shape[-1] * out_item)
         srcs = [ta, b]
-        if bias is not None:
-            if row_axis_bytes:  # per-row bias (convolution): slice it with the rows
-                srcs.append(Operand(bias.tensor, bias.shape[:-2] + (n, 1), bias.offset + r0 * row_axis_bytes))
+        for extra in extras:
+            if per_row:
+                item = g.tensors[g.base(extra.tensor)].dtype.itemsize
+                srcs.append(Operand(extra.tensor, extra.shape[:-2] + (n, 1), extra.offset + r0 * item))
             else:
-                srcs.append(bias)
-        ops.append(TileOp(Opcode.MATMUL, srcs, [to], _epilogue(node), node.layer))
+                srcs.append(extra)
+        ops.append(TileOp(Opcode.MATMUL, srcs, [to], attrs, node.layer))
     return ops
 
 
@@ -101,22 +113,23 @@ def _conv2d(g: Graph, node: Node, config: ChipConfig) -> list:
         if len(node.inputs) > 2:
             srcs.append(_whole(g, node.inputs[2], (c, 1, 1)))
         return [TileOp(Opcode.DWCONV, srcs, [_whole(g, node.output)], window + _epilogue(node), node.layer)]
+    zp_in = node.attrs.get("zp_in", 0)
     ops = []
     if (kh, kw, sh, sw, pt, pl, pb, pr) == (1, 1, 1, 1, 0, 0, 0, 0):
         cols = _whole(g, x, (n, groups, k, p))
     else:
         cols_id = g.add_tensor((n, groups, k, p), g.tensors[x].dtype)
         cols = _whole(g, cols_id)
-        ops.append(TileOp(Opcode.IM2COL, [_whole(g, x)], [cols], window, node.layer))
+        # int8 pads with the input zero point: the padded value must dequantise to 0
+        ops.append(TileOp(Opcode.IM2COL, [_whole(g, x)], [cols], window + ((zp_in,) if zp_in else ()), node.layer))
     weight = _whole(g, w, (groups, ocg, k))
     out = _whole(g, node.output, (n, groups, ocg, p))
-    bias = _whole(g, node.inputs[2], (groups, ocg, 1)) if len(node.inputs) > 2 else None
-    itemsize = g.tensors[node.output].dtype.itemsize
+    extras = [_whole(g, t, (groups, ocg, 1)) for t in node.inputs[2:]]
+    attrs = _matmul_attrs(node, 0, zp_in)
     # the weight is the row operand: its rows are output channels, contiguous in NCHW when n == groups == 1
     if n == 1 and groups == 1:
-        return ops + _matmul_tiles(g, node, weight, cols, out, bias, config, itemsize)
-    srcs = [weight, cols] + ([bias] if bias else [])
-    return ops + [TileOp(Opcode.MATMUL, srcs, [out], _epilogue(node), node.layer)]
+        return ops + _matmul_tiles(g, node, weight, cols, out, extras, config, True, attrs)
+    return ops + [TileOp(Opcode.MATMUL, [weight, cols] + extras, [out], attrs, node.layer)]
 
 
 def stream_tile_bytes(config: ChipConfig) -> int:
@@ -184,8 +197,9 @@ def _streamed_matmul(g: Graph, node: Node, width: int) -> list:
 
 def _matmul(g: Graph, node: Node, config: ChipConfig) -> list:
     a, b = (_whole(g, t) for t in node.inputs[:2])
-    bias = _whole(g, node.inputs[2]) if len(node.inputs) > 2 else None
-    return _matmul_tiles(g, node, a, b, _whole(g, node.output), bias, config, 0)
+    extras = [_whole(g, t) for t in node.inputs[2:]]
+    attrs = _matmul_attrs(node, node.attrs.get("zp_in", 0), 0)
+    return _matmul_tiles(g, node, a, b, _whole(g, node.output), extras, config, False, attrs)
 
 
 def _attrs(node: Node) -> tuple:
@@ -202,6 +216,8 @@ def _attrs(node: Node) -> tuple:
         return tuple(a["window"])
     if node.kind == "TRANSPOSE":
         return tuple(a["perm"])
+    if node.kind in ("QUANTIZE", "DEQUANTIZE"):
+        return (a["scale"], a["zero_point"])
     return ()
 
 
@@ -223,9 +239,9 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
     for i, node in enumerate(g.nodes):
         if i in streamed:
             ops += _streamed_matmul(g, node, streamed[i])
-        elif node.kind == "conv2d":
+        elif node.kind in ("conv2d", "qconv2d"):
             ops += _conv2d(g, node, config)
-        elif node.kind == "matmul":
+        elif node.kind in ("matmul", "qmatmul"):
             ops += _matmul(g, node, config)
         else:
             ops.append(TileOp(Opcode[node.kind], [_whole(g, t) for t in node.inputs],

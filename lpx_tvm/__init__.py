@@ -10,8 +10,9 @@ from .patterns import partition_for_lpx, pattern_table
 from .pipeline import NothingOffloadedWarning, lpx_pipeline, register as _register
 from .frontend import FrontendError, from_onnx
 from .compiler import CompiledModel, compile
+from .quantize import quantize
 
 _register()
 
 __all__ = ["partition_for_lpx", "pattern_table", "lpx_pipeline", "from_onnx", "compile", "CompiledModel",
-           "FrontendError", "NothingOffloadedWarning", "runtime"]
+           "FrontendError", "NothingOffloadedWarning", "quantize", "runtime"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from math import prod
 
+import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
 from tvm.relax.dpl import is_const, is_op, wildcard
@@ -22,6 +23,10 @@ from .codegen.tile import stream_tile_bytes
 from .runtime_sim import load_config
 
 SUPPORTED_DTYPES = ("float32",)
+QUANT_DTYPES = ("int8", "uint8", "int32")  # only as operands of quantize / dequantize
+# ops with no int8 kernel on lpx: with dtype="int8" they run on the host, with a warning
+NO_INT8_KERNEL = ("nn.softmax", "nn.layer_norm", "nn.gelu", "erf", "exp", "tanh", "sigmoid", "power", "sqrt",
+                  "rsqrt", "divide")
 UNARY = ("nn.relu", "nn.gelu", "sigmoid", "tanh", "exp", "erf", "sqrt", "rsqrt", "negative")
 BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
 SHAPE_OPS = ("reshape", "flatten", "squeeze", "expand_dims", "permute_dims")
@@ -42,28 +47,31 @@ def _static_type(ty) -> tuple | None:
         return None
 
 
-def _tensors_ok(exprs) -> bool:
+def _tensors_ok(exprs, dtypes=SUPPORTED_DTYPES) -> bool:
     for e in exprs:
         if isinstance(e, PRIM_TYPES + (relax.ShapeExpr,)):
             continue
         if isinstance(e, relax.Tuple):
-            if not _tensors_ok(e.fields):
+            if not _tensors_ok(e.fields, dtypes):
                 return False
             continue
         types = list(e.ty.fields) if isinstance(e.ty, relax.TupleType) else [e.ty]
         for ty in types:
             info = _static_type(ty)
-            if info is None or info[1] not in SUPPORTED_DTYPES or len(info[0]) > 8:
+            if info is None or info[1] not in dtypes or len(info[0]) > 8:
                 return False
     return True
 
 
-def _calls(expr):
-    """Every relax.Call in the matched expression (the matched sub-graph)."""
-    out, stack = [], [expr]
+def _calls(expr, bindings=None):
+    """Every relax.Call in the matched sub-graph, following the variables it binds."""
+    out, stack, seen = [], [expr], set()
     while stack:
         e = stack.pop()
-        if isinstance(e, relax.Call):
+        if isinstance(e, relax.Var) and bindings is not None and e in bindings and e not in seen:
+            seen.add(e)
+            stack.append(bindings[e])
+        elif isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
             out.append(e)
             stack.extend(e.args)
         elif isinstance(e, relax.TupleGetItem):
@@ -73,12 +81,17 @@ def _calls(expr):
     return out
 
 
-def _op_ok(call) -> bool:
+def _op_ok(call, resolve=lambda e: e) -> bool:
     name = call.op.name.removeprefix("relax.")
     a = call.attrs
     if name == "nn.conv2d":
         return (a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
-                and isinstance(call.args[1], Constant))
+                and (isinstance(resolve(call.args[1]), Constant) or _is_dequantized_constant(resolve(call.args[1]))))
+    if name in ("quantize", "dequantize"):
+        x, scale, zero_point = call.args
+        per_tensor = _static_tensor(scale)[0] in ((), (1,)) and _static_tensor(zero_point)[0] in ((), (1,))
+        return (isinstance(scale, Constant) and isinstance(zero_point, Constant)
+                and (per_tensor or isinstance(x, Constant)))
     if name in ("nn.max_pool2d", "nn.avg_pool2d"):
         return a.layout == "NCHW" and a.out_layout == "NCHW" and (name == "nn.max_pool2d" or not a.ceil_mode)
     if name == "nn.avg_pool3d":  # only a window along the first spatial axis, as ONNX LRN imports
@@ -100,6 +113,11 @@ def _op_ok(call) -> bool:
     return True
 
 
+def _is_dequantized_constant(expr) -> bool:
+    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.dequantize"
+            and all(isinstance(a, Constant) for a in expr.args))
+
+
 def _bytes(expr) -> int:
     info = _static_tensor(expr)
     return prod(info[0]) * 4 if info else 0
@@ -113,13 +131,21 @@ def _streamed_bytes(call, tile_bytes: int) -> int:
     return min(_bytes(weight), 2 * tile_bytes)
 
 
-def _make_check(config):
+def _make_check(config, dtype: str = "fp32"):
     sram_bytes, tile_bytes = config.sram_bytes, stream_tile_bytes(config)
 
     def check(context) -> bool:
-        calls = _calls(context.matched_expr)
+        bindings = context.matched_bindings
+        calls = _calls(context.matched_expr, bindings)
+        resolve = lambda e: bindings[e] if isinstance(e, relax.Var) and e in bindings else e
         for call in calls:
-            if not _tensors_ok(list(call.args) + [call]) or not _op_ok(call):
+            name = call.op.name.removeprefix("relax.")
+            dtypes = SUPPORTED_DTYPES + QUANT_DTYPES if name in ("quantize", "dequantize") else SUPPORTED_DTYPES
+            if not _tensors_ok(list(call.args) + [call], dtypes) or not _op_ok(call, resolve):
+                return False
+            if dtype == "int8" and name in NO_INT8_KERNEL:
+                warnings.warn(f"lpx int8: {name} has no int8 kernel on lpx; it runs on the host in the model's "
+                              "own dtype", Int8FallbackWarning, stacklevel=2)
                 return False
         # one operator's working set (weights, inputs, output, im2col scratch) must fit in SRAM
         working = sum(_bytes(a) for c in calls for a in c.args[:1] + c.args[2:] if isinstance(a, relax.Expr)
@@ -145,21 +171,29 @@ class CapacityWarning(UserWarning):
     """An operator too large for SRAM falls back to the host."""
 
 
+class Int8FallbackWarning(UserWarning):
+    """With dtype="int8", an operator lpx has no int8 kernel for runs on the host."""
+
+
 def _activation(name, inner):
     if name == "clip":
         return is_op("relax.clip")(inner, wildcard(), wildcard())
     return is_op(f"relax.nn.{name}")(inner)
 
 
-def pattern_table(config: str = "tsp") -> list:
+def pattern_table(config: str = "tsp", dtype: str = "fp32") -> list:
     """The lpx fusion patterns, lowest priority first.
 
     Parameters
     ----------
     config : str
         Chip preset whose SRAM size bounds what a check function accepts.
+    dtype : str
+        Storage type on lpx; with ``"int8"`` ops without an int8 kernel stay on the host.
     """
-    check = _make_check(load_config(config))
+    check = _make_check(load_config(config), dtype)
+    # a weight is a constant, or integers dequantised by a QDQ model
+    weight = is_const() | is_op("relax.dequantize")(is_const(), is_const(), is_const())
     table = []
     for op in UNARY:
         table.append((f"lpx.{op.removeprefix('nn.')}", is_op(f"relax.{op}")(wildcard())))
@@ -173,6 +207,8 @@ def pattern_table(config: str = "tsp") -> list:
         table.append((f"lpx.{op}", pattern))
     table += [
         ("lpx.concat", is_op("relax.concat")(wildcard())),
+        ("lpx.quantize", is_op("relax.quantize")(wildcard(), is_const(), is_const())),
+        ("lpx.dequantize", is_op("relax.dequantize")(wildcard(), is_const(), is_const())),
         ("lpx.max_pool2d", is_op("relax.nn.max_pool2d")(wildcard())),
         ("lpx.avg_pool2d", is_op("relax.nn.avg_pool2d")(wildcard())),
         ("lpx.channel_avg_pool3d", is_op("relax.nn.avg_pool3d")(wildcard())),  # LRN's window over channels
@@ -182,12 +218,12 @@ def pattern_table(config: str = "tsp") -> list:
         # TVM 0.27's FuseOpsByPattern does not match TupleGetItem patterns: offload the whole tuple
         ("lpx.batch_norm", is_op("relax.nn.batch_norm")(wildcard(), is_const(), is_const(), is_const(), is_const())),
         ("lpx.matmul", is_op("relax.matmul")(wildcard(), wildcard())),
-        ("lpx.conv2d", is_op("relax.nn.conv2d")(wildcard(), is_const())),
+        ("lpx.conv2d", is_op("relax.nn.conv2d")(wildcard(), weight)),
     ]
     # fused patterns, registered last so they win
-    conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
+    conv = is_op("relax.nn.conv2d")(wildcard(), weight)
     conv_bias = is_op("relax.add")(conv, is_const())
-    dense = is_op("relax.matmul")(wildcard(), is_const() | is_op("relax.permute_dims")(is_const()))
+    dense = is_op("relax.matmul")(wildcard(), weight | is_op("relax.permute_dims")(weight))
     dense_bias = is_op("relax.add")(dense, is_const())
     table += [("lpx.conv2d_bias", conv_bias), ("lpx.matmul_bias", dense_bias)]
     for act in ACTIVATIONS:
@@ -221,7 +257,10 @@ def partition_for_lpx(mod, config: str = "tsp", dtype: str = "fp32"):
         ``tvm.compile(mod, target="lpx")`` next.
     """
     load_config(config).check_dtype(dtype)
-    mod = FuseOpsByPattern(pattern_table(config), bind_constants=True, annotate_codegen=False)(mod)
+    # FuseOpsByPattern tries patterns in list order (first wins); the table lists lowest priority first,
+    # the order register_patterns wants, so reverse it here
+    table = list(reversed(pattern_table(config, dtype)))
+    mod = FuseOpsByPattern(table, bind_constants=True, annotate_codegen=False)(mod)
     mod = MergeCompositeFunctions()(mod)
     return _unique_symbols(mod)
 

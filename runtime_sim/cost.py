@@ -24,7 +24,7 @@ VXM_OPS_PER_ELEMENT = {
     Opcode.SQRT: 4, Opcode.RSQRT: 4,
     Opcode.ADD: 1, Opcode.SUB: 1, Opcode.MUL: 1, Opcode.DIV: 4, Opcode.MAXIMUM: 1,
     Opcode.MINIMUM: 1, Opcode.POW: 8,
-    Opcode.SOFTMAX: 8, Opcode.LAYERNORM: 8,
+    Opcode.SOFTMAX: 8, Opcode.LAYERNORM: 8, Opcode.QUANTIZE: 3, Opcode.DEQUANTIZE: 2,
 }
 
 

@@ -91,6 +91,8 @@ class Opcode(IntEnum):
     RSQRT = 29
     NEG = 30
     CAST = 31
+    QUANTIZE = 32    # float -> int8/uint8: saturate(round_half_even(x / scale) + zero_point), ONNX QuantizeLinear
+    DEQUANTIZE = 33  # int8/uint8 -> float: (x - zero_point) * scale, ONNX DequantizeLinear
     # VXM, binary (numpy broadcasting)
     ADD = 40
     SUB = 41
@@ -130,6 +132,7 @@ UNIT_OF = {
     Opcode.MATMUL: Unit.MXM,
     **{op: Unit.VXM for op in UNARY_OPS | BINARY_OPS | REDUCE_OPS | POOL_OPS},
     Opcode.SOFTMAX: Unit.VXM, Opcode.LAYERNORM: Unit.VXM, Opcode.DWCONV: Unit.VXM,
+    Opcode.QUANTIZE: Unit.VXM, Opcode.DEQUANTIZE: Unit.VXM,
     **{op: Unit.SXM for op in MOVE_OPS},
 }
 assert set(UNIT_OF) == set(Opcode), "every opcode needs a unit"

@@ -23,7 +23,7 @@ import numpy as np
 
 from .config import ChipConfig, load_config
 from .isa import MAX_RANK, DType, HostTensor, Instruction, Opcode, TensorRef, UNIT_OF
-from .semantics import FLOAT_DTYPES, check_slice, infer_shapes
+from .semantics import FLOAT_DTYPES, INT_DTYPES, check_slice, infer_shapes
 
 MAGIC = b"LPXPROG\0"
 VERSION = 2  # 2: streamed weights
@@ -332,12 +332,33 @@ def _validate_operands(ins: Instruction, program: Program, where: str) -> None:
             dst = ins.dsts[0].shape
             if prod(dst) != prod(shapes[0]) or (op not in _RESHAPING and dst != shapes[0]):
                 raise ValueError(f"output shape {dst}, expected {shapes[0]}")
-        if op not in (Opcode.CAST, Opcode.LOAD, Opcode.STORE, Opcode.STREAM, Opcode.NOP):
-            dtypes = {r.dtype for r in ins.srcs + ins.dsts}
-            if len(dtypes) != 1 or not dtypes <= FLOAT_DTYPES:
-                raise ValueError(f"operand dtypes {sorted(d.short for d in dtypes)} are not one float type")
+        _check_dtypes(ins)
     except ValueError as err:
         raise ProgramFormatError(f"{where}: {err}") from None
+
+
+def _check_dtypes(ins: Instruction) -> None:
+    """Operand dtypes: one float type, except at the conversions and the int8 matrix product."""
+    op = ins.opcode
+    if op in (Opcode.CAST, Opcode.LOAD, Opcode.STORE, Opcode.STREAM, Opcode.NOP):
+        return
+    src, dst = [r.dtype for r in ins.srcs], [r.dtype for r in ins.dsts]
+    if op == Opcode.QUANTIZE:
+        ok = src[0] in FLOAT_DTYPES and dst[0] in INT_DTYPES
+    elif op == Opcode.DEQUANTIZE:
+        ok = src[0] in INT_DTYPES and dst[0] in FLOAT_DTYPES
+    elif op == Opcode.MATMUL and src[0] in INT_DTYPES:
+        ok = src[1] in INT_DTYPES and src[2:] == [DType.I32, DType.F32] and dst[0] in INT_DTYPES
+    else:
+        kinds = set(src + dst)
+        ok = len(kinds) == 1 and (kinds <= FLOAT_DTYPES or (op in _ANY_DTYPE and kinds <= INT_DTYPES))
+    if not ok:
+        raise ValueError(f"{op.name} operand dtypes {[d.short for d in src]} -> {[d.short for d in dst]} "
+                         "are not allowed")
+
+
+# opcodes that only move or select values, so they run on any one dtype
+_ANY_DTYPE = frozenset({Opcode.TRANSPOSE, Opcode.IM2COL, Opcode.CONCAT, Opcode.SLICE, Opcode.MAXPOOL})
 
 
 # opcodes whose destination may be a reshaped view of the inferred shape

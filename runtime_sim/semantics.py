@@ -14,10 +14,14 @@ Attributes, by opcode
 ---------------------
 LOAD (input_index) · STORE (output_index) · STREAM (streamed_weight_index) · NOP (cycles)
 MATMUL (epilogue opcode, p0, p1), srcs a[..., M, K], b[..., K, N], optional bias
+MATMUL on int8/uint8 (epilogue NOP or RELU, zp_a, zp_b, zp_out), srcs a, b, bias int32,
+requant fp32; out = saturate(rint(float32((a - zp_a) @ (b - zp_b) + bias) * requant) + zp_out),
+the requantisation of ONNX Runtime's QLinearConv / QLinearMatMul
+QUANTIZE / DEQUANTIZE (scale, zero_point)
 CLIP (lo, hi) · other unary and binary ops ()
 REDUCE_* (axis, ...) · SOFTMAX (axis) · LAYERNORM (eps, n_trailing_axes)
 MAXPOOL/AVGPOOL and IM2COL (kh, kw, sh, sw, pad_top, pad_left, pad_bottom,
-pad_right, dh, dw, count_include_pad | groups)
+pad_right, dh, dw, count_include_pad | groups), IM2COL optionally a 12th: the pad value
 DWCONV (the 11 window attributes, then epilogue opcode, p0, p1), srcs x[N, C, H, W],
 w[C, kh, kw], optional bias[C, 1, 1]
 TRANSPOSE (perm...) · CONCAT (axis) · SLICE (begin..., step...)
@@ -138,8 +142,37 @@ def _apply_epilogue(out: np.ndarray, act: Opcode, attrs) -> None:
         out[...] = UNARY_FUNCS[act](out, attrs)
 
 
+INT_RANGES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
+
+
+def _quantize(outs, ins, attrs):
+    out = outs[0]
+    lo, hi = INT_RANGES[out.dtype]
+    q = np.rint(_f32(ins[0]) / F32(attrs[0])) + F32(attrs[1])
+    np.copyto(out, np.clip(q, lo, hi), casting="unsafe")
+
+
+def _dequantize(outs, ins, attrs):
+    _store(outs[0], (ins[0].astype(F32) - F32(attrs[1])) * F32(attrs[0]))
+
+
+def _int_matmul(outs, ins, attrs):
+    """int8 x int8 -> int32 accumulate (exact in float64 BLAS), then requantise as ONNX Runtime does."""
+    a, b, bias, requant = ins
+    act, zp_a, zp_b, zp_out = (int(v) for v in attrs)
+    acc = np.matmul(a.astype(np.float64) - zp_a, b.astype(np.float64) - zp_b)
+    acc += bias
+    scaled = np.rint(acc.astype(F32) * requant) + F32(zp_out)
+    lo, hi = INT_RANGES[outs[0].dtype]
+    if Opcode(act) == Opcode.RELU:
+        lo = max(lo, zp_out)
+    np.copyto(outs[0], np.clip(scaled, lo, hi).reshape(outs[0].shape), casting="unsafe")
+
+
 def _matmul(outs, ins, attrs):
     out = outs[0]
+    if out.dtype in INT_RANGES:
+        return _int_matmul(outs, ins, attrs)
     a, b = ins[0], ins[1]
     act = Opcode(int(attrs[0]))
     if out.dtype == F32 and a.dtype == b.dtype == F32:
@@ -266,7 +299,8 @@ def _im2col(outs, ins, attrs):
     x = ins[0]
     kh, kw, groups = int(attrs[0]), int(attrs[1]), int(attrs[10])
     n, c = x.shape[:2]
-    for i, j, view in _window_taps(x, attrs, 0):
+    fill = attrs[11] if len(attrs) > 11 else 0
+    for i, j, view in _window_taps(x, attrs[:11], fill):
         # splitting the channel axis keeps both sides views: one strided copy per tap
         out = outs[0].reshape(n, groups, c // groups, kh, kw, *view.shape[2:])
         out[:, :, :, i, j] = view.reshape(n, groups, c // groups, *view.shape[2:])
@@ -310,6 +344,8 @@ SEMANTICS = {
     Opcode.AVGPOOL: _avgpool,
     Opcode.TRANSPOSE: _transpose,
     Opcode.IM2COL: _im2col,
+    Opcode.QUANTIZE: _quantize,
+    Opcode.DEQUANTIZE: _dequantize,
     Opcode.DWCONV: _dwconv,
     Opcode.CONCAT: _concat,
     Opcode.SLICE: _slice,
@@ -363,6 +399,18 @@ def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
     if op in (Opcode.LOAD, Opcode.STORE, Opcode.STREAM, Opcode.NOP):
         _check(len(attrs) == 1 and _ints(attrs)[0] >= 0, f"{op.name} takes one index attribute")
         return None
+    if op in (Opcode.QUANTIZE, Opcode.DEQUANTIZE):
+        _check(len(shapes) == 1 and len(attrs) == 2 and attrs[0] > 0, f"{op.name} takes x, scale > 0, zero point")
+        return [shapes[0]]
+    if op == Opcode.MATMUL and srcs and srcs[0][1] in INT_DTYPES:
+        _check(len(shapes) == 4 and len(attrs) == 4, "int8 MATMUL takes a, b, bias, requant and 4 attributes")
+        _check(Opcode(_ints(attrs[:1])[0]) in (Opcode.NOP, Opcode.RELU), "int8 MATMUL epilogue is NOP or RELU")
+        a, b = shapes[0], shapes[1]
+        _check(len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2], f"MATMUL shapes {a} and {b} do not chain")
+        out = tuple(np.broadcast_shapes(a[:-2], b[:-2])) + (a[-2], b[-1])
+        for extra in shapes[2:]:
+            _check(np.broadcast_shapes(out, extra) == out, "int8 MATMUL bias/requant do not broadcast")
+        return [out]
     if op == Opcode.MATMUL:
         _check(len(shapes) in (2, 3) and len(attrs) == 3, "MATMUL takes 2-3 operands and 3 attributes")
         a, b = shapes[0], shapes[1]
@@ -409,8 +457,8 @@ def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
             _check(np.broadcast_shapes(out, shapes[2]) == out, "DWCONV bias does not broadcast")
         return [out]
     if op == Opcode.IM2COL:
-        _check(len(shapes) == 1, "IM2COL takes one operand")
-        kh, kw, oh, ow, groups = _rule_window(shapes[0], attrs)
+        _check(len(shapes) == 1 and len(attrs) in (11, 12), "IM2COL takes one operand and 11-12 attributes")
+        kh, kw, oh, ow, groups = _rule_window(shapes[0], attrs[:11])
         n, c = shapes[0][:2]
         _check(groups >= 1 and c % groups == 0, "IM2COL groups must divide channels")
         return [(n, groups, c // groups * kh * kw, oh * ow)]
@@ -446,3 +494,4 @@ def check_slice(src_shape, dst_shape, attrs) -> None:
 
 
 FLOAT_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})
+INT_DTYPES = frozenset({DType.I8, DType.U8})

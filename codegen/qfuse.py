@@ -1,0 +1,102 @@
+"""qfuse: DequantizeLinear ─► conv/matmul ─► QuantizeLinear becomes one int8 operator.
+
+A QDQ model (ONNX Runtime's quantiser) wraps every convolution and matrix
+product in dequantise/quantise pairs and stores its weights as integers. Where
+the pattern is complete (per-tensor activation scale, integer weights with zero
+zero-points, a single QuantizeLinear reader), the operator runs as int8 × int8
+with int32 accumulation on the matrix unit and is requantised on the way out,
+exactly as ONNX Runtime's QLinearConv / QLinearMatMul define it:
+
+    y = saturate(rint(float32(Σ (x - zx)·w + round(b / (sx·sw))) · sx·sw / sy) + zy)
+
+Everything else keeps the model's own definition: DEQUANTIZE, the float
+operator, QUANTIZE, on the vector unit. Depthwise convolutions stay in float.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..runtime_sim import Opcode
+from .graph import Graph, Node
+
+_INT_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def _single_reader(g: Graph, tid: int) -> Node | None:
+    readers = [n for n in g.nodes if any(g.base(t) == g.base(tid) for t in n.inputs)]
+    if len(readers) != 1 or tid in g.outputs:
+        return None
+    return readers[0]
+
+
+def _weight_integers(g: Graph, node: Node):
+    """(integer weight, per-output-channel scale) when the weight is quantised with zero zero-points."""
+    info = g.quantized.get(node.inputs[1])
+    if info is None:
+        return None
+    q, scale, zero_point = info
+    if q.dtype != np.int8 or np.any(zero_point != 0):
+        return None
+    out_axis = 0 if node.kind == "conv2d" else q.ndim - 1
+    if any(d != 1 for i, d in enumerate(scale.shape) if i != out_axis):
+        return None
+    channels = q.shape[out_axis]
+    return q, np.broadcast_to(scale.reshape(-1), (channels,)).astype(np.float64)
+
+
+def _fuse_one(g: Graph, node: Node, producers: dict) -> bool:
+    if node.kind not in ("conv2d", "matmul") or node.attrs["act"] not in (Opcode.NOP, Opcode.RELU):
+        return False
+    if node.kind == "conv2d":
+        groups, channels = node.attrs["groups"], g.tensors[node.inputs[0]].shape[1]
+        if groups == channels and groups > 1:  # depthwise: DWCONV has no int8 form
+            return False
+    dequant = producers.get(node.inputs[0])
+    quant = _single_reader(g, node.output)
+    weight = _weight_integers(g, node)
+    if dequant is None or dequant.kind != "DEQUANTIZE" or quant is None or quant.kind != "QUANTIZE" or weight is None:
+        return False
+    if g.tensors[node.inputs[0]].shape != g.tensors[dequant.inputs[0]].shape:
+        return False
+    w_q, w_scale = weight
+    sx, zx = dequant.attrs["scale"], dequant.attrs["zero_point"]
+    sy, zy = quant.attrs["scale"], quant.attrs["zero_point"]
+    accumulator_scale = sx * w_scale  # float64: the bias scale ONNX Runtime's quantiser uses
+    channels = w_scale.size
+    if len(node.inputs) > 2:
+        bias = g.tensors[g.base(node.inputs[2])].data.reshape(-1).astype(np.float64)
+        bias = np.broadcast_to(bias, (channels,))
+    else:
+        bias = np.zeros(channels)
+    bias_q = np.rint(bias / accumulator_scale).astype(np.int32)
+    requant = (accumulator_scale / sy).astype(np.float32)
+    shape = (-1, 1) if node.kind == "conv2d" else (-1,)
+    node.kind = f"q{node.kind}"
+    node.inputs = [dequant.inputs[0], g.constant(w_q), g.constant(bias_q.reshape(shape)),
+                   g.constant(requant.reshape(shape))]
+    node.attrs.update(zp_in=int(zx), zp_out=int(zy))
+    node.output = quant.output
+    node.layer = f"{node.layer}+quantize"
+    g.nodes.remove(quant)
+    return True
+
+
+def _drop_dead(g: Graph) -> None:
+    live = {g.base(t) for t in g.outputs}
+    kept = []
+    for node in reversed(g.nodes):
+        if g.base(node.output) in live:
+            kept.append(node)
+            live.update(g.base(t) for t in node.inputs)
+    g.nodes[:] = kept[::-1]
+
+
+def fuse_int8(g: Graph) -> int:
+    """Turn every complete DQ ─► conv/matmul ─► Q into an int8 operator; return how many."""
+    fused = 0
+    for node in list(g.nodes):
+        producers = {n.output: n for n in g.nodes}
+        fused += _fuse_one(g, node, producers)
+    _drop_dead(g)
+    return fused

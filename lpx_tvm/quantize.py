@@ -1,0 +1,66 @@
+"""``lpx_tvm.quantize``: an fp32 ONNX model ─► a QDQ int8 model, by ONNX Runtime's own quantiser.
+
+Static quantisation, QDQ format, int8 activations and per-channel int8 weights:
+the form ``lpx_tvm.compile(..., dtype="int8")`` runs as int8 on lpx. We write no
+quantiser of our own; this only prepares the model and feeds the calibration data.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnx.version_converter
+
+from .frontend import load_onnx, prepare_onnx
+
+QDQ_MIN_OPSET = 13
+
+
+def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: dict | None = None) -> onnx.ModelProto:
+    """Quantise ``model`` statically with ONNX Runtime, calibrated on ``calibration_inputs``.
+
+    Parameters
+    ----------
+    model : str, Path, bytes or onnx.ModelProto
+        An fp32 model.
+    calibration_inputs : dict or sequence of dict
+        One or more ``{input name: array}`` feeds, representative of real inputs.
+    per_channel : bool
+        Per-output-channel weight scales (default), as lpx's int8 kernels expect.
+    input_shapes : dict, optional
+        ``{input name: dims}`` to pin dynamic input shapes first.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The QDQ model (QuantizeLinear/DequantizeLinear around each quantised op).
+    """
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    feeds = [calibration_inputs] if isinstance(calibration_inputs, dict) else list(calibration_inputs)
+    if not feeds:
+        raise ValueError("quantize needs at least one calibration input")
+    prepared = prepare_onnx(load_onnx(model), input_shapes)
+    opset = next((o.version for o in prepared.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < QDQ_MIN_OPSET:  # per-channel DequantizeLinear (its axis attribute) needs opset 13
+        prepared = onnx.version_converter.convert_version(prepared, QDQ_MIN_OPSET)
+    names = {i.name for i in prepared.graph.input}
+    for feed in feeds:
+        if set(feed) != names:
+            raise ValueError(f"calibration inputs name {sorted(feed)}, the model's inputs are {sorted(names)}")
+
+    class _Reader(CalibrationDataReader):
+        def __init__(self):
+            self._feeds = iter(feeds)
+
+        def get_next(self):
+            return next(self._feeds, None)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source, target = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
+        onnx.save(prepared, str(source))
+        quantize_static(str(source), str(target), _Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+        return onnx.load(str(target))

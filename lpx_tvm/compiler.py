@@ -87,6 +87,16 @@ class CompiledModel:
         self.executable.export_library(str(path))
 
 
+def _has_quantize(mod) -> bool:
+    found = []
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, relax.Call)
+                                            and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.quantize"
+                                            else None)
+    return bool(found)
+
+
 def _static_dim(dim):
     return int(dim) if isinstance(dim, IntImm) else None
 
@@ -123,6 +133,9 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
     """
     options = CodegenOptions(config=str(config), in_order=in_order, dump_dir=dump_dir, dtype=dtype)
     mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes)
+    if dtype == "int8" and not _has_quantize(mod):
+        raise ValueError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
+                         "conv/matmul); make one with lpx_tvm.quantize(model, calibration_inputs)")
     params = list(mod["main"].params)
     partitioned = partition_for_lpx(mod, options.config, dtype)
     report = offload_report(partitioned)

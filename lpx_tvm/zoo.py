@@ -7,6 +7,7 @@ TVM-llvm-only time, plus the predicted LPX latency on the chosen chip.
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 from .models import LIGHT_MODELS, light_model
 from .trained import OCR_MODELS, ocr_input_shapes, ocr_model, text_image
@@ -104,6 +106,8 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
     record = {"model": entry.name, "family": entry.family, "ok": False, "config": config, "dtype": dtype}
     model = entry.load()
     feeds = entry.feeds(model)
+    if dtype == "int8":  # the reference is ONNX Runtime running the same QDQ model
+        model = quantized_for_zoo(entry, model)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     references = sess.run(None, feeds)
     start = time.perf_counter()
@@ -132,12 +136,55 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
     record["throughput_per_s"] = 1.0 / record["predicted_latency_s"] if record["predicted_latency_s"] else None
     if dtype == "fp32":
         record["ok"] = record["max_rel_err"] <= entry.rtol and record["cosine"] >= entry.min_cosine
+    elif dtype == "int8" and output_step(model) is not None:
+        step = output_step(model)
+        # outputs are dequantised integers, so a difference in steps is a whole number up to float rounding
+        steps = np.rint(np.abs(np.asarray(outputs[0], np.float64) - references[0]) / step)
+        record["within_one_step_pct"] = 100.0 * float(np.mean(steps <= 1))
+        record["max_steps"] = float(steps.max())
+        record["top1_agree"] = bool(np.array_equal(np.asarray(outputs[0]).reshape(len(outputs[0]), -1).argmax(1),
+                                                   references[0].reshape(len(references[0]), -1).argmax(1)))
+        record["ok"] = record["within_one_step_pct"] >= 99.0 and record["top1_agree"]
     else:
         record["ok"] = record["cosine"] >= REDUCED_PRECISION_MIN_COSINE
     if not record["ok"]:
         record["error"] = (f"outside tolerance (rel {record['max_rel_err']:.2e}, cosine {record['cosine']:.6f}, "
                            f"{dtype})")
     return record
+
+
+def without_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with a trailing Softmax removed, so its output is the logits (int8 is judged on those)."""
+    graph = model.graph
+    last = next((n for n in graph.node if graph.output and n.output[0] == graph.output[0].name), None)
+    if last is None or last.op_type != "Softmax":
+        return model
+    model = copy.deepcopy(model)
+    graph = model.graph
+    node = next(n for n in graph.node if n.output[0] == graph.output[0].name)
+    graph.output[0].name = node.input[0]
+    graph.node.remove(node)
+    return model
+
+
+def quantized_for_zoo(entry: ZooModel, model: onnx.ModelProto) -> onnx.ModelProto:
+    """``lpx_tvm.quantize`` of a zoo model (trailing Softmax removed), calibrated on four seeded inputs."""
+    from .quantize import quantize
+
+    prepared = without_final_softmax(model)
+    calibration = [seeded_inputs(prepared, seed) if entry.inputs is None else entry.feeds(prepared)
+                   for seed in range(2, 6)]
+    return quantize(prepared, calibration, input_shapes=entry.input_shapes)
+
+
+def output_step(model: onnx.ModelProto) -> float | None:
+    """The quantisation step of the first output, when a DequantizeLinear produces it."""
+    producer = next((n for n in model.graph.node if n.output[0] == model.graph.output[0].name), None)
+    if producer is None or producer.op_type != "DequantizeLinear":
+        return None
+    inits = {i.name: i for i in model.graph.initializer}
+    scale = inits.get(producer.input[1])
+    return None if scale is None else float(onnx.numpy_helper.to_array(scale).reshape(-1)[0])
 
 
 def run_zoo(names=None, config: str = "tsp", llvm: bool = True, progress=sys.stderr, dtype: str = "fp32") -> list:
@@ -164,7 +211,8 @@ def run_zoo(names=None, config: str = "tsp", llvm: bool = True, progress=sys.std
 COLUMNS = [("model", "model"), ("dtype", "dtype"), ("ok", "ok"), ("lpx_subgraphs", "lpx fns"), ("flops_offloaded_pct", "% FLOPs lpx"),
            ("max_abs_err", "max abs err"), ("max_rel_err", "max rel err"), ("cosine", "cosine"),
            ("compile_s", "compile s"), ("sim_s", "sim s"), ("ort_s", "ORT s"), ("tvm_llvm_s", "TVM llvm s"),
-           ("predicted_latency_s", "LPX latency s"), ("throughput_per_s", "LPX inf/s")]
+           ("predicted_latency_s", "LPX latency s"), ("throughput_per_s", "LPX inf/s"),
+           ("within_one_step_pct", "% within 1 step"), ("top1_agree", "top-1 agrees")]
 
 
 def table(records: list) -> str:

@@ -58,3 +58,44 @@ def test_dtype_the_chip_lacks_is_a_clear_error(tmp_path):
         lpx_tvm.compile(mlp_model(), config=str(path), dtype="bf16")
     with pytest.raises(ValueError, match="dtype must be one of fp32, fp16, bf16, int8"):
         lpx_tvm.compile(mlp_model(), config="tiny", dtype="fp8")
+
+
+def _int8_programs(compiled) -> list:
+    return [i for blob in compiled.programs.values() for i in decode(blob).instructions
+            if i.opcode == Opcode.MATMUL and i.srcs[0].dtype == DType.I8]
+
+
+def test_int8_cnn_matches_ort_on_the_same_qdq_model():
+    record = run_model(ZOO["squeezenet"], config="tsp", llvm=False, repeat=1, dtype="int8")
+    print(f"\nsqueezenet int8: {record['within_one_step_pct']:.1f}% of logits within one step of ONNX Runtime, "
+          f"top-1 agrees: {record['top1_agree']}")
+    assert record["ok"], record.get("error")
+    assert record["within_one_step_pct"] >= 99.0 and record["top1_agree"]
+    assert record["lpx_calls"] >= 1
+
+
+def test_int8_runs_int8_matmuls_and_softmax_falls_back_with_a_warning(rng):
+    from onnx import helper
+
+    from conftest import make_model, ort_run, tensor_info, weights
+    from lpx_tvm.patterns import Int8FallbackWarning
+
+    model = make_model([helper.make_node("Gemm", ["x", "w", "b"], ["h"], transB=1),
+                        helper.make_node("Relu", ["h"], ["r"]),
+                        helper.make_node("Gemm", ["r", "v"], ["z"], transB=1),
+                        helper.make_node("Softmax", ["z"], ["y"], axis=-1)],
+                       [tensor_info("x", [4, 64])], [tensor_info("y", [4, 10])],
+                       [weights(rng, "w", (32, 64)), weights(rng, "b", (32,)), weights(rng, "v", (10, 32))])
+    calibration = [{"x": rng.standard_normal((4, 64)).astype(np.float32)} for _ in range(4)]
+    qdq = lpx_tvm.quantize(model, calibration)
+    with pytest.warns(Int8FallbackWarning, match="softmax has no int8 kernel"):
+        compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
+    assert compiled.report.host_ops == {"relax.nn.softmax": 1}
+    assert len(_int8_programs(compiled)) == 2  # both Gemms are int8 x int8 -> int32 on the matrix unit
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_allclose(compiled(x)[0], ort_run(qdq, {"x": x})[0], atol=2 / 256)
+
+
+def test_int8_of_a_float_model_is_a_clear_error():
+    with pytest.raises(ValueError, match="needs a QDQ-quantised model"):
+        lpx_tvm.compile(mlp_model(), config="tiny", dtype="int8")

@@ -41,3 +41,16 @@ def test_resnet50_schedule_overlaps_and_cycles_match(resnet):
         util = ", ".join(f"{u} {v:.1%}" for u, v in stats.utilisation.items())
         print(f"\n{name}: makespan {stats.cycles} cycles < sum of durations {stats.instruction_cycles_sum}; {util}")
         assert stats.cycles < stats.instruction_cycles_sum
+
+
+def test_resnet50_cycles_fall_in_the_order_of_the_matrix_rates():
+    from lpx_tvm.zoo import ZOO, quantized_for_zoo
+
+    model = ZOO["resnet50"].load()
+    variants = {"fp32": model, "fp16": model, "int8": quantized_for_zoo(ZOO["resnet50"], model)}
+    cycles = {}
+    for dtype, variant in variants.items():
+        compiled = lpx_tvm.compile(variant, config="tsp", dtype=dtype)
+        cycles[dtype] = sum(sim.stats.cycles for sim in compiled.simulators.values())
+    print("\nResNet-50 on tsp, predicted cycles: " + ", ".join(f"{d} {c}" for d, c in cycles.items()))
+    assert cycles["fp32"] > cycles["fp16"] > cycles["int8"]

@@ -216,19 +216,20 @@ COLUMNS = [("model", "model"), ("dtype", "dtype"), ("ok", "ok"), ("lpx_subgraphs
 
 
 def table(records: list) -> str:
-    """The zoo table (tabulate)."""
+    """The zoo table (tabulate); columns no record fills (int8's, say, in an fp32 run) are left out."""
     from tabulate import tabulate
 
+    columns = [(key, head) for key, head in COLUMNS if any(r.get(key) is not None for r in records)]
     rows = []
     for r in records:
         row = []
-        for key, _ in COLUMNS:
+        for key, _ in columns:
             value = r.get(key)
             if isinstance(value, float):
                 value = f"{value:.6f}" if key == "cosine" else f"{value:.2f}" if key == "flops_offloaded_pct" \
                     else f"{value:.3g}"
             row.append("" if value is None else value)
         rows.append(row)
-    text = tabulate(rows, headers=[h for _, h in COLUMNS], tablefmt="github")
+    text = tabulate(rows, headers=[h for _, h in columns], tablefmt="github", disable_numparse=True)
     failures = [f"{r['model']}: {r['error']}" for r in records if r.get("error")]
     return text + ("\n\nfailures:\n  " + "\n  ".join(failures) if failures else "")

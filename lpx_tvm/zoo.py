@@ -226,8 +226,8 @@ def table(records: list) -> str:
         for key, _ in columns:
             value = r.get(key)
             if isinstance(value, float):
-                value = f"{value:.6f}" if key == "cosine" else f"{value:.2f}" if key == "flops_offloaded_pct" \
-                    else f"{value:.3g}"
+                value = (f"{value:.6f}" if key == "cosine" else f"{value:.2f}" if key == "flops_offloaded_pct"
+                         else f"{value:.0f}" if key == "throughput_per_s" else f"{value:.3g}")
             row.append("" if value is None else value)
         rows.append(row)
     text = tabulate(rows, headers=[h for _, h in columns], tablefmt="github", disable_numparse=True)

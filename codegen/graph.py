@@ -56,7 +56,9 @@ class Graph:
         return len(self.tensors) - 1
 
     def constant(self, array: np.ndarray) -> int:
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array)
+        if not array.flags.c_contiguous:  # not np.ascontiguousarray: it turns a 0-d scalar into shape (1,)
+            array = array.copy(order="C")
         return self.add_tensor(array.shape, array.dtype, data=array)
 
     def is_constant(self, tid: int) -> bool:

@@ -266,8 +266,14 @@ def _dequantize(lw, call, args, layer):
 
 def _quantize(lw, call, args, layer):
     x, scale, zero_point = args
-    if lw.const_value(x) is not None:
-        raise LoweringError("quantize of a constant should have been folded by the importer")
+    data = lw.const_value(x)
+    if data is not None:  # a constant the quantiser left in float (a concat operand, say): fold it here
+        axis = int(call.attrs.axis) % max(data.ndim, 1)
+        s = _per_axis(lw.const_value(scale).astype(np.float32), data.ndim, axis)
+        z = _per_axis(lw.const_value(zero_point).astype(np.float32), data.ndim, axis)
+        info = np.iinfo(np.dtype(str(call.ty.dtype)))
+        q = np.clip(np.rint(data.astype(np.float32) / s) + z, info.min, info.max)
+        return lw.graph.constant(q.astype(str(call.ty.dtype)))
     return lw.node("QUANTIZE", [x], call, layer, scale=_scalar(lw, scale, "quantize scale"),
                    zero_point=_scalar(lw, zero_point, "quantize zero point"))
 

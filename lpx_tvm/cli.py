@@ -10,6 +10,7 @@ import argparse
 import csv
 import json
 import sys
+import warnings
 
 
 def _input_shapes(values) -> dict:
@@ -193,9 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"lpx-tvm: warning: {category.__name__}: {message}\n"
+
+
 def main(argv=None) -> int:
     """Entry point of the ``lpx-tvm`` command."""
     args = build_parser().parse_args(argv)
+    if not args.debug:  # warnings as one line each, without the source line they were raised from
+        warnings.formatwarning = _one_line_warning
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -25,8 +25,7 @@ from .runtime_sim import load_config
 SUPPORTED_DTYPES = ("float32",)
 QUANT_DTYPES = ("int8", "uint8", "int32")  # only as operands of quantize / dequantize
 # ops with no int8 kernel on lpx: with dtype="int8" they run on the host, with a warning
-NO_INT8_KERNEL = ("nn.softmax", "nn.layer_norm", "nn.gelu", "erf", "exp", "tanh", "sigmoid", "power", "sqrt",
-                  "rsqrt", "divide")
+NO_INT8_KERNEL = ("nn.softmax", "nn.layer_norm", "nn.gelu", "erf", "exp", "tanh", "sigmoid")
 UNARY = ("nn.relu", "nn.gelu", "sigmoid", "tanh", "exp", "erf", "sqrt", "rsqrt", "negative")
 BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
 SHAPE_OPS = ("reshape", "flatten", "squeeze", "expand_dims", "permute_dims")

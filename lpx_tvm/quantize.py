@@ -58,9 +58,16 @@ def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: 
         def get_next(self):
             return next(self._feeds, None)
 
+    import onnxruntime as ort
+
     with tempfile.TemporaryDirectory() as tmp:
         source, target = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(prepared, str(source))
-        quantize_static(str(source), str(target), _Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+        # the calibration sessions log a line per unused initializer; errors still show
+        ort.set_default_logger_severity(3)
+        try:
+            quantize_static(str(source), str(target), _Reader(), quant_format=QuantFormat.QDQ,
+                            per_channel=per_channel, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+        finally:
+            ort.set_default_logger_severity(2)  # ONNX Runtime's default
         return onnx.load(str(target))

@@ -175,6 +175,7 @@ class _FoldConstantShapes(PyExprMutator):
 
     - reshape / permute_dims / astype of a constant ─► a constant;
     - isnan / where on constants ─► a constant (the importer's NaN-bound guard for Clip);
+    - quantize of a constant ─► integers (a QDQ weight stored as Q(float));
     - ``call_tir(maximum|minimum, x, scalar)`` (Clip, which the importer emits as TE
       functions) ─► ``relax.maximum|minimum``, and ``minimum(maximum(x, lo), hi)`` ─► ``clip``.
     """
@@ -204,6 +205,9 @@ class _FoldConstantShapes(PyExprMutator):
             return relax.const(np.ascontiguousarray(value.transpose(axes)))
         if name == "relax.astype":
             return relax.const(value.astype(str(call.ty.dtype)))
+        if name == "relax.quantize" and all(c is not None for c in consts):
+            return relax.const(_quantize_constant(value, *(constant_value(c) for c in consts[1:]),
+                                                  int(call.attrs.axis), str(call.ty.dtype)))
         if name == "relax.isnan":
             return relax.const(np.isnan(value))
         if name == "relax.where" and all(c is not None for c in consts):
@@ -232,6 +236,17 @@ class _FoldConstantShapes(PyExprMutator):
         if lo is None or hi is None or constant_value(lo).ndim or constant_value(hi).ndim:
             return call
         return relax.op.clip(inner.args[0], float(constant_value(lo)), float(constant_value(hi)))
+
+
+def _quantize_constant(value, scale, zero_point, axis: int, dtype: str) -> np.ndarray:
+    """ONNX QuantizeLinear in numpy (a weight the quantiser left as Q(float) instead of integers)."""
+    shape = [1] * value.ndim
+    if scale.size > 1:
+        shape[axis % value.ndim] = scale.size
+    info = np.iinfo(np.dtype(dtype))
+    q = np.rint(value.astype(np.float32) / scale.astype(np.float32).reshape(shape))
+    q += zero_point.astype(np.float32).reshape(shape)
+    return np.clip(q, info.min, info.max).astype(dtype)
 
 
 def fold_constant_shapes(mod: tvm.IRModule) -> tvm.IRModule:

@@ -105,7 +105,7 @@ def _op_ok(call, resolve=lambda e: e) -> bool:
         axes = sorted(int(x) % rank for x in a.axes)
         return axes == list(range(rank - len(axes), rank))
     if name == "nn.batch_norm":
-        return all(isinstance(p, Constant) for p in call.args[1:])
+        return all(isinstance(resolve(p), Constant) or _is_dequantized_constant(resolve(p)) for p in call.args[1:])
     if name in SHAPE_OPS or name in BINARY:
         # an op on constants alone is folded by lowering; keep such ops off the boundary
         return any(not isinstance(x, Constant) for x in call.args if not isinstance(x, relax.ShapeExpr))
@@ -174,6 +174,12 @@ class Int8FallbackWarning(UserWarning):
     """With dtype="int8", an operator lpx has no int8 kernel for runs on the host."""
 
 
+def _weight():
+    """A weight: a constant, or integers a QDQ model dequantises. A fresh pattern per use, because one
+    pattern object used twice in a pattern must match the same expression twice."""
+    return is_const() | is_op("relax.dequantize")(is_const(), is_const(), is_const())
+
+
 def _activation(name, inner):
     if name == "clip":
         return is_op("relax.clip")(inner, wildcard(), wildcard())
@@ -191,8 +197,6 @@ def pattern_table(config: str = "tsp", dtype: str = "fp32") -> list:
         Storage type on lpx; with ``"int8"`` ops without an int8 kernel stay on the host.
     """
     check = _make_check(load_config(config), dtype)
-    # a weight is a constant, or integers dequantised by a QDQ model
-    weight = is_const() | is_op("relax.dequantize")(is_const(), is_const(), is_const())
     table = []
     for op in UNARY:
         table.append((f"lpx.{op.removeprefix('nn.')}", is_op(f"relax.{op}")(wildcard())))
@@ -215,14 +219,14 @@ def pattern_table(config: str = "tsp", dtype: str = "fp32") -> list:
         ("lpx.softmax", is_op("relax.nn.softmax")(wildcard())),
         ("lpx.layer_norm", is_op("relax.nn.layer_norm")(wildcard(), wildcard(), wildcard())),
         # TVM 0.27's FuseOpsByPattern does not match TupleGetItem patterns: offload the whole tuple
-        ("lpx.batch_norm", is_op("relax.nn.batch_norm")(wildcard(), is_const(), is_const(), is_const(), is_const())),
+        ("lpx.batch_norm", is_op("relax.nn.batch_norm")(wildcard(), *(_weight() for _ in range(4)))),
         ("lpx.matmul", is_op("relax.matmul")(wildcard(), wildcard())),
-        ("lpx.conv2d", is_op("relax.nn.conv2d")(wildcard(), weight)),
+        ("lpx.conv2d", is_op("relax.nn.conv2d")(wildcard(), _weight())),
     ]
     # fused patterns, registered last so they win
-    conv = is_op("relax.nn.conv2d")(wildcard(), weight)
+    conv = is_op("relax.nn.conv2d")(wildcard(), _weight())
     conv_bias = is_op("relax.add")(conv, is_const())
-    dense = is_op("relax.matmul")(wildcard(), weight | is_op("relax.permute_dims")(weight))
+    dense = is_op("relax.matmul")(wildcard(), _weight() | is_op("relax.permute_dims")(_weight()))
     dense_bias = is_op("relax.add")(dense, is_const())
     table += [("lpx.conv2d_bias", conv_bias), ("lpx.matmul_bias", dense_bias)]
     for act in ACTIVATIONS:

@@ -139,14 +139,15 @@ def stream_tile_bytes(config: ChipConfig) -> int:
 
 def _streamable(g: Graph, node: Node, config: ChipConfig) -> int | None:
     """Column-tile width for streaming this matmul's weight, or None when it cannot stream."""
-    if node.kind != "matmul" or not g.is_constant(node.inputs[1]) or len(g.tensors[node.inputs[1]].shape) != 2:
+    if node.kind not in ("matmul", "qmatmul") or not g.is_constant(node.inputs[1]) \
+            or len(g.tensors[node.inputs[1]].shape) != 2:
         return None
     a_shape, (k, n) = g.tensors[node.inputs[0]].shape, g.tensors[node.inputs[1]].shape
     if prod(a_shape[:-2]) != 1:
         return None
-    if len(node.inputs) > 2:
-        bias = g.tensors[node.inputs[2]].shape
-        if not bias or bias[-1] != n or prod(bias[:-1]) != 1:
+    for extra in node.inputs[2:]:  # bias (and int8's requantisation scale): one value per column
+        shape = g.tensors[extra].shape
+        if not shape or shape[-1] != n or prod(shape[:-1]) != 1:
             return None
     itemsize = g.tensors[node.inputs[1]].dtype.itemsize
     widths = [d for d in range(1, n + 1) if n % d == 0 and k * d * itemsize <= stream_tile_bytes(config)]
@@ -184,11 +185,12 @@ def _streamed_matmul(g: Graph, node: Node, width: int) -> list:
         buffer = g.add_tensor((weight.shape[0], width), dtype)
         ops.append(TileOp(Opcode.STREAM, [], [_whole(g, buffer)], (len(g.streamed) - 1,), node.layer))
         srcs = [Operand(a, (m, weight.shape[0])), _whole(g, buffer)]
-        if len(node.inputs) > 2:
-            srcs.append(Operand(node.inputs[2], (width,), t * width * itemsize))
+        for extra in node.inputs[2:]:
+            srcs.append(Operand(extra, (width,), t * width * g.tensors[g.base(extra)].dtype.itemsize))
         out = (Operand(gathered, (m, width), t * m * width * itemsize) if gathered is not None
                else Operand(node.output, (1, width), t * width * itemsize))
-        ops.append(TileOp(Opcode.MATMUL, srcs, [out], _epilogue(node), node.layer))
+        ops.append(TileOp(Opcode.MATMUL, srcs, [out], _matmul_attrs(node, node.attrs.get("zp_in", 0), 0),
+                          node.layer))
     if gathered is not None:
         ops.append(TileOp(Opcode.TRANSPOSE, [_whole(g, gathered)], [_whole(g, node.output, (m, tiles, width))],
                           (1, 0, 2), node.layer))

@@ -117,16 +117,28 @@ def _is_dequantized_constant(expr) -> bool:
             and all(isinstance(a, Constant) for a in expr.args))
 
 
+def _folds_to_constant(call, resolve) -> bool:
+    """A weight-preparation op whose input is a constant (or dequantised constant): lowering folds it."""
+    if call.op.name not in ("relax.dequantize", "relax.permute_dims", "relax.reshape"):
+        return False
+    source = resolve(call.args[0])
+    return isinstance(source, Constant) or _is_dequantized_constant(source) or (
+        isinstance(source, relax.Call) and isinstance(source.op, tvm.ir.Op) and _folds_to_constant(source, resolve))
+
+
 def _bytes(expr) -> int:
     info = _static_tensor(expr)
     return prod(info[0]) * 4 if info else 0
 
 
-def _streamed_bytes(call, tile_bytes: int) -> int:
+def _streamed_bytes(call, tile_bytes: int, resolve) -> int:
     """Bytes a 2-D constant matmul weight occupies in SRAM: two tiles when it is big enough to be streamed."""
-    weight = call.args[1]
-    if call.op.name != "relax.matmul" or not isinstance(weight, Constant) or len(_static_tensor(weight)[0]) != 2:
-        return _bytes(weight)
+    weight = resolve(call.args[1])
+    if isinstance(weight, relax.Call) and weight.op.name == "relax.permute_dims":
+        weight = resolve(weight.args[0])
+    constant = isinstance(weight, Constant) or _is_dequantized_constant(weight)
+    if call.op.name != "relax.matmul" or not constant or len(_static_tensor(weight)[0]) != 2:
+        return _bytes(call.args[1])
     return min(_bytes(weight), 2 * tile_bytes)
 
 
@@ -147,9 +159,11 @@ def _make_check(config, dtype: str = "fp32"):
                               "own dtype", Int8FallbackWarning, stacklevel=2)
                 return False
         # one operator's working set (weights, inputs, output, im2col scratch) must fit in SRAM
+        # weight preparation (dequantise, transpose a constant) folds away when lowered: no SRAM of its own
+        calls = [c for c in calls if not _folds_to_constant(c, resolve)] or calls[:1]
         working = sum(_bytes(a) for c in calls for a in c.args[:1] + c.args[2:] if isinstance(a, relax.Expr)
                       and not isinstance(a, PRIM_TYPES + (relax.ShapeExpr, relax.Tuple)))
-        working += sum(_streamed_bytes(c, tile_bytes) for c in calls if len(c.args) > 1
+        working += sum(_streamed_bytes(c, tile_bytes, resolve) for c in calls if len(c.args) > 1
                        and isinstance(c.args[1], relax.Expr)
                        and not isinstance(c.args[1], PRIM_TYPES + (relax.ShapeExpr, relax.Tuple)))
         working += sum(_bytes(c) for c in calls)
@@ -225,10 +239,10 @@ def pattern_table(config: str = "tsp", dtype: str = "fp32") -> list:
     ]
     # fused patterns, registered last so they win
     conv = is_op("relax.nn.conv2d")(wildcard(), _weight())
-    conv_bias = is_op("relax.add")(conv, is_const())
+    conv_bias = is_op("relax.add")(conv, is_const() | is_op("relax.reshape")(_weight(), wildcard()))
     dense = is_op("relax.matmul")(wildcard(), _weight() | is_op("relax.permute_dims")(_weight()))
-    dense_bias = is_op("relax.add")(dense, is_const())
-    table += [("lpx.conv2d_bias", conv_bias), ("lpx.matmul_bias", dense_bias)]
+    dense_bias = is_op("relax.add")(dense, _weight())
+    table += [("lpx.dense", dense), ("lpx.conv2d_bias", conv_bias), ("lpx.matmul_bias", dense_bias)]
     for act in ACTIVATIONS:
         table += [(f"lpx.conv2d_{act}", _activation(act, conv)),
                   (f"lpx.conv2d_bias_{act}", _activation(act, conv_bias)),

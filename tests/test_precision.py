@@ -99,3 +99,25 @@ def test_int8_runs_int8_matmuls_and_softmax_falls_back_with_a_warning(rng):
 def test_int8_of_a_float_model_is_a_clear_error():
     with pytest.raises(ValueError, match="needs a QDQ-quantised model"):
         lpx_tvm.compile(mlp_model(), config="tiny", dtype="int8")
+
+
+def test_int8_weight_bigger_than_half_of_sram_streams_as_int8(rng):
+    from onnx import helper
+
+    from conftest import make_model, ort_run, tensor_info, weights
+
+    # 2560 x 4096 int8 = 10 MB, more than half of the tiny chip's 16 MiB: streamed, still int8
+    model = make_model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)],
+                       [tensor_info("x", [1, 4096])], [tensor_info("y", [1, 2560])],
+                       [weights(rng, "w", (2560, 4096), 0.02), weights(rng, "b", (2560,), 0.1)])
+    qdq = lpx_tvm.quantize(model, [{"x": rng.standard_normal((1, 4096)).astype(np.float32)} for _ in range(2)])
+    compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
+    (program,) = (decode(blob) for blob in compiled.programs.values())
+    assert any(i.opcode == Opcode.STREAM for i in program.instructions)
+    assert {w.host.dtype for w in program.streamed} == {DType.I8}
+    assert len(_int8_programs(compiled)) >= 2
+    x = rng.standard_normal((1, 4096)).astype(np.float32)
+    out, ref = compiled(x)[0], ort_run(qdq, {"x": x})[0]
+    from lpx_tvm.zoo import output_step
+
+    assert np.mean(np.rint(np.abs(out - ref) / output_step(qdq)) <= 1) >= 0.99

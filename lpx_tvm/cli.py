@@ -201,6 +201,7 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 def main(argv=None) -> int:
     """Entry point of the ``lpx-tvm`` command."""
     args = build_parser().parse_args(argv)
+    previous_format = warnings.formatwarning
     if not args.debug:  # warnings as one line each, without the source line they were raised from
         warnings.formatwarning = _one_line_warning
     try:
@@ -212,6 +213,8 @@ def main(argv=None) -> int:
             raise
         print(f"lpx-tvm {args.command}: error: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
         return 1
+    finally:
+        warnings.formatwarning = previous_format
 
 
 if __name__ == "__main__":

@@ -162,3 +162,28 @@ def test_unknown_op_and_unsupported_opset_are_named():
     future.opset_import[0].version = 99
     with pytest.raises(lpx_tvm.FrontendError, match="unsupported opset 99"):
         lpx_tvm.from_onnx(future)
+
+
+def test_cli_warnings_are_one_line_and_the_format_is_restored(tmp_path, rng):
+    import subprocess
+    import sys
+    import warnings
+
+    from onnx import helper
+
+    from conftest import make_model, tensor_info
+
+    # Relu of 9 MB in and out cannot fit the tiny chip: a CapacityWarning, then the run goes on
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor_info("x", [1100, 2048])],
+                       [tensor_info("y", [1100, 2048])], [])
+    path = tmp_path / "big_relu.onnx"
+    path.write_bytes(model.SerializeToString())
+    done = subprocess.run([sys.executable, "-m", "lpx_tvm.cli", "run", str(path), "--config", "tiny"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "CapacityWarning" in line]
+    assert len(lines) == 1 and lines[0].startswith("lpx-tvm: warning: CapacityWarning: lpx: nn.relu"), done.stderr
+    assert "Traceback" not in done.stderr
+    before = warnings.formatwarning
+    assert main(["run", str(path), "--config", "tiny"]) == 0
+    assert warnings.formatwarning is before  # the CLI as a library call leaves the process as it found it

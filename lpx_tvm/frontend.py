@@ -122,6 +122,7 @@ def _fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3  # not a line per initializer the folding leaves unused
     with tempfile.TemporaryDirectory() as tmp:
         options.optimized_model_filepath = str(Path(tmp) / "folded.onnx")
         try:

@@ -2,15 +2,16 @@
 
 A QDQ model (ONNX Runtime's quantiser) wraps every convolution and matrix
 product in dequantise/quantise pairs and stores its weights as integers. Where
-the pattern is complete (per-tensor activation scale, integer weights with zero
-zero-points, a single QuantizeLinear reader), the operator runs as int8 × int8
+the pattern is complete (per-tensor activation scale, integer weights, per-channel
+with zero zero-points or per-tensor with any, a single QuantizeLinear reader), the operator runs as int8 × int8
 with int32 accumulation on the matrix unit and is requantised on the way out,
 exactly as ONNX Runtime's QLinearConv / QLinearMatMul define it:
 
-    y = saturate(rint(float32(Σ (x - zx)·w + round(b / (sx·sw))) · sx·sw / sy) + zy)
+    y = saturate(rint(float32(Σ (x - zx)·(w - zw) + round(b / (sx·sw))) · sx·sw / sy) + zy)
 
 Everything else keeps the model's own definition: DEQUANTIZE, the float
-operator, QUANTIZE, on the vector unit. Depthwise convolutions stay in float.
+operator, QUANTIZE, on the vector unit. Depthwise convolutions become int8
+DWCONVs on the vector unit, with the same requantisation.
 """
 
 from __future__ import annotations
@@ -31,27 +32,26 @@ def _single_reader(g: Graph, tid: int) -> Node | None:
 
 
 def _weight_integers(g: Graph, node: Node):
-    """(integer weight, per-output-channel scale) when the weight is quantised with zero zero-points."""
+    """(integer weight, per-output-channel scale, zero point) of a quantised weight.
+
+    Per-channel weights need zero zero-points; a per-tensor weight may have any.
+    """
     info = g.quantized.get(node.inputs[1])
     if info is None:
         return None
     q, scale, zero_point = info
-    if q.dtype != np.int8 or np.any(zero_point != 0):
+    if q.dtype != np.int8 or (zero_point.size > 1 and np.any(zero_point != 0)):
         return None
     out_axis = 0 if node.kind == "conv2d" else q.ndim - 1
     if any(d != 1 for i, d in enumerate(scale.shape) if i != out_axis):
         return None
     channels = q.shape[out_axis]
-    return q, np.broadcast_to(scale.reshape(-1), (channels,)).astype(np.float64)
+    return q, np.broadcast_to(scale.reshape(-1), (channels,)).astype(np.float64), int(zero_point.reshape(-1)[0])
 
 
 def _fuse_one(g: Graph, node: Node, producers: dict) -> bool:
     if node.kind not in ("conv2d", "matmul") or node.attrs["act"] not in (Opcode.NOP, Opcode.RELU):
         return False
-    if node.kind == "conv2d":
-        groups, channels = node.attrs["groups"], g.tensors[node.inputs[0]].shape[1]
-        if groups == channels and groups > 1:  # depthwise: DWCONV has no int8 form
-            return False
     dequant = producers.get(node.inputs[0])
     quant = _single_reader(g, node.output)
     weight = _weight_integers(g, node)
@@ -59,7 +59,10 @@ def _fuse_one(g: Graph, node: Node, producers: dict) -> bool:
         return False
     if g.tensors[node.inputs[0]].shape != g.tensors[dequant.inputs[0]].shape:
         return False
-    w_q, w_scale = weight
+    w_q, w_scale, zp_w = weight
+    depthwise = node.kind == "conv2d" and node.attrs["groups"] == g.tensors[node.inputs[0]].shape[1] > 1
+    if zp_w and depthwise:  # DWCONV's int8 form takes symmetric weights only
+        return False
     sx, zx = dequant.attrs["scale"], dequant.attrs["zero_point"]
     sy, zy = quant.attrs["scale"], quant.attrs["zero_point"]
     accumulator_scale = sx * w_scale  # float64: the bias scale ONNX Runtime's quantiser uses
@@ -75,7 +78,7 @@ def _fuse_one(g: Graph, node: Node, producers: dict) -> bool:
     node.kind = f"q{node.kind}"
     node.inputs = [dequant.inputs[0], g.constant(w_q), g.constant(bias_q.reshape(shape)),
                    g.constant(requant.reshape(shape))]
-    node.attrs.update(zp_in=int(zx), zp_out=int(zy))
+    node.attrs.update(zp_in=int(zx), zp_out=int(zy), zp_w=zp_w)
     node.output = quant.output
     node.layer = f"{node.layer}+quantize"
     g.nodes.remove(quant)

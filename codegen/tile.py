@@ -109,10 +109,10 @@ def _conv2d(g: Graph, node: Node, config: ChipConfig) -> list:
     pt, pl, pb, pr = node.attrs["padding"]
     window = (kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, groups)
     if groups == c == oc:  # depthwise: per-channel taps on the vector unit, no 9-25x im2col blow-up
-        srcs = [_whole(g, x), _whole(g, w, (c, kh, kw))]
-        if len(node.inputs) > 2:
-            srcs.append(_whole(g, node.inputs[2], (c, 1, 1)))
-        return [TileOp(Opcode.DWCONV, srcs, [_whole(g, node.output)], window + _epilogue(node), node.layer)]
+        srcs = [_whole(g, x), _whole(g, w, (c, kh, kw))] + [_whole(g, t, (c, 1, 1)) for t in node.inputs[2:]]
+        tail = ((float(node.attrs["act"]), node.attrs["zp_in"], node.attrs["zp_out"]) if node.kind == "qconv2d"
+                else _epilogue(node))
+        return [TileOp(Opcode.DWCONV, srcs, [_whole(g, node.output)], window + tail, node.layer)]
     zp_in = node.attrs.get("zp_in", 0)
     ops = []
     if (kh, kw, sh, sw, pt, pl, pb, pr) == (1, 1, 1, 1, 0, 0, 0, 0):
@@ -125,7 +125,7 @@ def _conv2d(g: Graph, node: Node, config: ChipConfig) -> list:
     weight = _whole(g, w, (groups, ocg, k))
     out = _whole(g, node.output, (n, groups, ocg, p))
     extras = [_whole(g, t, (groups, ocg, 1)) for t in node.inputs[2:]]
-    attrs = _matmul_attrs(node, 0, zp_in)
+    attrs = _matmul_attrs(node, node.attrs.get("zp_w", 0), zp_in)
     # the weight is the row operand: its rows are output channels, contiguous in NCHW when n == groups == 1
     if n == 1 and groups == 1:
         return ops + _matmul_tiles(g, node, weight, cols, out, extras, config, True, attrs)
@@ -189,7 +189,8 @@ def _streamed_matmul(g: Graph, node: Node, width: int) -> list:
             srcs.append(Operand(extra, (width,), t * width * g.tensors[g.base(extra)].dtype.itemsize))
         out = (Operand(gathered, (m, width), t * m * width * itemsize) if gathered is not None
                else Operand(node.output, (1, width), t * width * itemsize))
-        ops.append(TileOp(Opcode.MATMUL, srcs, [out], _matmul_attrs(node, node.attrs.get("zp_in", 0), 0),
+        ops.append(TileOp(Opcode.MATMUL, srcs, [out], _matmul_attrs(node, node.attrs.get("zp_in", 0),
+                                                                     node.attrs.get("zp_w", 0)),
                           node.layer))
     if gathered is not None:
         ops.append(TileOp(Opcode.TRANSPOSE, [_whole(g, gathered)], [_whole(g, node.output, (m, tiles, width))],
@@ -200,7 +201,7 @@ def _streamed_matmul(g: Graph, node: Node, width: int) -> list:
 def _matmul(g: Graph, node: Node, config: ChipConfig) -> list:
     a, b = (_whole(g, t) for t in node.inputs[:2])
     extras = [_whole(g, t) for t in node.inputs[2:]]
-    attrs = _matmul_attrs(node, node.attrs.get("zp_in", 0), 0)
+    attrs = _matmul_attrs(node, node.attrs.get("zp_in", 0), node.attrs.get("zp_w", 0))
     return _matmul_tiles(g, node, a, b, _whole(g, node.output), extras, config, False, attrs)
 
 

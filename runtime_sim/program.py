@@ -347,7 +347,7 @@ def _check_dtypes(ins: Instruction) -> None:
         ok = src[0] in FLOAT_DTYPES and dst[0] in INT_DTYPES
     elif op == Opcode.DEQUANTIZE:
         ok = src[0] in INT_DTYPES and dst[0] in FLOAT_DTYPES
-    elif op == Opcode.MATMUL and src[0] in INT_DTYPES:
+    elif op in (Opcode.MATMUL, Opcode.DWCONV) and src[0] in INT_DTYPES:
         ok = src[1] in INT_DTYPES and src[2:] == [DType.I32, DType.F32] and dst[0] in INT_DTYPES
     else:
         kinds = set(src + dst)

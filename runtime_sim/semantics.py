@@ -23,7 +23,8 @@ REDUCE_* (axis, ...) · SOFTMAX (axis) · LAYERNORM (eps, n_trailing_axes)
 MAXPOOL/AVGPOOL and IM2COL (kh, kw, sh, sw, pad_top, pad_left, pad_bottom,
 pad_right, dh, dw, count_include_pad | groups), IM2COL optionally a 12th: the pad value
 DWCONV (the 11 window attributes, then epilogue opcode, p0, p1), srcs x[N, C, H, W],
-w[C, kh, kw], optional bias[C, 1, 1]
+w[C, kh, kw], optional bias[C, 1, 1]; on int8, (window, epilogue NOP or RELU, zp_in, zp_out),
+srcs x, w, bias int32, requant fp32, requantised as int8 MATMUL is
 TRANSPOSE (perm...) · CONCAT (axis) · SLICE (begin..., step...)
 """
 
@@ -161,12 +162,16 @@ def _int_matmul(outs, ins, attrs):
     a, b, bias, requant = ins
     act, zp_a, zp_b, zp_out = (int(v) for v in attrs)
     acc = np.matmul(a.astype(np.float64) - zp_a, b.astype(np.float64) - zp_b)
-    acc += bias
+    _requantize(outs[0], acc + bias, requant, act, zp_out)
+
+
+def _requantize(out, acc, requant, act: int, zp_out: int) -> None:
+    """int32 accumulator -> int8/uint8 output: saturate(rint(float32(acc) * requant) + zp_out)."""
     scaled = np.rint(acc.astype(F32) * requant) + F32(zp_out)
-    lo, hi = INT_RANGES[outs[0].dtype]
+    lo, hi = INT_RANGES[out.dtype]
     if Opcode(act) == Opcode.RELU:
         lo = max(lo, zp_out)
-    np.copyto(outs[0], np.clip(scaled, lo, hi).reshape(outs[0].shape), casting="unsafe")
+    np.copyto(out, np.clip(scaled, lo, hi).reshape(out.shape), casting="unsafe")
 
 
 def _matmul(outs, ins, attrs):
@@ -277,7 +282,10 @@ def _dwconv(outs, ins, attrs):
     contiguous axis (about twice as fast in numpy as broadcasting along NCHW's
     channel axis, conversions included).
     """
-    x, w = _f32(ins[0]), _f32(ins[1])
+    quantized = outs[0].dtype in INT_RANGES
+    zp_in = int(attrs[12]) if quantized else 0
+    # int8: (x - zp) * w summed over at most a few hundred taps is exact in fp32 (|sum| < 2**24)
+    x, w = _f32(ins[0]) - F32(zp_in), _f32(ins[1])
     taps = np.ascontiguousarray(w.transpose(1, 2, 0))  # [kh, kw, C]
     acc = tmp = None
     for i, j, view in _window_taps(x.transpose(0, 2, 3, 1), attrs[:11], 0.0, channels_last=True):
@@ -288,6 +296,9 @@ def _dwconv(outs, ins, attrs):
             np.multiply(view, taps[i, j], out=tmp)
             acc += tmp
     acc = acc.transpose(0, 3, 1, 2)
+    if quantized:
+        _requantize(outs[0], acc + ins[2], ins[3], int(attrs[11]), int(attrs[13]))
+        return
     if len(ins) == 3:
         acc += _f32(ins[2])
     _apply_epilogue(acc, Opcode(int(attrs[11])), attrs[11:])
@@ -447,14 +458,16 @@ def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
         _, _, oh, ow, _ = _rule_window(shapes[0], attrs)
         return [shapes[0][:2] + (oh, ow)]
     if op == Opcode.DWCONV:
-        _check(len(shapes) in (2, 3) and len(attrs) == 14, "DWCONV takes x, w, optional bias and 14 attributes")
+        quantized = srcs[0][1] in INT_DTYPES
+        _check(len(shapes) in ((4,) if quantized else (2, 3)) and len(attrs) == 14,
+               "DWCONV takes x, w, bias (and requant on int8) and 14 attributes")
         kh, kw, oh, ow, _ = _rule_window(shapes[0], attrs[:11])
         n, c = shapes[0][:2]
         _check(shapes[1] == (c, kh, kw), f"DWCONV weight must be {(c, kh, kw)}, got {shapes[1]}")
         _check(Opcode(_ints(attrs[11:12])[0]) in EPILOGUE_OPS, "DWCONV epilogue must be an activation")
         out = (n, c, oh, ow)
-        if len(shapes) == 3:
-            _check(np.broadcast_shapes(out, shapes[2]) == out, "DWCONV bias does not broadcast")
+        for extra in shapes[2:]:
+            _check(np.broadcast_shapes(out, extra) == out, "DWCONV bias/requant does not broadcast")
         return [out]
     if op == Opcode.IM2COL:
         _check(len(shapes) == 1 and len(attrs) in (11, 12), "IM2COL takes one operand and 11-12 attributes")

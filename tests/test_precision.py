@@ -121,3 +121,25 @@ def test_int8_weight_bigger_than_half_of_sram_streams_as_int8(rng):
     from lpx_tvm.zoo import output_step
 
     assert np.mean(np.rint(np.abs(out - ref) / output_step(qdq)) <= 1) >= 0.99
+
+
+def test_int8_depthwise_conv_runs_as_int8_dwconv(rng):
+    from onnx import helper
+
+    from conftest import make_model, ort_run, tensor_info, weights
+    from lpx_tvm.zoo import output_step
+
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], group=16, pads=[2, 2, 2, 2]),
+                        helper.make_node("Relu", ["c"], ["r"]),
+                        helper.make_node("Conv", ["r", "p"], ["y"])],
+                       [tensor_info("x", [1, 16, 12, 20])], [tensor_info("y", [1, 8, 12, 20])],
+                       [weights(rng, "w", (16, 1, 5, 5)), weights(rng, "b", (16,)), weights(rng, "p", (8, 16, 1, 1))])
+    feeds = [{"x": rng.standard_normal((1, 16, 12, 20)).astype(np.float32)} for _ in range(3)]
+    qdq = lpx_tvm.quantize(model, feeds)
+    compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
+    (program,) = (decode(blob) for blob in compiled.programs.values())
+    kinds = {(i.opcode, i.srcs[0].dtype) for i in program.instructions if i.opcode in (Opcode.DWCONV, Opcode.MATMUL)}
+    assert kinds == {(Opcode.DWCONV, DType.I8), (Opcode.MATMUL, DType.I8)}
+    x = feeds[0]["x"]
+    steps = np.rint(np.abs(compiled(x)[0] - ort_run(qdq, {"x": x})[0]) / output_step(qdq))
+    assert np.mean(steps <= 1) >= 0.99

@@ -392,6 +392,11 @@ def _rule_window(src, attrs):
     return kh, kw, oh, ow, extra
 
 
+def _zero_points(values) -> None:
+    """Zero points (and int8 pad values) are integers an int8 or uint8 tensor can hold."""
+    _check(all(-128 <= v <= 255 for v in _ints(values)), "zero point outside the int8/uint8 range")
+
+
 def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
     """Output shapes an instruction must have, or None where the dst shape is free.
 
@@ -412,9 +417,11 @@ def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
         return None
     if op in (Opcode.QUANTIZE, Opcode.DEQUANTIZE):
         _check(len(shapes) == 1 and len(attrs) == 2 and attrs[0] > 0, f"{op.name} takes x, scale > 0, zero point")
+        _zero_points(attrs[1:])
         return [shapes[0]]
     if op == Opcode.MATMUL and srcs and srcs[0][1] in INT_DTYPES:
         _check(len(shapes) == 4 and len(attrs) == 4, "int8 MATMUL takes a, b, bias, requant and 4 attributes")
+        _zero_points(attrs[1:])
         _check(Opcode(_ints(attrs[:1])[0]) in (Opcode.NOP, Opcode.RELU), "int8 MATMUL epilogue is NOP or RELU")
         a, b = shapes[0], shapes[1]
         _check(len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2], f"MATMUL shapes {a} and {b} do not chain")
@@ -461,6 +468,8 @@ def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
         quantized = srcs[0][1] in INT_DTYPES
         _check(len(shapes) in ((4,) if quantized else (2, 3)) and len(attrs) == 14,
                "DWCONV takes x, w, bias (and requant on int8) and 14 attributes")
+        if quantized:
+            _zero_points(attrs[12:])
         kh, kw, oh, ow, _ = _rule_window(shapes[0], attrs[:11])
         n, c = shapes[0][:2]
         _check(shapes[1] == (c, kh, kw), f"DWCONV weight must be {(c, kh, kw)}, got {shapes[1]}")
@@ -471,6 +480,7 @@ def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
         return [out]
     if op == Opcode.IM2COL:
         _check(len(shapes) == 1 and len(attrs) in (11, 12), "IM2COL takes one operand and 11-12 attributes")
+        _zero_points(attrs[11:])
         kh, kw, oh, ow, groups = _rule_window(shapes[0], attrs[:11])
         n, c = shapes[0][:2]
         _check(groups >= 1 and c % groups == 0, "IM2COL groups must divide channels")

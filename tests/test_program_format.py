@@ -75,3 +75,21 @@ def test_streamed_weights_round_trip_and_are_checked(rng):
     assert "streamed weights" in disassemble(program).splitlines()[0]
     with pytest.raises(ProgramFormatError, match="STREAM.*host tensor"):
         validate(dataclasses.replace(program, streamed=program.streamed[:-1]))
+
+
+def test_int8_zero_points_outside_the_int8_range_are_rejected():
+    import dataclasses
+
+    from lpx_tvm.runtime_sim import DType, Instruction, Opcode, Program, TensorRef, validate
+    from lpx_tvm.runtime_sim.isa import HostTensor
+
+    chip = load_config("tiny")
+    x = TensorRef(0, (4, 8), DType.F32)
+    q = TensorRef(256, (4, 8), DType.I8)
+    ok = Instruction(Opcode.QUANTIZE, 0, 0, (x,), (q,), (0.5, 3.0))
+    program = Program("tiny", chip.digest, (ok,), inputs=(HostTensor((4, 8), DType.F32),))
+    validate(program)
+    for bad in ((0.5, 1e300), (0.5, 2.5), (0.5, -129.0)):
+        broken = dataclasses.replace(program, instructions=(dataclasses.replace(ok, attrs=bad),))
+        with pytest.raises(ProgramFormatError, match="QUANTIZE"):
+            validate(broken)

@@ -91,7 +91,8 @@ def cmd_profile(args) -> int:
         info["utilisation"] = info["busy_cycles"] / instances if instances else 0.0
     print(tabulate(rows, headers=["layer", "cycles", "FLOPs", "bytes", "FLOP/B", "% peak", "bound"],
                    tablefmt="github"))
-    print(f"\ntotal ({compiled.dtype}): predicted {report['predicted_cycles']} cycles, simulated {report['simulated_cycles']} cycles; "
+    print(f"\ntotal ({compiled.dtype}): predicted {report['predicted_cycles']} cycles, "
+          f"simulated {report['simulated_cycles']} cycles; "
           + ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items()))
     print(compiled.report.summary())
     if sims and compiled.dtype == "fp32":

@@ -208,7 +208,8 @@ def run_zoo(names=None, config: str = "tsp", llvm: bool = True, progress=sys.std
     return records
 
 
-COLUMNS = [("model", "model"), ("dtype", "dtype"), ("ok", "ok"), ("lpx_subgraphs", "lpx fns"), ("flops_offloaded_pct", "% FLOPs lpx"),
+COLUMNS = [("model", "model"), ("dtype", "dtype"), ("ok", "ok"), ("lpx_subgraphs", "lpx fns"),
+           ("flops_offloaded_pct", "% FLOPs lpx"),
            ("max_abs_err", "max abs err"), ("max_rel_err", "max rel err"), ("cosine", "cosine"),
            ("compile_s", "compile s"), ("sim_s", "sim s"), ("ort_s", "ORT s"), ("tvm_llvm_s", "TVM llvm s"),
            ("predicted_latency_s", "LPX latency s"), ("throughput_per_s", "LPX inf/s"),

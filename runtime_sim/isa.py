@@ -53,6 +53,8 @@ _NUMPY = {
     DType.BF16: np.dtype(ml_dtypes.bfloat16), DType.I8: np.dtype(np.int8),
     DType.I32: np.dtype(np.int32), DType.U8: np.dtype(np.uint8), DType.BOOL: np.dtype(np.bool_),
 }
+FLOAT_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})
+INT_DTYPES = frozenset({DType.I8, DType.U8})  # quantised activations and weights
 _SHORT = {DType.F32: "fp32", DType.F16: "fp16", DType.BF16: "bf16", DType.I8: "int8",
           DType.I32: "int32", DType.U8: "uint8", DType.BOOL: "bool"}
 

@@ -22,8 +22,8 @@ from math import prod
 import numpy as np
 
 from .config import ChipConfig, load_config
-from .isa import MAX_RANK, DType, HostTensor, Instruction, Opcode, TensorRef, UNIT_OF
-from .semantics import FLOAT_DTYPES, INT_DTYPES, check_slice, infer_shapes
+from .isa import FLOAT_DTYPES, INT_DTYPES, MAX_RANK, UNIT_OF, DType, HostTensor, Instruction, Opcode, TensorRef
+from .shapes import check_slice, infer_shapes
 
 MAGIC = b"LPXPROG\0"
 VERSION = 2  # 2: streamed weights

@@ -1,7 +1,6 @@
 """Small ONNX graphs built with onnx.helper and seeded weights, and an ONNX Runtime reference."""
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 

@@ -30,6 +30,7 @@ VERSION = 2  # 2: streamed weights
 _HEADER = struct.Struct("<8sHHQ16s")
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
 MAX_DIM = 1 << 31
+MAX_CYCLE = 1 << 48  # issue cycles past this (3.6 days at 900 MHz) are corruption, and overflow int64 sums
 MAX_NAME = 4096
 
 
@@ -299,6 +300,8 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
         check_ref(const.ref, "constant")
     for index, ins in enumerate(program.instructions):
         where = f"instruction {index} ({ins.opcode.name})"
+        if ins.cycle >= MAX_CYCLE:
+            raise ProgramFormatError(f"{where}: issue cycle {ins.cycle} is past {MAX_CYCLE}")
         if ins.unit_index >= chip.unit_count(ins.unit.name):
             raise ProgramFormatError(f"{where}: {ins.unit.name} instance {ins.unit_index} does not exist")
         for ref in ins.srcs + ins.dsts:

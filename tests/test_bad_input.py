@@ -187,3 +187,44 @@ def test_cli_warnings_are_one_line_and_the_format_is_restored(tmp_path, rng):
     before = warnings.formatwarning
     assert main(["run", str(path), "--config", "tiny"]) == 0
     assert warnings.formatwarning is before  # the CLI as a library call leaves the process as it found it
+
+
+@pytest.fixture(scope="module")
+def signed_program_blobs():
+    from onnx import helper
+
+    from conftest import make_model, tensor_info, weights
+
+    rng = np.random.default_rng(0)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], group=4, pads=[1, 1, 1, 1]),
+                        helper.make_node("Relu", ["c"], ["r"]),
+                        helper.make_node("Conv", ["r", "p"], ["y"], pads=[1, 1, 1, 1])],
+                       [tensor_info("x", [1, 4, 6, 6])], [tensor_info("y", None)],
+                       [weights(rng, "w", (4, 1, 3, 3)), weights(rng, "b", (4,)), weights(rng, "p", (8, 4, 3, 3))])
+    qdq = lpx_tvm.quantize(model, [{"x": rng.standard_normal((1, 4, 6, 6)).astype(np.float32)}])
+    blobs = list(lpx_tvm.compile(qdq, config="tiny", dtype="int8").programs.values())
+    return blobs + list(lpx_tvm.compile(cnn_model(), config="tiny", dtype="fp16").programs.values())
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(data=st.data())
+def test_re_signed_damage_is_rejected_or_runs(signed_program_blobs, data):
+    """Damage behind a valid checksum (a buggy or hostile compiler): the checks after the checksum hold too."""
+    import hashlib
+
+    from lpx_tvm.runtime_sim import Simulator
+    from lpx_tvm.runtime_sim.program import _HEADER, MAGIC, VERSION
+    from lpx_tvm.runtime_sim.simulator import CallError
+
+    blob = data.draw(st.sampled_from(signed_program_blobs))
+    body = bytearray(blob[_HEADER.size:])
+    for _ in range(data.draw(st.integers(1, 4))):
+        body[data.draw(st.integers(0, len(body) - 1))] = data.draw(st.integers(0, 255))
+    body = bytes(body)
+    signed = _HEADER.pack(MAGIC, VERSION, 0, len(body), hashlib.blake2b(body, digest_size=16).digest()) + body
+    try:
+        sim = Simulator(decode(signed))
+        sim.run([np.zeros(t.shape, t.dtype.np) for t in sim.inputs])
+    except (ProgramFormatError, CallError):
+        pass

@@ -142,6 +142,30 @@ def _streamed_bytes(call, tile_bytes: int, resolve) -> int:
     return min(_bytes(weight), 2 * tile_bytes)
 
 
+def _working_set(calls, bindings, resolve, tile_bytes: int) -> int:
+    """SRAM bytes a matched operator needs at once: its outside inputs and weights (each once), its
+    output and any im2col scratch. Results passed between the matched ops are fused away."""
+    def intermediate(arg) -> bool:
+        if not (isinstance(arg, relax.Var) and arg in bindings):
+            return False
+        value = bindings[arg]
+        return not (_is_dequantized_constant(value) or (isinstance(value, relax.Call)
+                                                         and isinstance(value.op, tvm.ir.Op)
+                                                         and _folds_to_constant(value, resolve)))
+    seen, working = set(), 0
+    for call in calls:
+        for position, arg in enumerate(call.args):
+            if not isinstance(arg, relax.Expr) or isinstance(arg, PRIM_TYPES + (relax.ShapeExpr, relax.Tuple)) \
+                    or intermediate(arg) or arg in seen:
+                continue
+            seen.add(arg)
+            working += _streamed_bytes(call, tile_bytes, resolve) if position == 1 else _bytes(arg)
+        if call.op.name == "relax.nn.conv2d":
+            w = _static_tensor(call.args[1])[0]
+            working += _bytes(call) // max(w[0], 1) * w[1] * w[2] * w[3]
+    return working + _bytes(calls[0])
+
+
 def _make_check(config, dtype: str = "fp32"):
     sram_bytes, tile_bytes = config.sram_bytes, stream_tile_bytes(config)
 
@@ -161,20 +185,12 @@ def _make_check(config, dtype: str = "fp32"):
         # one operator's working set (weights, inputs, output, im2col scratch) must fit in SRAM
         # weight preparation (dequantise, transpose a constant) folds away when lowered: no SRAM of its own
         calls = [c for c in calls if not _folds_to_constant(c, resolve)] or calls[:1]
-        working = sum(_bytes(a) for c in calls for a in c.args[:1] + c.args[2:] if isinstance(a, relax.Expr)
-                      and not isinstance(a, PRIM_TYPES + (relax.ShapeExpr, relax.Tuple)))
-        working += sum(_streamed_bytes(c, tile_bytes, resolve) for c in calls if len(c.args) > 1
-                       and isinstance(c.args[1], relax.Expr)
-                       and not isinstance(c.args[1], PRIM_TYPES + (relax.ShapeExpr, relax.Tuple)))
-        working += sum(_bytes(c) for c in calls)
-        for c in calls:
-            if c.op.name == "relax.nn.conv2d":
-                w = _static_tensor(c.args[1])[0]
-                working += _bytes(c) // max(w[0], 1) * w[1] * w[2] * w[3]
+        working = _working_set(calls, bindings, resolve, tile_bytes)
         if working > sram_bytes:
-            ops = "+".join(c.op.name.removeprefix("relax.") for c in reversed(calls))
-            warnings.warn(f"lpx: {ops} with output {list(_static_tensor(calls[0])[0])} needs {working} bytes of "
-                          f"SRAM, the chip has {sram_bytes}; it runs on the host", CapacityWarning, stacklevel=2)
+            if len(calls) == 1:  # a fused match that does not fit is retried op by op; warn about the op
+                warnings.warn(f"lpx: {calls[0].op.name.removeprefix('relax.')} with output "
+                              f"{list(_static_tensor(calls[0])[0])} needs {working} bytes of SRAM, the chip has "
+                              f"{sram_bytes}; it runs on the host", CapacityWarning, stacklevel=2)
             return False
         return True
     return check

@@ -7,6 +7,7 @@ quantiser of our own; this only prepares the model and feeds the calibration dat
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -63,11 +64,16 @@ def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: 
     with tempfile.TemporaryDirectory() as tmp:
         source, target = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(prepared, str(source))
-        # the calibration sessions log a line per unused initializer; errors still show
+        # the calibration sessions log a line per unused initializer, and the quantiser advises its own
+        # pre-processing (prepare_onnx did ours) on the root logger; errors still show
         ort.set_default_logger_severity(3)
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(max(level, logging.ERROR))
         try:
             quantize_static(str(source), str(target), _Reader(), quant_format=QuantFormat.QDQ,
                             per_channel=per_channel, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
         finally:
             ort.set_default_logger_severity(2)  # ONNX Runtime's default
+            root.setLevel(level)
         return onnx.load(str(target))

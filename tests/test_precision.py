@@ -155,3 +155,34 @@ def test_int8_depthwise_conv_runs_as_int8_dwconv(rng):
     x = feeds[0]["x"]
     steps = np.rint(np.abs(compiled(x)[0] - ort_run(qdq, {"x": x})[0]) / output_step(qdq))
     assert np.mean(steps <= 1) >= 0.99
+
+
+def test_int8_weight_with_a_nonzero_zero_point(rng):
+    """A hand-built QDQ conv whose per-tensor weight zero point is 5 runs as int8 and matches ORT's QLinearConv."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from conftest import ort_run
+
+    def scalar(name, value, dtype):
+        return numpy_helper.from_array(np.array(value, dtype), name)
+
+    inits = [scalar("sx", 0.05, np.float32), scalar("zx", -3, np.int8), scalar("sw", 0.01, np.float32),
+             scalar("zw", 5, np.int8), scalar("sy", 0.2, np.float32), scalar("zy", 7, np.int8),
+             numpy_helper.from_array(rng.integers(-100, 100, (6, 3, 3, 3)).astype(np.int8), "wq")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"]),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("QuantizeLinear", ["c", "sy", "zy"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"])]
+    graph = helper.make_graph(nodes, "qconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 5, 5])], inits)
+    qdq = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(qdq)
+    compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
+    matmuls = _int8_programs(compiled)
+    assert len(matmuls) == 1 and matmuls[0].attrs[1] == 5  # zp of the weight operand
+    x = rng.standard_normal((1, 3, 9, 9)).astype(np.float32)
+    steps = np.rint(np.abs(compiled(x)[0] - ort_run(qdq, {"x": x})[0]) / 0.2)
+    assert steps.max() <= 1 and np.mean(steps == 0) >= 0.99

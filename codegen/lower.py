@@ -243,20 +243,30 @@ def _scalar(lw, tid, what: str) -> float:
     return float(value.reshape(()))
 
 
-def _per_axis(value: np.ndarray, rank: int, axis: int) -> np.ndarray:
-    shape = [1] * rank
-    if value.size > 1:
-        shape[axis] = value.size
-    return value.reshape(shape)
+def _axis_params(data: np.ndarray, scale, zero_point, axis: int) -> tuple:
+    """Scale and zero point as fp32 arrays of ``data``'s rank, per-channel along ``axis`` (or scalars)."""
+    axis = axis % max(data.ndim, 1)
+    shaped = []
+    for value in (np.asarray(scale, np.float32), np.asarray(zero_point, np.float32)):
+        shape = [1] * data.ndim
+        if value.size > 1:
+            shape[axis] = value.size
+        shaped.append(value.reshape(shape))
+    return tuple(shaped)
+
+
+def quantize_array(data: np.ndarray, scale, zero_point, axis: int, dtype: str) -> np.ndarray:
+    """ONNX QuantizeLinear in numpy: saturate(rint(x / scale) + zero_point)."""
+    s, z = _axis_params(data, scale, zero_point, axis)
+    info = np.iinfo(np.dtype(dtype))
+    return np.clip(np.rint(data.astype(np.float32) / s) + z, info.min, info.max).astype(dtype)
 
 
 def _dequantize(lw, call, args, layer):
     x, scale, zero_point = args
     data = lw.const_value(x)
     if data is not None:  # a weight: fold to float, and keep the integers for int8 kernels
-        axis = int(call.attrs.axis) % max(data.ndim, 1)
-        s = _per_axis(lw.const_value(scale).astype(np.float32), data.ndim, axis)
-        z = _per_axis(lw.const_value(zero_point).astype(np.float32), data.ndim, axis)
+        s, z = _axis_params(data, lw.const_value(scale), lw.const_value(zero_point), int(call.attrs.axis))
         tid = lw.graph.constant(((data.astype(np.float32) - z) * s).astype(np.float32))
         lw.graph.quantized[tid] = (data, s, z)
         return tid
@@ -268,12 +278,8 @@ def _quantize(lw, call, args, layer):
     x, scale, zero_point = args
     data = lw.const_value(x)
     if data is not None:  # a constant the quantiser left in float (a concat operand, say): fold it here
-        axis = int(call.attrs.axis) % max(data.ndim, 1)
-        s = _per_axis(lw.const_value(scale).astype(np.float32), data.ndim, axis)
-        z = _per_axis(lw.const_value(zero_point).astype(np.float32), data.ndim, axis)
-        info = np.iinfo(np.dtype(str(call.ty.dtype)))
-        q = np.clip(np.rint(data.astype(np.float32) / s) + z, info.min, info.max)
-        return lw.graph.constant(q.astype(str(call.ty.dtype)))
+        return lw.graph.constant(quantize_array(data, lw.const_value(scale), lw.const_value(zero_point),
+                                                int(call.attrs.axis), str(call.ty.dtype)))
     return lw.node("QUANTIZE", [x], call, layer, scale=_scalar(lw, scale, "quantize scale"),
                    zero_point=_scalar(lw, zero_point, "quantize zero point"))
 

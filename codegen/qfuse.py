@@ -97,9 +97,7 @@ def _drop_dead(g: Graph) -> None:
 
 def fuse_int8(g: Graph) -> int:
     """Turn every complete DQ ─► conv/matmul ─► Q into an int8 operator; return how many."""
-    fused = 0
-    for node in list(g.nodes):
-        producers = {n.output: n for n in g.nodes}
-        fused += _fuse_one(g, node, producers)
+    producers = g.producer()  # DEQUANTIZE nodes, the ones looked up, are never rewritten
+    fused = sum(_fuse_one(g, node, producers) for node in list(g.nodes))
     _drop_dead(g)
     return fused

@@ -62,11 +62,16 @@ def _epilogue(node: Node) -> tuple:
     return (float(node.attrs["act"]), float(lo), float(hi))
 
 
-def _matmul_attrs(node: Node, zp_a: int = 0, zp_b: int = 0) -> tuple:
-    """Float MATMUL: the epilogue; int8 MATMUL: the epilogue and the zero points of a, b and out."""
-    if node.kind.startswith("q"):
-        return (float(node.attrs["act"]), zp_a, zp_b, node.attrs["zp_out"])
-    return _epilogue(node)
+def _matmul_attrs(node: Node, weight_first: bool) -> tuple:
+    """Float MATMUL: the epilogue; int8 MATMUL: the epilogue and the zero points of a, b and out.
+
+    ``weight_first``: the weight is operand a (convolutions), else b (matrix products).
+    """
+    if not node.kind.startswith("q"):
+        return _epilogue(node)
+    zp_x, zp_w = node.attrs["zp_in"], node.attrs["zp_w"]
+    zp_a, zp_b = (zp_w, zp_x) if weight_first else (zp_x, zp_w)
+    return (float(node.attrs["act"]), zp_a, zp_b, node.attrs["zp_out"])
 
 
 def _matmul_tiles(g, node, a: Operand, b: Operand, out: Operand, extras: list, config, per_row: bool, attrs):
@@ -125,7 +130,7 @@ def _conv2d(g: Graph, node: Node, config: ChipConfig) -> list:
     weight = _whole(g, w, (groups, ocg, k))
     out = _whole(g, node.output, (n, groups, ocg, p))
     extras = [_whole(g, t, (groups, ocg, 1)) for t in node.inputs[2:]]
-    attrs = _matmul_attrs(node, node.attrs.get("zp_w", 0), zp_in)
+    attrs = _matmul_attrs(node, weight_first=True)
     # the weight is the row operand: its rows are output channels, contiguous in NCHW when n == groups == 1
     if n == 1 and groups == 1:
         return ops + _matmul_tiles(g, node, weight, cols, out, extras, config, True, attrs)
@@ -158,14 +163,13 @@ def _weights_to_stream(g: Graph, config: ChipConfig, resident_budget: int) -> di
     """matmul node index -> tile width, largest weights first, until resident weights fit the budget."""
     resident = {g.base(t) for node in g.nodes for t in node.inputs if g.is_constant(g.base(t))}
     total = sum(g.tensors[t].nbytes for t in resident)
+    widths = {i: width for i, node in enumerate(g.nodes) if (width := _streamable(g, node, config))}
     chosen = {}
-    candidates = sorted(((g.tensors[node.inputs[1]].nbytes, i) for i, node in enumerate(g.nodes)
-                         if _streamable(g, node, config)), reverse=True)
-    for nbytes, i in candidates:
+    for i in sorted(widths, key=lambda i: g.tensors[g.nodes[i].inputs[1]].nbytes, reverse=True):
         if total <= resident_budget:
             break
-        chosen[i] = _streamable(g, g.nodes[i], config)
-        total -= nbytes
+        chosen[i] = widths[i]
+        total -= g.tensors[g.nodes[i].inputs[1]].nbytes
     return chosen
 
 
@@ -189,9 +193,7 @@ def _streamed_matmul(g: Graph, node: Node, width: int) -> list:
             srcs.append(Operand(extra, (width,), t * width * g.tensors[g.base(extra)].dtype.itemsize))
         out = (Operand(gathered, (m, width), t * m * width * itemsize) if gathered is not None
                else Operand(node.output, (1, width), t * width * itemsize))
-        ops.append(TileOp(Opcode.MATMUL, srcs, [out], _matmul_attrs(node, node.attrs.get("zp_in", 0),
-                                                                     node.attrs.get("zp_w", 0)),
-                          node.layer))
+        ops.append(TileOp(Opcode.MATMUL, srcs, [out], _matmul_attrs(node, weight_first=False), node.layer))
     if gathered is not None:
         ops.append(TileOp(Opcode.TRANSPOSE, [_whole(g, gathered)], [_whole(g, node.output, (m, tiles, width))],
                           (1, 0, 2), node.layer))
@@ -201,7 +203,7 @@ def _streamed_matmul(g: Graph, node: Node, width: int) -> list:
 def _matmul(g: Graph, node: Node, config: ChipConfig) -> list:
     a, b = (_whole(g, t) for t in node.inputs[:2])
     extras = [_whole(g, t) for t in node.inputs[2:]]
-    attrs = _matmul_attrs(node, node.attrs.get("zp_in", 0), node.attrs.get("zp_w", 0))
+    attrs = _matmul_attrs(node, weight_first=False)
     return _matmul_tiles(g, node, a, b, _whole(g, node.output), extras, config, False, attrs)
 
 

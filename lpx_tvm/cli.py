@@ -126,12 +126,9 @@ def cmd_zoo(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import bench_table, run_bench
-    from .zoo import ZOO
+    from .zoo import check_names
 
-    unknown = [m for m in args.models if m not in ZOO]
-    if unknown:
-        raise ValueError(f"unknown zoo models {unknown}; choose from {', '.join(ZOO)}")
-    records = run_bench(args.models, args.repeat)
+    records = run_bench(check_names(args.models), args.repeat)
     print(bench_table(records))
     if args.json:
         with open(args.json, "w") as fh:
@@ -152,10 +149,9 @@ def cmd_disasm(args) -> int:
     return 0
 
 
-DTYPES = ("fp32", "fp16", "bf16", "int8")
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from .codegen import DTYPES
+
     parser = argparse.ArgumentParser(prog="lpx-tvm", description="Compile and run ONNX models on the LPX simulator.")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .codegen.lower import PRIM_TYPES, Constant, constant_value
+from .codegen.lower import PRIM_TYPES, Constant, constant_value, quantize_array
 
 
 class FrontendError(ValueError):
@@ -207,8 +207,8 @@ class _FoldConstantShapes(PyExprMutator):
         if name == "relax.astype":
             return relax.const(value.astype(str(call.ty.dtype)))
         if name == "relax.quantize" and all(c is not None for c in consts):
-            return relax.const(_quantize_constant(value, *(constant_value(c) for c in consts[1:]),
-                                                  int(call.attrs.axis), str(call.ty.dtype)))
+            return relax.const(quantize_array(value, *(constant_value(c) for c in consts[1:]),
+                                              int(call.attrs.axis), str(call.ty.dtype)))
         if name == "relax.isnan":
             return relax.const(np.isnan(value))
         if name == "relax.where" and all(c is not None for c in consts):
@@ -237,17 +237,6 @@ class _FoldConstantShapes(PyExprMutator):
         if lo is None or hi is None or constant_value(lo).ndim or constant_value(hi).ndim:
             return call
         return relax.op.clip(inner.args[0], float(constant_value(lo)), float(constant_value(hi)))
-
-
-def _quantize_constant(value, scale, zero_point, axis: int, dtype: str) -> np.ndarray:
-    """ONNX QuantizeLinear in numpy (a weight the quantiser left as Q(float) instead of integers)."""
-    shape = [1] * value.ndim
-    if scale.size > 1:
-        shape[axis % value.ndim] = scale.size
-    info = np.iinfo(np.dtype(dtype))
-    q = np.rint(value.astype(np.float32) / scale.astype(np.float32).reshape(shape))
-    q += zero_point.astype(np.float32).reshape(shape)
-    return np.clip(q, info.min, info.max).astype(dtype)
 
 
 def fold_constant_shapes(mod: tvm.IRModule) -> tvm.IRModule:

@@ -85,7 +85,7 @@ def _op_ok(call, resolve=lambda e: e) -> bool:
     a = call.attrs
     if name == "nn.conv2d":
         return (a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
-                and (isinstance(resolve(call.args[1]), Constant) or _is_dequantized_constant(resolve(call.args[1]))))
+                and _is_weight(call.args[1], resolve))
     if name in ("quantize", "dequantize"):
         x, scale, zero_point = call.args
         per_tensor = _static_tensor(scale)[0] in ((), (1,)) and _static_tensor(zero_point)[0] in ((), (1,))
@@ -105,25 +105,28 @@ def _op_ok(call, resolve=lambda e: e) -> bool:
         axes = sorted(int(x) % rank for x in a.axes)
         return axes == list(range(rank - len(axes), rank))
     if name == "nn.batch_norm":
-        return all(isinstance(resolve(p), Constant) or _is_dequantized_constant(resolve(p)) for p in call.args[1:])
+        return all(_is_weight(p, resolve) for p in call.args[1:])
     if name in SHAPE_OPS or name in BINARY:
         # an op on constants alone is folded by lowering; keep such ops off the boundary
         return any(not isinstance(x, Constant) for x in call.args if not isinstance(x, relax.ShapeExpr))
     return True
 
 
-def _is_dequantized_constant(expr) -> bool:
-    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.dequantize"
-            and all(isinstance(a, Constant) for a in expr.args))
+def _is_weight(expr, resolve) -> bool:
+    """A constant, or one prepared from constants (dequantised, transposed, reshaped): lowering folds it."""
+    expr = resolve(expr)
+    if isinstance(expr, Constant):
+        return True
+    if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)):
+        return False
+    if expr.op.name == "relax.dequantize":
+        return all(isinstance(a, Constant) for a in expr.args)
+    return expr.op.name in ("relax.permute_dims", "relax.reshape") and _is_weight(expr.args[0], resolve)
 
 
 def _folds_to_constant(call, resolve) -> bool:
-    """A weight-preparation op whose input is a constant (or dequantised constant): lowering folds it."""
-    if call.op.name not in ("relax.dequantize", "relax.permute_dims", "relax.reshape"):
-        return False
-    source = resolve(call.args[0])
-    return isinstance(source, Constant) or _is_dequantized_constant(source) or (
-        isinstance(source, relax.Call) and isinstance(source.op, tvm.ir.Op) and _folds_to_constant(source, resolve))
+    """A weight-preparation op (dequantise, transpose, reshape of constants): no SRAM of its own."""
+    return call.op.name in ("relax.dequantize", "relax.permute_dims", "relax.reshape") and _is_weight(call, resolve)
 
 
 def _bytes(expr) -> int:
@@ -133,12 +136,9 @@ def _bytes(expr) -> int:
 
 def _streamed_bytes(call, tile_bytes: int, resolve) -> int:
     """Bytes a 2-D constant matmul weight occupies in SRAM: two tiles when it is big enough to be streamed."""
-    weight = resolve(call.args[1])
-    if isinstance(weight, relax.Call) and weight.op.name == "relax.permute_dims":
-        weight = resolve(weight.args[0])
-    constant = isinstance(weight, Constant) or _is_dequantized_constant(weight)
-    if call.op.name != "relax.matmul" or not constant or len(_static_tensor(weight)[0]) != 2:
-        return _bytes(call.args[1])
+    weight = call.args[1]
+    if call.op.name != "relax.matmul" or not _is_weight(weight, resolve) or len(_static_tensor(weight)[0]) != 2:
+        return _bytes(weight)
     return min(_bytes(weight), 2 * tile_bytes)
 
 
@@ -146,12 +146,7 @@ def _working_set(calls, bindings, resolve, tile_bytes: int) -> int:
     """SRAM bytes a matched operator needs at once: its outside inputs and weights (each once), its
     output and any im2col scratch. Results passed between the matched ops are fused away."""
     def intermediate(arg) -> bool:
-        if not (isinstance(arg, relax.Var) and arg in bindings):
-            return False
-        value = bindings[arg]
-        return not (_is_dequantized_constant(value) or (isinstance(value, relax.Call)
-                                                         and isinstance(value.op, tvm.ir.Op)
-                                                         and _folds_to_constant(value, resolve)))
+        return isinstance(arg, relax.Var) and arg in bindings and not _is_weight(arg, resolve)
     seen, working = set(), 0
     for call in calls:
         for position, arg in enumerate(call.args):

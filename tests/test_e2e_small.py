@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tvm
+from onnx import helper
 from tvm import relax
 
 import lpx_tvm
@@ -40,8 +41,6 @@ def test_cnn_matches_ort(rng):
 
 @pytest.mark.parametrize("kernel, stride, pad", [(3, 1, 1), (5, 2, 2), (3, 2, 0)])
 def test_depthwise_conv_runs_as_dwconv(rng, kernel, stride, pad):
-    from onnx import helper
-
     inits = [weights(rng, "w", (12, 1, kernel, kernel)), weights(rng, "b", (12,))]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=12, strides=[stride, stride],
                               pads=[pad] * 4),
@@ -64,19 +63,6 @@ def test_unsupported_op_runs_on_host_between_two_lpx_regions(rng):
     assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
     assert compiled.report.lpx_functions == 2 and calls == 2
     assert compiled.report.host_ops == {"relax.sin": 1}
-
-
-def _count_execute_calls(mod) -> int:
-    count = 0
-
-    def visit(expr):
-        nonlocal count
-        if isinstance(expr, relax.ExternFunc) and str(expr.global_symbol) == "lpx.runtime.execute":
-            count += 1
-    for _, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return count
 
 
 def test_tvm_compile_target_lpx_offloads(rng):
@@ -118,9 +104,6 @@ def test_llvm_target_is_unchanged(rng):
 
 
 def test_nothing_offloadable_warns(rng):
-    from onnx import helper
-    from conftest import make_model, tensor_info
-
     model = make_model([helper.make_node("Sin", ["x"], ["y"])], [tensor_info("x", [2, 3])],
                        [tensor_info("y", [2, 3])], [])
     with pytest.warns(lpx_tvm.NothingOffloadedWarning):
@@ -128,8 +111,6 @@ def test_nothing_offloadable_warns(rng):
 
 
 def test_lrn_runs_on_lpx(rng):
-    from onnx import helper
-
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("LRN", ["c"], ["y"], size=5, alpha=1e-3, beta=0.75, bias=2.0)]
     model = make_model(nodes, [tensor_info("x", [1, 3, 9, 9])], [tensor_info("y", None)],

@@ -1,25 +1,28 @@
-"""The LPX codegen: Relax composite ─► Program, as named stages.
+"""The LPX codegen: Relax composite ─► Program, as an ordered list of named stages.
 
-    lower     Relax ops ─► LPX operator graph (no TVM types past this step)
-    fuse      fold per-channel scale/bias and activations into conv/matmul
-    precision store tensors in the requested type (fp16, bf16), casts at the boundary;
-              for int8, DQ ─► conv/matmul ─► Q becomes an int8 operator (qfuse)
-    tile      split each operator into instructions that fit the units
-    alloc     place every tensor in SRAM (liveness-based, never over capacity)
-    schedule  assign each instruction a unit and an issue cycle
-    emit      build the Program (instructions + constants)
+    lower      Relax ops ─► LPX operator graph (no TVM types past this step)
+    fuse       fold per-channel scale/bias and activations into conv/matmul
+    precision  store tensors in the requested float type (fp16, bf16, fp8), casts at the boundary;
+               qfuse instead for int8: DQ ─► conv/matmul ─► Q becomes an int8 operator
+    tile       split each operator into instructions that fit the units
+    alloc      place every tensor in SRAM (liveness-based, never over capacity)
+    schedule   assign each instruction a unit and an issue cycle
+    emit       build the Program (instructions + constants)
 
-Each stage's result can be written to a folder for debugging
-(``compile_function(..., dump_dir=...)``).
+:func:`stages` returns them as ``(name, function)`` pairs; :func:`compile_graph`
+runs them in order and, with ``dump_dir``, writes each one's result to
+``<name>.<k>_<stage>.txt``.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..runtime_sim import ChipConfig, Program, disassemble, load_config
+from ..runtime_sim.isa import STORAGE_DTYPES
 from .alloc import CapacityError, allocate
 from .emit import emit, resolve
 from .fuse import fuse_epilogues
@@ -29,8 +32,7 @@ from .qfuse import fuse_int8
 from .schedule import schedule
 from .tile import tile
 
-STAGES = ("lower", "fuse", "precision", "tile", "alloc", "schedule", "emit")
-DTYPES = ("fp32", "fp16", "bf16", "int8")
+DTYPES = STORAGE_DTYPES
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class CodegenOptions:
     dump_dir : str, optional
         Write each stage's result there.
     dtype : str
-        Storage type on lpx: ``"fp32"`` (default), ``"fp16"``, ``"bf16"`` or ``"int8"``.
+        Storage type on lpx: ``"fp32"`` (default), ``"fp16"``, ``"bf16"``, ``"fp8"`` or ``"int8"``.
     """
 
     config: str = "tiny"
@@ -76,69 +78,133 @@ class CodegenOptions:
         return load_config(self.config)
 
 
-def _describe_graph(g: Graph) -> str:
-    lines = [f"inputs {g.inputs} outputs {g.outputs}"]
-    for n in g.nodes:
-        shapes = [g.tensors[t].shape for t in n.inputs]
-        lines.append(f"t{n.output} {g.tensors[n.output].shape} = {n.kind}({n.inputs} {shapes}) "
-                     f"{ {k: v for k, v in n.attrs.items()} }  ; {n.layer}")
-    return "\n".join(lines)
+@dataclass
+class Compilation:
+    """What the stages pass along: each stage reads the fields before it and fills its own."""
 
+    name: str
+    options: CodegenOptions
+    source: object = None  # the Relax function (lower's input)
+    graph: Graph | None = None
+    ops: list = field(default_factory=list)
+    addr: dict = field(default_factory=dict)
+    instructions: list = field(default_factory=list)
+    layers: tuple = ()
+    makespan: int = 0
+    program: Program | None = None
 
-def _tile_and_allocate(g: Graph, chip: ChipConfig) -> tuple:
-    """Tile, then allocate; when activations do not fit beside the weights, stream more weights and retry."""
-    for budget in (chip.sram_bytes // 2 >> k for k in range(4)):
-        ops = tile(g, chip, resident_budget=budget)
-        try:
-            return ops, allocate(g, ops, chip)
-        except CapacityError:
-            continue
-    ops = tile(g, chip, resident_budget=0)  # stream every weight that can stream; a CapacityError here is final
-    return ops, allocate(g, ops, chip)
+    @property
+    def chip(self) -> ChipConfig:
+        return self.options.chip
 
 
 class Int8CoverageWarning(UserWarning):
     """With dtype="int8", a conv/matmul outside a complete QDQ pattern runs in float on lpx."""
 
 
-def _fuse_int8_or_warn(g: Graph, name: str) -> None:
-    fuse_int8(g)
-    left = [n.layer for n in g.nodes if n.kind in ("conv2d", "matmul")]
+def _lower(c: Compilation) -> None:
+    from .lower import lower  # TVM is imported only when a Relax function is compiled
+
+    c.graph = lower(c.source, c.name)
+
+
+def _fuse(c: Compilation) -> None:
+    fuse_epilogues(c.graph)
+
+
+def _precision(c: Compilation) -> None:
+    if c.options.dtype != "int8":
+        lower_precision(c.graph, c.options.dtype)
+        return
+    fuse_int8(c.graph)
+    left = [n.layer for n in c.graph.nodes if n.kind in ("conv2d", "matmul")]
     if left:
-        warnings.warn(f"lpx int8: {len(left)} conv/matmul in {name} are not between DequantizeLinear and "
+        warnings.warn(f"lpx int8: {len(left)} conv/matmul in {c.name} are not between DequantizeLinear and "
                       f"QuantizeLinear with integer weights and run in float (first: {left[0]})",
-                      Int8CoverageWarning, stacklevel=3)
+                      Int8CoverageWarning, stacklevel=4)
+
+
+def _tile(c: Compilation) -> None:
+    c.ops = tile(c.graph, c.chip)
+
+
+def _alloc(c: Compilation) -> None:
+    """Allocate; when activations do not fit beside the weights, stream more weights (re-tile) and retry."""
+    chip = c.chip
+    for budget in [None] + [chip.sram_bytes // 4 >> k for k in range(3)] + [0]:
+        if budget is not None:
+            c.ops = tile(c.graph, chip, resident_budget=budget)
+        try:
+            c.addr = allocate(c.graph, c.ops, chip)
+            return
+        except CapacityError:
+            if budget == 0:  # every weight that can stream does: final
+                raise
+
+
+def _schedule(c: Compilation) -> None:
+    instructions, c.layers = resolve(c.graph, c.ops, c.addr)
+    c.instructions, c.makespan = schedule(instructions, c.chip, in_order=c.options.in_order)
+
+
+def _emit(c: Compilation) -> None:
+    c.program = emit(c.graph, c.addr, c.instructions, c.layers, c.makespan, c.chip)
+
+
+def _describe_graph(c: Compilation) -> str:
+    g = c.graph
+    lines = [f"inputs {g.inputs} outputs {g.outputs}"]
+    for n in g.nodes:
+        shapes = [g.tensors[t].shape for t in n.inputs]
+        lines.append(f"t{n.output} {g.tensors[n.output].shape} = {n.kind}({n.inputs} {shapes}) {n.attrs}  ; {n.layer}")
+    return "\n".join(lines)
+
+
+def _describe_ops(c: Compilation) -> str:
+    return "\n".join(f"{o.opcode.name} {o.dsts} <- {o.srcs} {o.attrs} ; {o.layer}" for o in c.ops)
+
+
+def _describe_alloc(c: Compilation) -> str:
+    return "\n".join(f"t{t} @ {a:#x} {c.graph.tensors[t].shape}" for t, a in c.addr.items() if t != "high_water")
+
+
+def _describe_schedule(c: Compilation) -> str:
+    return "\n".join(f"@{i.cycle} {i.unit.name}{i.unit_index} {i.opcode.name} ; {c.layers[i.layer]}"
+                     for i in c.instructions) + f"\nmakespan {c.makespan}"
+
+
+def _describe_program(c: Compilation) -> str:
+    return disassemble(c.program)
+
+
+def stages(options: CodegenOptions) -> list:
+    """The codegen stages for ``options``, in order: ``(name, run, describe)`` triples."""
+    return [("lower", _lower, _describe_graph),
+            ("fuse", _fuse, _describe_graph),
+            ("qfuse" if options.dtype == "int8" else "precision", _precision, _describe_graph),
+            ("tile", _tile, _describe_ops),
+            ("alloc", _alloc, _describe_alloc),
+            ("schedule", _schedule, _describe_schedule),
+            ("emit", _emit, _describe_program)]
+
+
+def run_stages(c: Compilation, start: str = "lower") -> Program:
+    """Run the stages from ``start`` on, dumping each result when the options ask for it."""
+    dump = Path(c.options.dump_dir) if c.options.dump_dir else None
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+    table = stages(c.options)
+    names = [name for name, _, _ in table]
+    for k, (name, run, describe) in enumerate(table[names.index(start):], names.index(start) + 1):
+        run(c)
+        if dump:
+            (dump / f"{c.name}.{k}_{name}.txt").write_text(describe(c))
+    return c.program
 
 
 def compile_graph(g: Graph, options: CodegenOptions, name: str = "lpx") -> Program:
     """Run fuse ─► emit on a lowered graph."""
-    chip = options.chip
-    dump = Path(options.dump_dir) if options.dump_dir else None
-    if dump:
-        dump.mkdir(parents=True, exist_ok=True)
-        (dump / f"{name}.1_lower.txt").write_text(_describe_graph(g))
-    fuse_epilogues(g)
-    if dump:
-        (dump / f"{name}.2_fuse.txt").write_text(_describe_graph(g))
-    if options.dtype == "int8":
-        _fuse_int8_or_warn(g, name)
-    else:
-        lower_precision(g, options.dtype)
-    if dump and options.dtype != "fp32":
-        (dump / f"{name}.2b_precision.txt").write_text(_describe_graph(g))
-    ops, addr = _tile_and_allocate(g, chip)
-    if dump:
-        (dump / f"{name}.3_tile.txt").write_text(
-            "\n".join(f"{o.opcode.name} {o.dsts} <- {o.srcs} {o.attrs} ; {o.layer}" for o in ops))
-    if dump:
-        (dump / f"{name}.4_alloc.txt").write_text(
-            "\n".join(f"t{t} @ {a:#x} {g.tensors[t].shape}" for t, a in addr.items() if t != "high_water"))
-    instructions, layers = resolve(g, ops, addr)
-    instructions, makespan = schedule(instructions, chip, in_order=options.in_order)
-    program = emit(g, addr, instructions, layers, makespan, chip)
-    if dump:
-        (dump / f"{name}.5_schedule+emit.txt").write_text(disassemble(program))
-    return program
+    return run_stages(Compilation(name, options, graph=g), start="fuse")
 
 
 def compile_function(func, options: CodegenOptions | None = None, name: str = "lpx") -> Program:
@@ -152,9 +218,8 @@ def compile_function(func, options: CodegenOptions | None = None, name: str = "l
     name : str
         Used for layer names and dump files.
     """
-    from .lower import lower  # TVM is imported only when a Relax function is compiled
-
-    return compile_graph(lower(func, name), options or CodegenOptions(), name)
+    return run_stages(Compilation(name, options or CodegenOptions(), source=func))
 
 
-__all__ = ["CodegenOptions", "CapacityError", "compile_function", "compile_graph", "STAGES"]
+__all__ = ["CodegenOptions", "CapacityError", "Compilation", "compile_function", "compile_graph", "stages",
+           "run_stages", "DTYPES"]

@@ -24,7 +24,7 @@ def resolve(g: Graph, ops: list, addr: dict) -> tuple:
             layers.append(op.layer)
         instructions.append(Instruction(op.opcode, 0, 0, tuple(_ref(g, addr, s) for s in op.srcs),
                                         tuple(_ref(g, addr, d) for d in op.dsts),
-                                        tuple(float(a) for a in op.attrs), layer))
+                                        op.attrs, layer))
     return instructions, tuple(layers)
 
 

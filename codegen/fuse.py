@@ -12,10 +12,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime_sim import Opcode
-from ..runtime_sim.isa import EPILOGUE_OPS
+from ..runtime_sim.isa import EPILOGUE_OPS, OP_TABLE
 from .graph import Graph, Node
 
 _ACTIVATIONS = {op.name: op for op in EPILOGUE_OPS if op != Opcode.NOP}
+
+
+def _act_args(act: Opcode, attrs: dict) -> tuple:
+    """An activation node's attributes as an epilogue's two ``act_args``, in the op table's order."""
+    values = [float(attrs[a.name]) for a in OP_TABLE[act].attrs]
+    return tuple(values + [0.0] * (2 - len(values)))
 
 
 def _channel_vector(value: np.ndarray, out_shape: tuple, axis: int) -> np.ndarray | None:
@@ -37,7 +43,7 @@ def _try_fold(g: Graph, node: Node, consumer: Node) -> bool:
         return False
     if consumer.kind in _ACTIVATIONS and node.attrs["act"] == Opcode.NOP:
         node.attrs["act"] = _ACTIVATIONS[consumer.kind]
-        node.attrs["act_args"] = (consumer.attrs.get("lo", 0.0), consumer.attrs.get("hi", 0.0))
+        node.attrs["act_args"] = _act_args(node.attrs["act"], consumer.attrs)
         return True
     if consumer.kind not in ("MUL", "ADD") or node.attrs["act"] != Opcode.NOP:
         return False

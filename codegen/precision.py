@@ -8,12 +8,12 @@ LOAD and before each STORE sits at the boundary, on lpx.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
+from ..runtime_sim.isa import FLOAT_DTYPES
 from .graph import Graph, Node
 
-STORAGE = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
+STORAGE = {d.short: d.np for d in FLOAT_DTYPES}
 F32 = np.dtype(np.float32)
 
 

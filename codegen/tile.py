@@ -41,7 +41,7 @@ class TileOp:
     opcode: Opcode
     srcs: list
     dsts: list
-    attrs: tuple
+    attrs: dict  # named, as the op table defines them
     layer: str
 
 
@@ -57,12 +57,11 @@ def _row_tiles(rows: int, config: ChipConfig) -> list:
     return [(r, min(r + step, rows)) for r in range(0, rows, step)]
 
 
-def _epilogue(node: Node) -> tuple:
-    lo, hi = node.attrs["act_args"]
-    return (float(node.attrs["act"]), float(lo), float(hi))
+def _epilogue(node: Node) -> dict:
+    return {"act": node.attrs["act"], "act_args": tuple(node.attrs["act_args"])}
 
 
-def _matmul_attrs(node: Node, weight_first: bool) -> tuple:
+def _matmul_attrs(node: Node, weight_first: bool) -> dict:
     """Float MATMUL: the epilogue; int8 MATMUL: the epilogue and the zero points of a, b and out.
 
     ``weight_first``: the weight is operand a (convolutions), else b (matrix products).
@@ -71,7 +70,7 @@ def _matmul_attrs(node: Node, weight_first: bool) -> tuple:
         return _epilogue(node)
     zp_x, zp_w = node.attrs["zp_in"], node.attrs["zp_w"]
     zp_a, zp_b = (zp_w, zp_x) if weight_first else (zp_x, zp_w)
-    return (float(node.attrs["act"]), zp_a, zp_b, node.attrs["zp_out"])
+    return {**_epilogue(node), "zp_a": zp_a, "zp_b": zp_b, "zp_out": node.attrs["zp_out"]}
 
 
 def _matmul_tiles(g, node, a: Operand, b: Operand, out: Operand, extras: list, config, per_row: bool, attrs):
@@ -111,22 +110,23 @@ def _conv2d(g: Graph, node: Node, config: ChipConfig) -> list:
     groups = node.attrs["groups"]
     k, p, ocg = cg * kh * kw, oh * ow, oc // groups
     (sh, sw), (dh, dw) = node.attrs["strides"], node.attrs["dilation"]
-    pt, pl, pb, pr = node.attrs["padding"]
-    window = (kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, groups)
+    pads = tuple(node.attrs["padding"])
+    window = {"kernel": (kh, kw), "stride": (sh, sw), "pad": pads, "dilation": (dh, dw)}
     if groups == c == oc:  # depthwise: per-channel taps on the vector unit, no 9-25x im2col blow-up
         srcs = [_whole(g, x), _whole(g, w, (c, kh, kw))] + [_whole(g, t, (c, 1, 1)) for t in node.inputs[2:]]
-        tail = ((float(node.attrs["act"]), node.attrs["zp_in"], node.attrs["zp_out"]) if node.kind == "qconv2d"
-                else _epilogue(node))
-        return [TileOp(Opcode.DWCONV, srcs, [_whole(g, node.output)], window + tail, node.layer)]
-    zp_in = node.attrs.get("zp_in", 0)
+        tail = _epilogue(node)
+        if node.kind == "qconv2d":
+            tail.update(zp_in=node.attrs["zp_in"], zp_out=node.attrs["zp_out"])
+        return [TileOp(Opcode.DWCONV, srcs, [_whole(g, node.output)], {**window, **tail}, node.layer)]
     ops = []
-    if (kh, kw, sh, sw, pt, pl, pb, pr) == (1, 1, 1, 1, 0, 0, 0, 0):
+    if (kh, kw, sh, sw) == (1, 1, 1, 1) and not any(pads):
         cols = _whole(g, x, (n, groups, k, p))
     else:
         cols_id = g.add_tensor((n, groups, k, p), g.tensors[x].dtype)
         cols = _whole(g, cols_id)
         # int8 pads with the input zero point: the padded value must dequantise to 0
-        ops.append(TileOp(Opcode.IM2COL, [_whole(g, x)], [cols], window + ((zp_in,) if zp_in else ()), node.layer))
+        ops.append(TileOp(Opcode.IM2COL, [_whole(g, x)], [cols],
+                          {**window, "groups": groups, "pad_value": node.attrs.get("zp_in", 0)}, node.layer))
     weight = _whole(g, w, (groups, ocg, k))
     out = _whole(g, node.output, (n, groups, ocg, p))
     extras = [_whole(g, t, (groups, ocg, 1)) for t in node.inputs[2:]]
@@ -187,7 +187,7 @@ def _streamed_matmul(g: Graph, node: Node, width: int) -> list:
     for t in range(tiles):
         g.streamed.append(np.ascontiguousarray(weight[:, t * width:(t + 1) * width]))
         buffer = g.add_tensor((weight.shape[0], width), dtype)
-        ops.append(TileOp(Opcode.STREAM, [], [_whole(g, buffer)], (len(g.streamed) - 1,), node.layer))
+        ops.append(TileOp(Opcode.STREAM, [], [_whole(g, buffer)], {"index": len(g.streamed) - 1}, node.layer))
         srcs = [Operand(a, (m, weight.shape[0])), _whole(g, buffer)]
         for extra in node.inputs[2:]:
             srcs.append(Operand(extra, (width,), t * width * g.tensors[g.base(extra)].dtype.itemsize))
@@ -196,7 +196,7 @@ def _streamed_matmul(g: Graph, node: Node, width: int) -> list:
         ops.append(TileOp(Opcode.MATMUL, srcs, [out], _matmul_attrs(node, weight_first=False), node.layer))
     if gathered is not None:
         ops.append(TileOp(Opcode.TRANSPOSE, [_whole(g, gathered)], [_whole(g, node.output, (m, tiles, width))],
-                          (1, 0, 2), node.layer))
+                          {"perm": (1, 0, 2)}, node.layer))
     return ops
 
 
@@ -205,25 +205,6 @@ def _matmul(g: Graph, node: Node, config: ChipConfig) -> list:
     extras = [_whole(g, t) for t in node.inputs[2:]]
     attrs = _matmul_attrs(node, weight_first=False)
     return _matmul_tiles(g, node, a, b, _whole(g, node.output), extras, config, False, attrs)
-
-
-def _attrs(node: Node) -> tuple:
-    a = node.attrs
-    if node.kind == "CLIP":
-        return (a["lo"], a["hi"])
-    if node.kind.startswith("REDUCE_"):
-        return tuple(a["axes"])
-    if node.kind == "SOFTMAX" or node.kind == "CONCAT":
-        return (a["axis"],)
-    if node.kind == "LAYERNORM":
-        return (a["eps"], a["n_axes"])
-    if node.kind in ("MAXPOOL", "AVGPOOL"):
-        return tuple(a["window"])
-    if node.kind == "TRANSPOSE":
-        return tuple(a["perm"])
-    if node.kind in ("QUANTIZE", "DEQUANTIZE"):
-        return (a["scale"], a["zero_point"])
-    return ()
 
 
 def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> list:
@@ -237,7 +218,7 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
     list of TileOp
         LOADs of the inputs, the operators' tiles, STOREs of the outputs.
     """
-    ops = [TileOp(Opcode.LOAD, [], [_whole(g, t)], (i,), "load") for i, t in enumerate(g.inputs)]
+    ops = [TileOp(Opcode.LOAD, [], [_whole(g, t)], {"index": i}, "load") for i, t in enumerate(g.inputs)]
     g.streamed = []
     budget = config.sram_bytes // 2 if resident_budget is None else resident_budget
     streamed = _weights_to_stream(g, config, budget)
@@ -249,9 +230,10 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
         elif node.kind in ("matmul", "qmatmul"):
             ops += _matmul(g, node, config)
         else:
+            # a single-instruction node's attributes are named as the op table names them
             ops.append(TileOp(Opcode[node.kind], [_whole(g, t) for t in node.inputs],
-                              [_whole(g, node.output)], _attrs(node), node.layer))
-    ops += [TileOp(Opcode.STORE, [_whole(g, t)], [], (i,), "store") for i, t in enumerate(g.outputs)]
+                              [_whole(g, node.output)], dict(node.attrs), node.layer))
+    ops += [TileOp(Opcode.STORE, [_whole(g, t)], [], {"index": i}, "store") for i, t in enumerate(g.outputs)]
     return ops
 
 

@@ -1,18 +1,38 @@
 """lpx-tvm: an inference compiler flow on Apache TVM (Relax) for the LPX processor.
 
-Importing this package registers the ``lpx.*`` patterns, the codegen
-``relax.ext.lpx``, the relax pipeline ``"lpx"``, the target tag ``"lpx"`` and the
-runtime function ``lpx.runtime.execute``.
+Importing this package registers lpx with TVM (the ``lpx.*`` patterns when they
+are first used, the codegen ``relax.ext.lpx``, the relax pipeline ``"lpx"``, the
+target tag ``"lpx"`` and the runtime function ``lpx.runtime.execute``) as soon as
+TVM is imported, so ``import lpx_tvm.runtime_sim`` alone loads neither TVM nor
+onnx. The TVM face (``compile``, ``from_onnx``, ``partition_for_lpx``, ...) is
+imported on first use.
 """
 
-from . import runtime  # registers lpx.runtime.execute
-from .patterns import partition_for_lpx, pattern_table
-from .pipeline import NothingOffloadedWarning, lpx_pipeline, register as _register
-from .frontend import FrontendError, from_onnx
-from .compiler import CompiledModel, compile
-from .quantize import quantize
+from __future__ import annotations
 
-_register()
+import importlib
 
-__all__ = ["partition_for_lpx", "pattern_table", "lpx_pipeline", "from_onnx", "compile", "CompiledModel",
-           "FrontendError", "NothingOffloadedWarning", "quantize", "runtime"]
+from .registration import register_when_tvm_loads
+
+_API = {
+    "compile": "compiler", "CompiledModel": "compiler",
+    "from_onnx": "frontend", "FrontendError": "frontend",
+    "partition_for_lpx": "patterns", "pattern_table": "patterns",
+    "lpx_pipeline": "pipeline", "NothingOffloadedWarning": "pipeline",
+    "quantize": "quantization",
+}
+_SUBMODULES = ("codegen", "compiler", "frontend", "patterns", "pipeline", "quantization", "report", "runtime",
+               "runtime_sim")
+
+__all__ = sorted(_API) + ["runtime"]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        return getattr(importlib.import_module(f".{_API[name]}", __name__), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'lpx_tvm' has no attribute {name!r}")
+
+
+register_when_tvm_loads()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import threading
 
 import numpy as np
@@ -13,7 +12,8 @@ from tvm.ir.prim.expr import IntImm
 from .codegen import CodegenOptions
 from .frontend import from_onnx
 from .patterns import partition_for_lpx
-from .pipeline import _ORIGINAL_DEFAULT, lower_lpx_calls
+from .pipeline import lower_lpx_calls
+from .registration import original_default_pipeline
 from .report import OffloadReport, offload_report
 from .runtime import load_program
 from .runtime_sim.simulator import CallError
@@ -141,7 +141,7 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
     report = offload_report(partitioned)
     programs = {}
     lowered, _ = lower_lpx_calls(partitioned, options, programs_out=programs)
-    executable = tvm.compile(lowered, target="lpx", relax_pipeline=_ORIGINAL_DEFAULT())
+    executable = tvm.compile(lowered, target="lpx", relax_pipeline=original_default_pipeline()())
     return CompiledModel(executable, report, programs, params, dtype)
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .codegen.lower import PRIM_TYPES, Constant, constant_value, quantize_array
+from .codegen.relax_ops import PRIM_TYPES, Constant, constant_value, quantize_array
 
 
 class FrontendError(ValueError):
@@ -67,6 +67,9 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
       list them, and the importer would then duplicate the weights);
     - ``Sum`` becomes a chain of ``Add`` (the importer's stack+sum hides the adds);
     - ``Dropout`` becomes ``Identity`` (inference);
+
+    Batch norm is folded into the convolution before it once, in the codegen
+    (lowering makes it a per-channel scale and shift, ``fuse`` folds those).
     - ``input_shapes`` (name -> dims) pins dynamic input dimensions.
     """
     model = copy.deepcopy(model)
@@ -89,7 +92,6 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
             nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
-    _fold_batch_norms(graph)
     for name, dims in (input_shapes or {}).items():
         match = [i for i in graph.input if i.name == name]
         if not match:
@@ -131,40 +133,6 @@ def _fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
             raise FrontendError(f"{model.graph.name or 'model'}: cannot fold its shape computations "
                                 f"({str(err).strip().splitlines()[0]})") from None
         return onnx.load(options.optimized_model_filepath)
-
-
-def _fold_batch_norms(graph) -> None:
-    """Conv ─► BatchNormalization with constant parameters ─► one Conv with scaled weights (numpy)."""
-    inits = {i.name: i for i in graph.initializer}
-    consumers = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
-    producers = {node.output[0]: node for node in graph.node if node.output}
-    graph_outputs = {o.name for o in graph.output}
-    keep = []
-    for node in graph.node:
-        conv = producers.get(node.input[0]) if node.op_type == "BatchNormalization" else None
-        if (conv is None or conv.op_type != "Conv" or consumers.get(conv.output[0]) != 1
-                or conv.output[0] in graph_outputs or len(node.output) != 1
-                or not all(n in inits for n in list(node.input[1:5]) + list(conv.input[1:]))):
-            keep.append(node)
-            continue
-        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
-        gamma, beta, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in node.input[1:5])
-        weight = numpy_helper.to_array(inits[conv.input[1]])
-        bias = (numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if len(conv.input) > 2
-                else np.zeros(weight.shape[0]))
-        scale = gamma / np.sqrt(var + eps)
-        w_name, b_name = f"{conv.output[0]}__bn_w", f"{conv.output[0]}__bn_b"
-        graph.initializer.append(numpy_helper.from_array(
-            (weight * scale.reshape(-1, *[1] * (weight.ndim - 1))).astype(weight.dtype), w_name))
-        graph.initializer.append(numpy_helper.from_array(((bias - mean) * scale + beta).astype(weight.dtype), b_name))
-        del conv.input[1:]
-        conv.input.extend([w_name, b_name])
-        conv.output[0] = node.output[0]
-    del graph.node[:]
-    graph.node.extend(keep)
 
 
 _TE_MIN_MAX = re.compile(r"^(maximum|minimum)\d*$")

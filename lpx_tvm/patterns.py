@@ -1,10 +1,11 @@
-"""The lpx pattern table, its check functions, and ``partition_for_lpx``.
+"""The lpx pattern table, its check function, and ``partition_for_lpx``.
 
-Every Relax op the codegen can lower gets a single-op pattern ``lpx.<op>``;
-fused patterns (conv2d + bias + activation, matmul + bias +
-activation) come last because later patterns win. A check function rejects what
-the codegen cannot run (dtype, dynamic shape, layout, SRAM fit); a rejected op
-stays on the host.
+Single-op patterns ``lpx.<op>`` come from the TVM side's one table
+(``codegen.relax_ops.RELAX_OPS``), multi-op idioms from ``RELAX_PATTERNS``;
+fused patterns (conv2d + bias + activation, matmul + bias + activation) come
+last because later patterns win. The check function rejects what the codegen
+cannot run (dtype, dynamic or empty shape, attributes lpx does not implement,
+SRAM fit); a rejected op stays on the host.
 """
 
 from __future__ import annotations
@@ -18,32 +19,41 @@ from tvm.relax.backend.pattern_registry import register_patterns
 from tvm.relax.dpl import is_const, is_op, wildcard
 from tvm.relax.transform import FuseOpsByPattern, MergeCompositeFunctions
 
-from .codegen.lower import PRIM_TYPES, Constant
+from .codegen.relax_ops import PRIM_TYPES, RELAX_OPS, RELAX_PATTERNS, Constant
 from .codegen.tile import stream_tile_bytes
 from .runtime_sim import load_config
 
 SUPPORTED_DTYPES = ("float32",)
 QUANT_DTYPES = ("int8", "uint8", "int32")  # only as operands of quantize / dequantize
-# ops with no int8 kernel on lpx: with dtype="int8" they run on the host, with a warning
-NO_INT8_KERNEL = ("nn.softmax", "nn.layer_norm", "nn.gelu", "erf", "exp", "tanh", "sigmoid")
-UNARY = ("nn.relu", "nn.gelu", "sigmoid", "tanh", "exp", "erf", "sqrt", "rsqrt", "negative")
-BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
-SHAPE_OPS = ("reshape", "flatten", "squeeze", "expand_dims", "permute_dims")
-REDUCE = ("mean", "sum", "max")
-ACTIVATIONS = ("relu", "clip", "gelu")
+ACTIVATIONS = ("relu", "clip", "gelu", "leakyrelu")
+_WEIGHT_PREPARATION = ("relax.dequantize", "relax.permute_dims", "relax.reshape")
+
+
+class CapacityWarning(UserWarning):
+    """An operator too large for SRAM falls back to the host."""
+
+
+class Int8FallbackWarning(UserWarning):
+    """With dtype="int8", an operator lpx has no int8 kernel for runs on the host."""
+
+
+class PartitionWarning(UserWarning):
+    """TVM could not merge the offloaded regions; each offloaded op becomes its own lpx function."""
+
+
+def _static_type(ty) -> tuple | None:
+    """(shape, dtype) of a static, non-empty tensor type; None otherwise."""
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    try:
+        shape = tuple(int(v) for v in ty.shape.values)
+    except TypeError:
+        return None
+    return (shape, ty.dtype) if all(d > 0 for d in shape) and len(shape) <= 8 else None
 
 
 def _static_tensor(expr) -> tuple | None:
     return _static_type(expr.ty)
-
-
-def _static_type(ty) -> tuple | None:
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    try:
-        return tuple(int(v) for v in ty.shape.values), ty.dtype
-    except TypeError:
-        return None
 
 
 def _tensors_ok(exprs, dtypes=SUPPORTED_DTYPES) -> bool:
@@ -57,7 +67,7 @@ def _tensors_ok(exprs, dtypes=SUPPORTED_DTYPES) -> bool:
         types = list(e.ty.fields) if isinstance(e.ty, relax.TupleType) else [e.ty]
         for ty in types:
             info = _static_type(ty)
-            if info is None or info[1] not in dtypes or len(info[0]) > 8:
+            if info is None or info[1] not in dtypes:
                 return False
     return True
 
@@ -80,38 +90,6 @@ def _calls(expr, bindings=None):
     return out
 
 
-def _op_ok(call, resolve=lambda e: e) -> bool:
-    name = call.op.name.removeprefix("relax.")
-    a = call.attrs
-    if name == "nn.conv2d":
-        return (a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
-                and _is_weight(call.args[1], resolve))
-    if name in ("quantize", "dequantize"):
-        x, scale, zero_point = call.args
-        per_tensor = _static_tensor(scale)[0] in ((), (1,)) and _static_tensor(zero_point)[0] in ((), (1,))
-        return (isinstance(scale, Constant) and isinstance(zero_point, Constant)
-                and (per_tensor or isinstance(x, Constant)))
-    if name in ("nn.max_pool2d", "nn.avg_pool2d"):
-        return a.layout == "NCHW" and a.out_layout == "NCHW" and (name == "nn.max_pool2d" or not a.ceil_mode)
-    if name == "nn.avg_pool3d":  # only a window along the first spatial axis, as ONNX LRN imports
-        return (a.layout == "NCDHW" and a.out_layout == "NCDHW" and not a.ceil_mode
-                and [int(x) for x in a.pool_size][1:] == [1, 1] and [int(x) for x in a.strides] == [1, 1, 1]
-                and [int(x) for x in a.dilation] == [1, 1, 1]
-                and [int(x) for x in a.padding][1:3] + [int(x) for x in a.padding][4:] == [0, 0, 0, 0])
-    if name == "nn.adaptive_avg_pool2d":
-        return a.layout == "NCHW" and _static_tensor(call)[0][2:] == (1, 1)
-    if name == "nn.layer_norm":
-        rank = len(_static_tensor(call)[0])
-        axes = sorted(int(x) % rank for x in a.axes)
-        return axes == list(range(rank - len(axes), rank))
-    if name == "nn.batch_norm":
-        return all(_is_weight(p, resolve) for p in call.args[1:])
-    if name in SHAPE_OPS or name in BINARY:
-        # an op on constants alone is folded by lowering; keep such ops off the boundary
-        return any(not isinstance(x, Constant) for x in call.args if not isinstance(x, relax.ShapeExpr))
-    return True
-
-
 def _is_weight(expr, resolve) -> bool:
     """A constant, or one prepared from constants (dequantised, transposed, reshaped): lowering folds it."""
     expr = resolve(expr)
@@ -121,12 +99,34 @@ def _is_weight(expr, resolve) -> bool:
         return False
     if expr.op.name == "relax.dequantize":
         return all(isinstance(a, Constant) for a in expr.args)
-    return expr.op.name in ("relax.permute_dims", "relax.reshape") and _is_weight(expr.args[0], resolve)
+    return expr.op.name in _WEIGHT_PREPARATION[1:] and _is_weight(expr.args[0], resolve)
+
+
+def _why_not(call, resolve) -> str | None:
+    """Why lpx cannot run ``call`` (None: it can)."""
+    name = call.op.name.removeprefix("relax.")
+    row = RELAX_OPS.get(name)
+    if row is None:
+        return f"{name} has no lpx lowering"
+    dtypes = SUPPORTED_DTYPES + QUANT_DTYPES if name in ("quantize", "dequantize") else SUPPORTED_DTYPES
+    if not _tensors_ok(list(call.args) + [call], dtypes):
+        return "dtype or shape (dynamic, empty or rank > 8)"
+    for position in row.weights:
+        if not _is_weight(call.args[position], resolve):
+            return f"operand {position} is not a constant weight"
+    if row.unsupported is not None and (reason := row.unsupported(call)):
+        return reason
+    return None
+
+
+def _constants_only(call) -> bool:
+    """An op on constants alone: lowering folds it to a constant, so alone it is nothing to offload."""
+    return all(isinstance(x, Constant) for x in call.args if not isinstance(x, PRIM_TYPES + (relax.ShapeExpr,)))
 
 
 def _folds_to_constant(call, resolve) -> bool:
     """A weight-preparation op (dequantise, transpose, reshape of constants): no SRAM of its own."""
-    return call.op.name in ("relax.dequantize", "relax.permute_dims", "relax.reshape") and _is_weight(call, resolve)
+    return call.op.name in _WEIGHT_PREPARATION and _is_weight(call, resolve)
 
 
 def _bytes(expr) -> int:
@@ -161,19 +161,22 @@ def _working_set(calls, bindings, resolve, tile_bytes: int) -> int:
     return working + _bytes(calls[0])
 
 
-def _make_check(config, dtype: str = "fp32"):
+def _make_check(config, dtype: str = "fp32", idiom=None):
     sram_bytes, tile_bytes = config.sram_bytes, stream_tile_bytes(config)
 
     def check(context) -> bool:
         bindings = context.matched_bindings
         calls = _calls(context.matched_expr, bindings)
         resolve = lambda e: bindings[e] if isinstance(e, relax.Var) and e in bindings else e
+        if idiom is not None and not idiom.matches(calls):
+            return False
+        if len(calls) == 1 and _constants_only(calls[0]):
+            return False
         for call in calls:
-            name = call.op.name.removeprefix("relax.")
-            dtypes = SUPPORTED_DTYPES + QUANT_DTYPES if name in ("quantize", "dequantize") else SUPPORTED_DTYPES
-            if not _tensors_ok(list(call.args) + [call], dtypes) or not _op_ok(call, resolve):
+            if _why_not(call, resolve) is not None:
                 return False
-            if dtype == "int8" and name in NO_INT8_KERNEL:
+            name = call.op.name.removeprefix("relax.")
+            if dtype == "int8" and not RELAX_OPS[name].int8 and not (idiom and idiom.int8):
                 warnings.warn(f"lpx int8: {name} has no int8 kernel on lpx; it runs on the host in the model's "
                               "own dtype", Int8FallbackWarning, stacklevel=2)
                 return False
@@ -191,14 +194,6 @@ def _make_check(config, dtype: str = "fp32"):
     return check
 
 
-class CapacityWarning(UserWarning):
-    """An operator too large for SRAM falls back to the host."""
-
-
-class Int8FallbackWarning(UserWarning):
-    """With dtype="int8", an operator lpx has no int8 kernel for runs on the host."""
-
-
 def _weight():
     """A weight: a constant, or integers a QDQ model dequantises. A fresh pattern per use, because one
     pattern object used twice in a pattern must match the same expression twice."""
@@ -211,6 +206,11 @@ def _activation(name, inner):
     return is_op(f"relax.nn.{name}")(inner)
 
 
+def _single_op_pattern(row):
+    operands = [_weight() if i in row.weights else wildcard() for i in range(row.arity)]
+    return is_op(f"relax.{row.op}")(*operands)
+
+
 def pattern_table(config: str = "tsp", dtype: str = "fp32") -> list:
     """The lpx fusion patterns, lowest priority first.
 
@@ -221,46 +221,24 @@ def pattern_table(config: str = "tsp", dtype: str = "fp32") -> list:
     dtype : str
         Storage type on lpx; with ``"int8"`` ops without an int8 kernel stay on the host.
     """
-    check = _make_check(load_config(config), dtype)
-    table = []
-    for op in UNARY:
-        table.append((f"lpx.{op.removeprefix('nn.')}", is_op(f"relax.{op}")(wildcard())))
-    table.append(("lpx.clip", is_op("relax.clip")(wildcard(), wildcard(), wildcard())))
-    for op in BINARY:
-        table.append((f"lpx.{op}", is_op(f"relax.{op}")(wildcard(), wildcard())))
-    for op in REDUCE:
-        table.append((f"lpx.{op}", is_op(f"relax.{op}")(wildcard())))
-    for op in SHAPE_OPS:
-        pattern = is_op(f"relax.{op}")(wildcard(), wildcard()) if op == "reshape" else is_op(f"relax.{op}")(wildcard())
-        table.append((f"lpx.{op}", pattern))
-    table += [
-        ("lpx.concat", is_op("relax.concat")(wildcard())),
-        ("lpx.quantize", is_op("relax.quantize")(wildcard(), is_const(), is_const())),
-        ("lpx.dequantize", is_op("relax.dequantize")(wildcard(), is_const(), is_const())),
-        ("lpx.max_pool2d", is_op("relax.nn.max_pool2d")(wildcard())),
-        ("lpx.avg_pool2d", is_op("relax.nn.avg_pool2d")(wildcard())),
-        ("lpx.channel_avg_pool3d", is_op("relax.nn.avg_pool3d")(wildcard())),  # LRN's window over channels
-        ("lpx.global_avg_pool2d", is_op("relax.nn.adaptive_avg_pool2d")(wildcard())),
-        ("lpx.softmax", is_op("relax.nn.softmax")(wildcard())),
-        ("lpx.layer_norm", is_op("relax.nn.layer_norm")(wildcard(), wildcard(), wildcard())),
-        # TVM 0.27's FuseOpsByPattern does not match TupleGetItem patterns: offload the whole tuple
-        ("lpx.batch_norm", is_op("relax.nn.batch_norm")(wildcard(), *(_weight() for _ in range(4)))),
-        ("lpx.matmul", is_op("relax.matmul")(wildcard(), wildcard())),
-        ("lpx.conv2d", is_op("relax.nn.conv2d")(wildcard(), _weight())),
-    ]
+    chip = load_config(config)
+    check = _make_check(chip, dtype)
+    table = [(row.pattern_name, _single_op_pattern(row), check) for row in RELAX_OPS.values()]
+    table += [(name, idiom.build(), _make_check(chip, dtype, idiom)) for name, idiom in RELAX_PATTERNS.items()]
     # fused patterns, registered last so they win
     conv = is_op("relax.nn.conv2d")(wildcard(), _weight())
     conv_bias = is_op("relax.add")(conv, is_const() | is_op("relax.reshape")(_weight(), wildcard()))
     dense = is_op("relax.matmul")(wildcard(), _weight() | is_op("relax.permute_dims")(_weight()))
     dense_bias = is_op("relax.add")(dense, _weight())
-    table += [("lpx.dense", dense), ("lpx.conv2d_bias", conv_bias), ("lpx.matmul_bias", dense_bias)]
+    fused = [("lpx.dense", dense), ("lpx.conv2d_bias", conv_bias), ("lpx.matmul_bias", dense_bias)]
     for act in ACTIVATIONS:
-        table += [(f"lpx.conv2d_{act}", _activation(act, conv)),
+        fused += [(f"lpx.conv2d_{act}", _activation(act, conv)),
                   (f"lpx.conv2d_bias_{act}", _activation(act, conv_bias)),
                   (f"lpx.matmul_bias_{act}", _activation(act, dense_bias))]
+    table += [(name, pattern, check) for name, pattern in fused]
     # tuples, not FusionPattern objects: the registry only clears tuple entries at exit, and a
     # Python check function left in it crashes the interpreter on shutdown (TVM 0.27)
-    return [(name, pattern, {}, check) for name, pattern in table]
+    return [(name, pattern, {}, check) for name, pattern, check in table]
 
 
 register_patterns(pattern_table())
@@ -276,7 +254,7 @@ def partition_for_lpx(mod, config: str = "tsp", dtype: str = "fp32"):
     config : str
         Chip preset; its SRAM size decides what fits.
     dtype : str
-        Storage type on lpx (fp32, fp16, bf16, int8); the chip must run it.
+        Storage type on lpx (fp32, fp16, bf16, fp8, int8); the chip must run it.
 
     Returns
     -------
@@ -288,9 +266,14 @@ def partition_for_lpx(mod, config: str = "tsp", dtype: str = "fp32"):
     # FuseOpsByPattern tries patterns in list order (first wins); the table lists lowest priority first,
     # the order register_patterns wants, so reverse it here
     table = list(reversed(pattern_table(config, dtype)))
-    mod = FuseOpsByPattern(table, bind_constants=True, annotate_codegen=False)(mod)
-    mod = MergeCompositeFunctions()(mod)
-    return _unique_symbols(mod)
+    fused = FuseOpsByPattern(table, bind_constants=True, annotate_codegen=False)(mod)
+    try:
+        merged = MergeCompositeFunctions()(fused)
+    except Exception as err:  # TVM 0.27 raises TypeError on a match_cast binding, say: offload op by op instead
+        warnings.warn(f"lpx: TVM could not merge the offloaded regions ({str(err).splitlines()[-1]}); each "
+                      "offloaded op becomes its own lpx function", PartitionWarning, stacklevel=2)
+        merged = FuseOpsByPattern(table, bind_constants=True, annotate_codegen=True)(mod)
+    return _unique_symbols(merged)
 
 
 def _unique_symbols(mod):

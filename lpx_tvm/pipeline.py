@@ -12,13 +12,12 @@ import warnings
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax
-from tvm.relax import pipeline as relax_pipeline
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .codegen import CodegenOptions, compile_function
 from .patterns import partition_for_lpx
+from .registration import original_default_pipeline
 from .runtime_sim import encode
 
 EXECUTE = "lpx.runtime.execute"
@@ -29,8 +28,7 @@ class NothingOffloadedWarning(UserWarning):
     """A module compiled for lpx ran entirely on the host."""
 
 
-@tvm_ffi.register_global_func("relax.ext.lpx", override=True)
-def _relax_ext_lpx(functions, options, constant_names):
+def relax_ext_lpx(functions, options, constant_names):
     """BYOC hook called by ``relax.transform.RunCodegen``: compile each function to a program."""
     opts = CodegenOptions.from_dict(dict(options) if options else None)
     for func in functions:
@@ -120,9 +118,6 @@ def lpx_passes(config: str = "tsp", in_order: bool = False, dump_dir: str | None
     return _passes
 
 
-_ORIGINAL_DEFAULT = relax_pipeline.PIPELINE_MAP["default"]
-
-
 def lpx_pipeline(config: str = "tsp", in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
     """The ``"lpx"`` relax pipeline: lpx offload, then TVM's default build pipeline.
 
@@ -138,7 +133,7 @@ def lpx_pipeline(config: str = "tsp", in_order: bool = False, dump_dir: str | No
         Storage type on lpx: fp32, fp16, bf16 or int8.
     """
     passes = lpx_passes(config, in_order, dump_dir, dtype)
-    base = _ORIGINAL_DEFAULT()
+    base = original_default_pipeline()()
 
     @tvm.transform.module_pass(opt_level=0, name="lpx.Pipeline")
     def _pipeline(mod, _ctx):
@@ -146,9 +141,9 @@ def lpx_pipeline(config: str = "tsp", in_order: bool = False, dump_dir: str | No
     return _pipeline
 
 
-def _default_pipeline(**kwargs):
+def default_pipeline(**kwargs):
     """TVM's default pipeline, with lpx offload first when the current target has the ``lpx`` key."""
-    base = _ORIGINAL_DEFAULT(**kwargs)
+    base = original_default_pipeline()(**kwargs)
 
     @tvm.transform.module_pass(opt_level=0, name="lpx.DefaultOrLpx")
     def _pipeline(mod, _ctx):
@@ -157,10 +152,3 @@ def _default_pipeline(**kwargs):
             mod = lpx_passes()(mod)
         return base(mod)
     return _pipeline
-
-
-def register() -> None:
-    """Register the target tag ``lpx`` and the pipelines (idempotent)."""
-    tvm.target.register_tag("lpx", {"kind": "llvm", "keys": ["lpx", "cpu"]}, override=True)
-    relax_pipeline.PIPELINE_MAP["lpx"] = lpx_pipeline
-    relax_pipeline.PIPELINE_MAP["default"] = _default_pipeline

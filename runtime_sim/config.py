@@ -12,9 +12,11 @@ from dataclasses import dataclass, field, fields, asdict
 from functools import lru_cache
 from pathlib import Path
 
+from .isa import STORAGE_DTYPES, Unit
+
 _CONFIG_DIR = Path(__file__).with_name("configs")
-UNIT_NAMES = ("MEM", "MXM", "VXM", "SXM", "C2C", "ICU")
-MXM_DTYPES = ("int8", "fp16", "bf16", "fp32")
+UNIT_NAMES = tuple(u.name for u in Unit)
+MXM_DTYPES = STORAGE_DTYPES  # the matrix unit's rate table is keyed by storage type
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class ChipConfig:
         unknown = set(self.mxm_passes) - set(MXM_DTYPES)
         if "fp32" not in self.mxm_passes or unknown:
             raise ValueError(f"chip config {self.name!r}: mxm_passes must give fp32 and may give "
-                             f"{', '.join(MXM_DTYPES[:-1])}; got {sorted(self.mxm_passes)}")
+                             f"{', '.join(d for d in MXM_DTYPES if d != 'fp32')}; got {sorted(self.mxm_passes)}")
         if any(not isinstance(v, int) or v <= 0 for v in self.mxm_passes.values()):
             raise ValueError(f"chip config {self.name!r}: mxm_passes must be positive integers")
         for unit in UNIT_NAMES:

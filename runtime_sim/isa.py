@@ -1,15 +1,23 @@
-"""The LPX instruction set: one opcode enum, group sets, and instruction records.
+"""The LPX instruction set: one opcode enum and one op table.
 
-What each opcode computes is one table in :mod:`.semantics`; what it costs is
-:mod:`.cost`. Every instruction names its unit (derived from the opcode and
-checked when decoded), the unit instance, its issue cycle, its SRAM operands and
-its attributes.
+Every fact about an opcode lives in its :class:`OpSpec` row of :data:`OP_TABLE`:
+the unit that runs it, its group (which fixes its operand and shape rule and its
+timing rule), its named attributes (order, kind, default), the ALU operations
+per element it costs on the vector unit, the dtypes it computes on, and whether
+it can run as the fused epilogue of a matrix or depthwise instruction. The
+group sets, ``UNIT_OF``, the decoder's attribute packing, the disassembler and
+the ISA reference (``docs/ISA.md``) all derive from this table.
+
+What each opcode computes is :mod:`.semantics` (one function per opcode); the
+shapes it accepts are :mod:`.shapes` (one rule per group); what it occupies and
+for how long is :mod:`.timing` (one rule per group). Each table is checked at
+import: every opcode has a row, semantics and a timing rule.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import IntEnum
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
 from math import prod
 
 import ml_dtypes
@@ -26,37 +34,68 @@ class DType(IntEnum):
     I32 = 4
     U8 = 5
     BOOL = 6
+    F8 = 7  # fp8 e4m3 (ml_dtypes.float8_e4m3fn)
 
     @property
     def np(self) -> np.dtype:
-        return _NUMPY[self]
+        return _DTYPE_INFO[self][0]
 
     @property
     def itemsize(self) -> int:
-        return _NUMPY[self].itemsize
+        return _DTYPE_INFO[self][0].itemsize
 
     @property
     def short(self) -> str:
-        return _SHORT[self]
+        """The name the codegen, the chip presets and the CLI use (``fp32``, ``int8``, ...)."""
+        return _DTYPE_INFO[self][1]
+
+    @property
+    def is_float(self) -> bool:
+        return self in FLOAT_DTYPES
+
+    @property
+    def is_quantized(self) -> bool:
+        """An int8 or uint8 tensor: quantised activations and weights."""
+        return self in QUANT_DTYPES
+
+    @property
+    def int_range(self) -> tuple:
+        """(lowest, highest) value of an integer dtype."""
+        info = np.iinfo(self.np)
+        return int(info.min), int(info.max)
+
+    @property
+    def matrix_class(self) -> str:
+        """The key of the matrix unit's rate table: uint8 runs at int8's rate."""
+        return "int8" if self in QUANT_DTYPES else self.short
 
     @classmethod
     def from_numpy(cls, dtype) -> "DType":
         dtype = np.dtype(dtype)
-        for member, candidate in _NUMPY.items():
+        for member, (candidate, _) in _DTYPE_INFO.items():
             if candidate == dtype:
                 return member
         raise ValueError(f"no LPX dtype for numpy dtype {dtype}")
 
+    @classmethod
+    def from_name(cls, name: str) -> "DType":
+        for member, (_, short) in _DTYPE_INFO.items():
+            if short == name:
+                return member
+        raise ValueError(f"unknown dtype {name!r}; LPX dtypes: {', '.join(d.short for d in cls)}")
 
-_NUMPY = {
-    DType.F32: np.dtype(np.float32), DType.F16: np.dtype(np.float16),
-    DType.BF16: np.dtype(ml_dtypes.bfloat16), DType.I8: np.dtype(np.int8),
-    DType.I32: np.dtype(np.int32), DType.U8: np.dtype(np.uint8), DType.BOOL: np.dtype(np.bool_),
+
+_DTYPE_INFO = {
+    DType.F32: (np.dtype(np.float32), "fp32"), DType.F16: (np.dtype(np.float16), "fp16"),
+    DType.BF16: (np.dtype(ml_dtypes.bfloat16), "bf16"), DType.I8: (np.dtype(np.int8), "int8"),
+    DType.I32: (np.dtype(np.int32), "int32"), DType.U8: (np.dtype(np.uint8), "uint8"),
+    DType.BOOL: (np.dtype(np.bool_), "bool"), DType.F8: (np.dtype(ml_dtypes.float8_e4m3fn), "fp8"),
 }
-FLOAT_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})
-INT_DTYPES = frozenset({DType.I8, DType.U8})  # quantised activations and weights
-_SHORT = {DType.F32: "fp32", DType.F16: "fp16", DType.BF16: "bf16", DType.I8: "int8",
-          DType.I32: "int32", DType.U8: "uint8", DType.BOOL: "bool"}
+FLOAT_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16, DType.F8})
+QUANT_DTYPES = frozenset({DType.I8, DType.U8})
+ANY_DTYPE = frozenset(DType)
+# the storage types a whole program can be compiled to (``dtype=`` of the codegen)
+STORAGE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
 
 
 class Unit(IntEnum):
@@ -70,17 +109,95 @@ class Unit(IntEnum):
     ICU = 5  # sync, nop
 
 
+class Group(Enum):
+    """Opcode groups: each has one operand/shape rule and one timing rule."""
+
+    HOST = "host"          # moves between host memory and SRAM over the host link
+    CONTROL = "control"    # no data
+    MATRIX = "matrix"      # products on a matrix plane
+    INSTALL = "install"    # a stationary operand into a matrix plane's weight buffer
+    UNARY = "unary"        # elementwise, one operand
+    BINARY = "binary"      # elementwise, two operands (numpy broadcasting)
+    QUANT = "quant"        # float <-> int8/uint8
+    REDUCE = "reduce"      # reductions over axes
+    NORM = "norm"          # softmax, layer norm
+    WINDOW = "window"      # pooling over a 2-D window
+    DEPTHWISE = "depthwise"  # per-channel convolution on the vector unit
+    MOVE = "move"          # data movement on the switch unit
+    LINK = "link"          # chip-to-chip transfers
+
+
+@dataclass(frozen=True)
+class Attr:
+    """One named attribute of an opcode.
+
+    ``kind`` is ``int``, ``float``, ``bool``, ``opcode`` (an activation applied
+    as an epilogue), ``ints`` or ``floats`` (tuples; ``length`` fixes their
+    length, None means any). ``default`` of ``REQUIRED`` means it must be given.
+    """
+
+    name: str
+    kind: str
+    default: object = None
+    length: int | None = None
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+REQUIRED = object()
+_SCALAR_KINDS = ("int", "float", "bool", "opcode")
+_TUPLE_KINDS = ("ints", "floats")
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything the ISA says about one opcode (see the module docstring)."""
+
+    unit: Unit
+    group: Group
+    doc: str
+    attrs: tuple = ()
+    alu_ops: int = 0  # vector ALU operations per output element (elementwise cost class)
+    dtypes: frozenset = FLOAT_DTYPES  # dtypes of the operands it computes on
+    epilogue: bool = False  # may be applied to a MATMUL or DWCONV result on its way out
+
+    def attr(self, name: str) -> Attr:
+        for a in self.attrs:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+
+def _window_attrs() -> tuple:
+    return (Attr("kernel", "ints", REQUIRED, 2, "window height, width"),
+            Attr("stride", "ints", (1, 1), 2, "step between windows"),
+            Attr("pad", "ints", (0, 0, 0, 0), 4, "padding top, left, bottom, right"),
+            Attr("dilation", "ints", (1, 1), 2, "spacing of the window's taps"))
+
+
+def _epilogue_attrs() -> tuple:
+    return (Attr("act", "opcode", 0, doc="activation applied on the way out (NOP: none)"),
+            Attr("act_args", "floats", (0.0, 0.0), 2, "the activation's own attributes, in its order"))
+
+
+def _int8_attrs(*names: str) -> tuple:
+    return tuple(Attr(n, "int", 0, doc="zero point (int8/uint8 operands only)") for n in names)
+
+
+_INDEX = (Attr("index", "int", REQUIRED, doc="host tensor index"),)
+
+
 class Opcode(IntEnum):
-    """Every LPX instruction. Attribute layouts are documented in semantics.py."""
+    """Every LPX instruction; its meaning is its row of ``OP_TABLE``."""
 
     NOP = 0
-    # MEM
     LOAD = 1
     STORE = 2
-    STREAM = 3  # a host-resident weight (too big to stay in SRAM) into SRAM, one tile per use
-    # MXM
+    STREAM = 3
     MATMUL = 10
-    # VXM, unary
     COPY = 20
     RELU = 21
     CLIP = 22
@@ -93,9 +210,10 @@ class Opcode(IntEnum):
     RSQRT = 29
     NEG = 30
     CAST = 31
-    QUANTIZE = 32    # float -> int8/uint8: saturate(round_half_even(x / scale) + zero_point), ONNX QuantizeLinear
-    DEQUANTIZE = 33  # int8/uint8 -> float: (x - zero_point) * scale, ONNX DequantizeLinear
-    # VXM, binary (numpy broadcasting)
+    QUANTIZE = 32
+    DEQUANTIZE = 33
+    LEAKY_RELU = 34
+    HARD_SWISH = 35
     ADD = 40
     SUB = 41
     MUL = 42
@@ -103,7 +221,6 @@ class Opcode(IntEnum):
     MAXIMUM = 44
     MINIMUM = 45
     POW = 46
-    # VXM, other
     REDUCE_SUM = 50
     REDUCE_MEAN = 51
     REDUCE_MAX = 52
@@ -111,37 +228,238 @@ class Opcode(IntEnum):
     LAYERNORM = 54
     MAXPOOL = 55
     AVGPOOL = 56
-    DWCONV = 57  # depthwise convolution: per-channel taps are vector work, not matrix work
-    # SXM
+    DWCONV = 57
     TRANSPOSE = 60
     IM2COL = 61
     CONCAT = 62
     SLICE = 63
 
 
-UNARY_OPS = frozenset({Opcode.COPY, Opcode.RELU, Opcode.CLIP, Opcode.GELU, Opcode.EXP, Opcode.ERF,
-                       Opcode.TANH, Opcode.SIGMOID, Opcode.SQRT, Opcode.RSQRT, Opcode.NEG, Opcode.CAST})
-BINARY_OPS = frozenset({Opcode.ADD, Opcode.SUB, Opcode.MUL, Opcode.DIV, Opcode.MAXIMUM,
-                        Opcode.MINIMUM, Opcode.POW})
-REDUCE_OPS = frozenset({Opcode.REDUCE_SUM, Opcode.REDUCE_MEAN, Opcode.REDUCE_MAX})
-POOL_OPS = frozenset({Opcode.MAXPOOL, Opcode.AVGPOOL})
-MOVE_OPS = frozenset({Opcode.TRANSPOSE, Opcode.IM2COL, Opcode.CONCAT, Opcode.SLICE})
-# activations an MXM instruction may apply on the way out (its epilogue through VXM)
-EPILOGUE_OPS = frozenset({Opcode.NOP, Opcode.RELU, Opcode.CLIP, Opcode.GELU, Opcode.SIGMOID, Opcode.TANH})
+def _unary(doc, alu_ops, attrs=(), epilogue=False, dtypes=FLOAT_DTYPES) -> OpSpec:
+    return OpSpec(Unit.VXM, Group.UNARY, doc, attrs, alu_ops, dtypes, epilogue)
 
-UNIT_OF = {
-    Opcode.NOP: Unit.ICU, Opcode.LOAD: Unit.MEM, Opcode.STORE: Unit.MEM, Opcode.STREAM: Unit.MEM,
-    Opcode.MATMUL: Unit.MXM,
-    **{op: Unit.VXM for op in UNARY_OPS | BINARY_OPS | REDUCE_OPS | POOL_OPS},
-    Opcode.SOFTMAX: Unit.VXM, Opcode.LAYERNORM: Unit.VXM, Opcode.DWCONV: Unit.VXM,
-    Opcode.QUANTIZE: Unit.VXM, Opcode.DEQUANTIZE: Unit.VXM,
-    **{op: Unit.SXM for op in MOVE_OPS},
+
+def _binary(doc, alu_ops=1) -> OpSpec:
+    return OpSpec(Unit.VXM, Group.BINARY, doc, (), alu_ops)
+
+
+_AXES = (Attr("axes", "ints", REQUIRED, doc="axes reduced (kept as size 1)"),)
+
+OP_TABLE = {
+    Opcode.NOP: OpSpec(Unit.ICU, Group.CONTROL, "wait", (Attr("cycles", "int", 0),)),
+    Opcode.LOAD: OpSpec(Unit.MEM, Group.HOST, "host input ─► SRAM", _INDEX, dtypes=ANY_DTYPE),
+    Opcode.STORE: OpSpec(Unit.MEM, Group.HOST, "SRAM ─► host output", _INDEX, dtypes=ANY_DTYPE),
+    Opcode.STREAM: OpSpec(Unit.MEM, Group.HOST, "host-resident weight ─► SRAM, each time it is used",
+                          (Attr("index", "int", REQUIRED, doc="streamed weight index"),), dtypes=ANY_DTYPE),
+    Opcode.MATMUL: OpSpec(
+        Unit.MXM, Group.MATRIX,
+        "out = act(a @ b + bias); on int8/uint8 a and b: "
+        "saturate(rint(float32((a - zp_a) @ (b - zp_b) + bias) * requant) + zp_out)",
+        _epilogue_attrs() + _int8_attrs("zp_a", "zp_b", "zp_out"), dtypes=FLOAT_DTYPES | QUANT_DTYPES),
+    Opcode.COPY: _unary("out = x", 1, dtypes=ANY_DTYPE),
+    Opcode.RELU: _unary("max(x, 0)", 1, epilogue=True),
+    Opcode.CLIP: _unary("min(max(x, lo), hi)", 2, (Attr("lo", "float", REQUIRED), Attr("hi", "float", REQUIRED)),
+                        epilogue=True),
+    Opcode.GELU: _unary("x · Φ(x), erf form", 12, epilogue=True),
+    Opcode.EXP: _unary("e^x", 4),
+    Opcode.ERF: _unary("erf(x)", 8),
+    Opcode.TANH: _unary("tanh(x)", 6, epilogue=True),
+    Opcode.SIGMOID: _unary("1 / (1 + e^-x)", 6, epilogue=True),
+    Opcode.SQRT: _unary("√x", 4),
+    Opcode.RSQRT: _unary("1 / √x", 4),
+    Opcode.NEG: _unary("-x", 1),
+    Opcode.CAST: _unary("convert to the destination's dtype", 1, dtypes=ANY_DTYPE),
+    Opcode.LEAKY_RELU: _unary("x if x ≥ 0 else alpha · x", 2, (Attr("alpha", "float", 0.01),), epilogue=True),
+    Opcode.HARD_SWISH: _unary("x · min(max(x + 3, 0), 6) / 6", 4, epilogue=True),
+    Opcode.QUANTIZE: OpSpec(Unit.VXM, Group.QUANT, "saturate(rint(x / scale) + zero_point), ONNX QuantizeLinear",
+                            (Attr("scale", "float", REQUIRED), Attr("zero_point", "int", 0)), 3),
+    Opcode.DEQUANTIZE: OpSpec(Unit.VXM, Group.QUANT, "(x - zero_point) · scale, ONNX DequantizeLinear",
+                              (Attr("scale", "float", REQUIRED), Attr("zero_point", "int", 0)), 2,
+                              QUANT_DTYPES),
+    Opcode.ADD: _binary("a + b"),
+    Opcode.SUB: _binary("a - b"),
+    Opcode.MUL: _binary("a · b"),
+    Opcode.DIV: _binary("a / b", 4),
+    Opcode.MAXIMUM: _binary("max(a, b)"),
+    Opcode.MINIMUM: _binary("min(a, b)"),
+    Opcode.POW: _binary("a ^ b", 8),
+    Opcode.REDUCE_SUM: OpSpec(Unit.VXM, Group.REDUCE, "sum over axes", _AXES, 1),
+    Opcode.REDUCE_MEAN: OpSpec(Unit.VXM, Group.REDUCE, "mean over axes", _AXES, 1),
+    Opcode.REDUCE_MAX: OpSpec(Unit.VXM, Group.REDUCE, "max over axes", _AXES, 1),
+    Opcode.SOFTMAX: OpSpec(Unit.VXM, Group.NORM, "softmax along axis", (Attr("axis", "int", REQUIRED),), 8),
+    Opcode.LAYERNORM: OpSpec(Unit.VXM, Group.NORM, "(x - mean) / √(var + eps) · gamma + beta over trailing axes",
+                             (Attr("eps", "float", 1e-5), Attr("n_axes", "int", 1, doc="trailing axes normalised")),
+                             8),
+    Opcode.MAXPOOL: OpSpec(Unit.VXM, Group.WINDOW, "max over each window (NCHW)", _window_attrs(),
+                           dtypes=ANY_DTYPE - {DType.BOOL}),
+    Opcode.AVGPOOL: OpSpec(Unit.VXM, Group.WINDOW, "mean over each window (NCHW)",
+                           _window_attrs() + (Attr("count_include_pad", "bool", False),)),
+    Opcode.DWCONV: OpSpec(
+        Unit.VXM, Group.DEPTHWISE,
+        "depthwise convolution x[N, C, H, W] * w[C, kh, kw] + bias, then act; on int8 requantised as MATMUL is",
+        _window_attrs() + _epilogue_attrs() + _int8_attrs("zp_in", "zp_out"), dtypes=FLOAT_DTYPES | QUANT_DTYPES),
+    Opcode.TRANSPOSE: OpSpec(Unit.SXM, Group.MOVE, "permute axes", (Attr("perm", "ints", REQUIRED),),
+                             dtypes=ANY_DTYPE),
+    Opcode.IM2COL: OpSpec(Unit.SXM, Group.MOVE, "[N, C, H, W] ─► columns [N, G, C/G·kh·kw, OH·OW]",
+                          _window_attrs() + (Attr("groups", "int", 1), Attr("pad_value", "int", 0)),
+                          dtypes=ANY_DTYPE),
+    Opcode.CONCAT: OpSpec(Unit.SXM, Group.MOVE, "join along axis", (Attr("axis", "int", REQUIRED),),
+                          dtypes=ANY_DTYPE),
+    Opcode.SLICE: OpSpec(Unit.SXM, Group.MOVE, "strided slice: begin and step per axis, the size is the dst's",
+                         (Attr("begin", "ints", REQUIRED), Attr("step", "ints", REQUIRED)), dtypes=ANY_DTYPE),
 }
-assert set(UNIT_OF) == set(Opcode), "every opcode needs a unit"
+
+assert set(OP_TABLE) == set(Opcode), f"opcodes without a table row: {set(Opcode) - set(OP_TABLE)}"
+for _op, _spec in OP_TABLE.items():
+    assert not _spec.epilogue or (_spec.group == Group.UNARY and len(_spec.attrs) <= 2), _op
+
+
+def ops_in(*groups: Group) -> frozenset:
+    """The opcodes of the given groups."""
+    return frozenset(op for op, spec in OP_TABLE.items() if spec.group in groups)
+
+
+UNIT_OF = {op: spec.unit for op, spec in OP_TABLE.items()}
+UNARY_OPS = ops_in(Group.UNARY)
+BINARY_OPS = ops_in(Group.BINARY)
+REDUCE_OPS = ops_in(Group.REDUCE)
+POOL_OPS = ops_in(Group.WINDOW)
+MOVE_OPS = ops_in(Group.MOVE)
+EPILOGUE_OPS = frozenset({Opcode.NOP} | {op for op, spec in OP_TABLE.items() if spec.epilogue})
 
 MAX_RANK = 8
 
 
+# ---------------------------------------------------------------------------
+# attributes by name
+# ---------------------------------------------------------------------------
+def make_attrs(opcode: Opcode, given: dict | None = None) -> dict:
+    """The full, checked attribute dict of ``opcode``: defaults filled, kinds checked.
+
+    Raises
+    ------
+    ValueError
+        Naming the opcode and the attribute for an unknown, missing or ill-typed one.
+    """
+    spec = OP_TABLE[opcode]
+    given = dict(given or {})
+    unknown = set(given) - {a.name for a in spec.attrs}
+    if unknown:
+        raise ValueError(f"{opcode.name} has no attribute {sorted(unknown)[0]!r} "
+                         f"(it takes {', '.join(a.name for a in spec.attrs) or 'none'})")
+    out = {}
+    for a in spec.attrs:
+        if a.name not in given:
+            if a.required:
+                raise ValueError(f"{opcode.name} needs attribute {a.name!r}")
+            value = a.default
+        else:
+            value = given[a.name]
+        out[a.name] = _coerce(opcode, a, value)
+    return out
+
+
+def _integral(value) -> bool:
+    return isinstance(value, (int, np.integer)) or (isinstance(value, (float, np.floating)) and float(value).is_integer())
+
+
+def _coerce(opcode: Opcode, a: Attr, value):
+    where = f"{opcode.name}.{a.name}"
+    if a.kind in _TUPLE_KINDS:
+        try:
+            values = tuple(value)
+        except TypeError:
+            raise ValueError(f"{where} must be a sequence, got {value!r}") from None
+        if a.length is not None and len(values) != a.length:
+            raise ValueError(f"{where} takes {a.length} values, got {len(values)}")
+        if a.kind == "ints":
+            if not all(_integral(v) for v in values):
+                raise ValueError(f"{where} must be integers, got {values}")
+            return tuple(int(v) for v in values)
+        return tuple(float(v) for v in values)
+    if a.kind == "float":
+        return float(value)
+    if not _integral(value):
+        raise ValueError(f"{where} must be an integer, got {value!r}")
+    value = int(value)
+    if a.kind == "bool":
+        if value not in (0, 1):
+            raise ValueError(f"{where} must be 0 or 1, got {value}")
+        return bool(value)
+    if a.kind == "opcode":
+        if value not in EPILOGUE_OPS:
+            raise ValueError(f"{where}: {value} is not an activation that can run as an epilogue")
+        return Opcode(value)
+    return value
+
+
+def pack_attrs(opcode: Opcode, attrs: dict) -> tuple:
+    """Attributes as the positional float tuple of the binary format: table order, tuples length-prefixed."""
+    flat = []
+    for a in OP_TABLE[opcode].attrs:
+        value = attrs[a.name]
+        if a.kind in _TUPLE_KINDS:
+            flat.append(float(len(value)))
+            flat.extend(float(v) for v in value)
+        else:
+            flat.append(float(value))
+    return tuple(flat)
+
+
+def unpack_attrs(opcode: Opcode, flat) -> dict:
+    """The inverse of :func:`pack_attrs`, checked (ValueError on any mismatch)."""
+    flat = list(flat)
+    given, pos = {}, 0
+    for a in OP_TABLE[opcode].attrs:
+        if pos >= len(flat):
+            raise ValueError(f"{opcode.name}: attributes end before {a.name!r}")
+        if a.kind in _TUPLE_KINDS:
+            n = flat[pos]
+            if not float(n).is_integer() or not 0 <= n <= MAX_RANK * 2 or pos + 1 + int(n) > len(flat):
+                raise ValueError(f"{opcode.name}.{a.name}: bad length {n}")
+            given[a.name] = flat[pos + 1:pos + 1 + int(n)]
+            pos += 1 + int(n)
+        else:
+            given[a.name] = flat[pos]
+            pos += 1
+    if pos != len(flat):
+        raise ValueError(f"{opcode.name}: {len(flat) - pos} attribute values left over")
+    return make_attrs(opcode, given)
+
+
+def activation_attrs(act: Opcode, args) -> dict:
+    """The named attributes of an epilogue activation from an instruction's ``act_args``."""
+    spec = OP_TABLE[act]
+    return make_attrs(act, {a.name: v for a, v in zip(spec.attrs, args)}) if act != Opcode.NOP else {}
+
+
+def format_attrs(opcode: Opcode, attrs: dict) -> str:
+    """``name=value`` pairs, defaults left out, activations by name (for the disassembler)."""
+    parts = []
+    for a in OP_TABLE[opcode].attrs:
+        value = attrs[a.name]
+        if not a.required and value == a.default:
+            continue
+        if a.name == "act_args" and OP_TABLE[attrs["act"]].attrs:
+            named = activation_attrs(attrs["act"], value)
+            parts.append(",".join(f"{k}={v:g}" for k, v in named.items()))
+            continue
+        if a.kind == "opcode":
+            text = Opcode(value).name
+        elif a.kind in _TUPLE_KINDS:
+            text = "x".join(f"{v:g}" for v in value) if a.name in ("kernel", "stride", "dilation") else \
+                ",".join(f"{v:g}" for v in value)
+        elif a.kind == "bool":
+            text = str(bool(value)).lower()
+        else:
+            text = f"{value:g}"
+        parts.append(f"{a.name}={text}")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------
+# instructions
+# ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TensorRef:
     """A dense row-major tensor in SRAM."""
@@ -192,8 +510,8 @@ class Instruction:
         Issue cycle, decided by the compiler.
     srcs, dsts : tuple of TensorRef
         SRAM operands read and written.
-    attrs : tuple of float
-        Opcode attributes (integers are stored exactly as floats).
+    attrs : dict
+        Named attributes (see ``OP_TABLE``); missing ones take their defaults.
     layer : int
         Index into the program's layer names, for per-layer reports.
     """
@@ -203,9 +521,16 @@ class Instruction:
     cycle: int
     srcs: tuple = ()
     dsts: tuple = ()
-    attrs: tuple = ()
+    attrs: dict = field(default_factory=dict)
     layer: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "attrs", make_attrs(self.opcode, self.attrs))
 
     @property
     def unit(self) -> Unit:
         return UNIT_OF[self.opcode]
+
+    @property
+    def spec(self) -> OpSpec:
+        return OP_TABLE[self.opcode]

@@ -17,16 +17,16 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from math import prod
 
 import numpy as np
 
 from .config import ChipConfig, load_config
-from .isa import FLOAT_DTYPES, INT_DTYPES, MAX_RANK, UNIT_OF, DType, HostTensor, Instruction, Opcode, TensorRef
-from .shapes import check_slice, infer_shapes
+from .isa import (MAX_RANK, UNIT_OF, DType, Group, HostTensor, Instruction, Opcode, TensorRef, format_attrs,
+                  pack_attrs, unpack_attrs)
+from .shapes import check_operands
 
 MAGIC = b"LPXPROG\0"
-VERSION = 2  # 2: streamed weights
+VERSION = 3  # 2: streamed weights; 3: attributes in op-table order, tuples length-prefixed
 _HEADER = struct.Struct("<8sHHQ16s")
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
 MAX_DIM = 1 << 31
@@ -115,10 +115,11 @@ def encode(program: Program) -> bytes:
         parts += [_pack_dims(t.dtype, t.shape) for t in group]
     parts.append(struct.pack("<I", len(program.instructions)))
     for ins in program.instructions:
+        attrs = pack_attrs(ins.opcode, ins.attrs)
         parts.append(_INSTR.pack(int(ins.opcode), int(ins.unit), ins.unit_index, len(ins.srcs), len(ins.dsts),
-                                 len(ins.attrs), ins.layer, ins.cycle))
+                                 len(attrs), ins.layer, ins.cycle))
         parts += [_pack_ref(r) for r in ins.srcs + ins.dsts]
-        parts.append(struct.pack(f"<{len(ins.attrs)}d", *ins.attrs))
+        parts.append(struct.pack(f"<{len(attrs)}d", *attrs))
     parts.append(struct.pack("<I", len(program.constants)))
     for const in program.constants:
         parts.append(_pack_ref(const.ref))
@@ -255,9 +256,14 @@ def _parse_body(r: _Reader, digest: bytes) -> Program:
         if layer >= max(n_layers, 1):
             raise ProgramFormatError(f"{where}: layer index {layer} out of range")
         refs = tuple(r.ref(f"{where} operand") for _ in range(n_src + n_dst))
-        attrs = r.unpack(f"{n_attr}d", f"{where} attributes")
-        if not all(np.isfinite(a) or op in (Opcode.CLIP,) for a in attrs):
+        flat = r.unpack(f"{n_attr}d", f"{where} attributes")
+        # CLIP's bounds (and an epilogue's) may be infinite; nothing may be NaN
+        if any(np.isnan(a) or (np.isinf(a) and op not in _INFINITE_OK) for a in flat):
             raise ProgramFormatError(f"{where}: non-finite attribute")
+        try:
+            attrs = unpack_attrs(op, flat)
+        except ValueError as err:
+            raise ProgramFormatError(f"{where}: {err}") from None
         instructions.append(Instruction(op, unit_index, cycle, refs[:n_src], refs[n_src:], attrs, layer))
     n_const = r.count("constant count", 10)
     constants = []
@@ -306,66 +312,31 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
             raise ProgramFormatError(f"{where}: {ins.unit.name} instance {ins.unit_index} does not exist")
         for ref in ins.srcs + ins.dsts:
             check_ref(ref, where)
-        if ins.opcode == Opcode.MATMUL and ins.srcs and ins.srcs[0].dtype.short not in chip.mxm_passes:
+        if ins.opcode == Opcode.MATMUL and ins.srcs and ins.srcs[0].dtype.matrix_class not in chip.mxm_passes:
             raise ProgramFormatError(f"{where}: chip {chip.name!r} has no {ins.srcs[0].dtype.short} matrix unit")
         _validate_operands(ins, program, where)
     return chip
 
 
 def _validate_operands(ins: Instruction, program: Program, where: str) -> None:
-    op = ins.opcode
-    expect_dst = 0 if op in (Opcode.STORE, Opcode.NOP) else 1
-    expect_src = 0 if op in (Opcode.LOAD, Opcode.STREAM, Opcode.NOP) else None
-    if len(ins.dsts) != expect_dst or (expect_src is not None and len(ins.srcs) != expect_src):
-        raise ProgramFormatError(f"{where}: wrong operand count")
     try:
-        shapes = infer_shapes(op, [(r.shape, r.dtype) for r in ins.srcs], ins.attrs)
-        if op in (Opcode.LOAD, Opcode.STORE, Opcode.STREAM):
-            index = int(ins.attrs[0])
-            if op == Opcode.STORE:
+        check_operands(ins.opcode, [(r.shape, r.dtype) for r in ins.srcs], [(r.shape, r.dtype) for r in ins.dsts],
+                       ins.attrs)
+        if ins.spec.group == Group.HOST:
+            index = ins.attrs["index"]
+            if ins.opcode == Opcode.STORE:
                 group, ref = program.outputs, ins.srcs[0]
             else:
-                group = program.inputs if op == Opcode.LOAD else [w.host for w in program.streamed]
+                group = program.inputs if ins.opcode == Opcode.LOAD else [w.host for w in program.streamed]
                 ref = ins.dsts[0]
             if index >= len(group) or group[index].nbytes != ref.nbytes or group[index].dtype != ref.dtype:
                 raise ValueError(f"host tensor {index} does not match {ref}")
-        elif op == Opcode.SLICE:
-            check_slice(ins.srcs[0].shape, ins.dsts[0].shape, ins.attrs)
-        elif shapes is not None:
-            dst = ins.dsts[0].shape
-            if prod(dst) != prod(shapes[0]) or (op not in _RESHAPING and dst != shapes[0]):
-                raise ValueError(f"output shape {dst}, expected {shapes[0]}")
-        _check_dtypes(ins)
     except ValueError as err:
         raise ProgramFormatError(f"{where}: {err}") from None
 
 
-def _check_dtypes(ins: Instruction) -> None:
-    """Operand dtypes: one float type, except at the conversions and the int8 matrix product."""
-    op = ins.opcode
-    if op in (Opcode.CAST, Opcode.LOAD, Opcode.STORE, Opcode.STREAM, Opcode.NOP):
-        return
-    src, dst = [r.dtype for r in ins.srcs], [r.dtype for r in ins.dsts]
-    if op == Opcode.QUANTIZE:
-        ok = src[0] in FLOAT_DTYPES and dst[0] in INT_DTYPES
-    elif op == Opcode.DEQUANTIZE:
-        ok = src[0] in INT_DTYPES and dst[0] in FLOAT_DTYPES
-    elif op in (Opcode.MATMUL, Opcode.DWCONV) and src[0] in INT_DTYPES:
-        ok = src[1] in INT_DTYPES and src[2:] == [DType.I32, DType.F32] and dst[0] in INT_DTYPES
-    else:
-        kinds = set(src + dst)
-        ok = len(kinds) == 1 and (kinds <= FLOAT_DTYPES or (op in _ANY_DTYPE and kinds <= INT_DTYPES))
-    if not ok:
-        raise ValueError(f"{op.name} operand dtypes {[d.short for d in src]} -> {[d.short for d in dst]} "
-                         "are not allowed")
-
-
-# opcodes that only move or select values, so they run on any one dtype
-_ANY_DTYPE = frozenset({Opcode.TRANSPOSE, Opcode.IM2COL, Opcode.CONCAT, Opcode.SLICE, Opcode.MAXPOOL})
-
-
-# opcodes whose destination may be a reshaped view of the inferred shape
-_RESHAPING = frozenset({Opcode.REDUCE_SUM, Opcode.REDUCE_MEAN, Opcode.REDUCE_MAX, Opcode.IM2COL, Opcode.MATMUL})
+# opcodes whose float attributes may be infinite (clipping bounds)
+_INFINITE_OK = frozenset({Opcode.CLIP, Opcode.MATMUL, Opcode.DWCONV})
 
 
 # ---------------------------------------------------------------------------
@@ -373,12 +344,12 @@ _RESHAPING = frozenset({Opcode.REDUCE_SUM, Opcode.REDUCE_MEAN, Opcode.REDUCE_MAX
 # ---------------------------------------------------------------------------
 def format_instruction(index: int, ins: Instruction, layer_names=()) -> str:
     """One readable line for one instruction."""
-    attrs = ",".join(f"{a:g}" for a in ins.attrs)
+    attrs = format_attrs(ins.opcode, ins.attrs)
     srcs = " ".join(str(r) for r in ins.srcs) or "-"
     dsts = " ".join(str(r) for r in ins.dsts) or "-"
     layer = layer_names[ins.layer] if ins.layer < len(layer_names) else ins.layer
     return (f"{index:6d} @{ins.cycle:<10d} {ins.unit.name}{ins.unit_index:<2d} {ins.opcode.name:<12s}"
-            f"{dsts} <- {srcs}" + (f" [{attrs}]" if attrs else "") + f"  ; {layer}")
+            f"{dsts} <- {srcs}" + (f"  {attrs}" if attrs else "") + f"  ; {layer}")
 
 
 def disassemble(program: Program) -> str:

@@ -2,39 +2,24 @@
 
 A semantics function has the signature ``f(outs, ins, attrs)``: ``ins`` and
 ``outs`` are numpy views of the instruction's operands (SRAM views, or host
-arrays for LOAD/STORE), and it writes its results into ``outs``. Floating-point
-storage types (fp16, bf16) compute and accumulate in fp32 and round once on the
-way out, as the hardware does.
+arrays for LOAD/STORE), ``attrs`` its named attributes (``isa.OP_TABLE``), and it
+writes its results into ``outs``. Floating-point storage types (fp16, bf16,
+fp8) compute and accumulate in fp32 and round once on the way out, as the
+hardware does. Integer kernels (int8/uint8) accumulate exactly and requantise
+as ONNX Runtime's QLinear operators define it.
 
 :mod:`.shapes` is the other half of the definition: the shapes an opcode's
-outputs must have, given its inputs and attributes. The decoder uses it to
-reject a malformed instruction before anything runs.
-
-Attributes, by opcode
----------------------
-LOAD (input_index) · STORE (output_index) · STREAM (streamed_weight_index) · NOP (cycles)
-MATMUL (epilogue opcode, p0, p1), srcs a[..., M, K], b[..., K, N], optional bias
-MATMUL on int8/uint8 (epilogue NOP or RELU, zp_a, zp_b, zp_out), srcs a, b, bias int32,
-requant fp32; out = saturate(rint(float32((a - zp_a) @ (b - zp_b) + bias) * requant) + zp_out),
-the requantisation of ONNX Runtime's QLinearConv / QLinearMatMul
-QUANTIZE / DEQUANTIZE (scale, zero_point)
-CLIP (lo, hi) · other unary and binary ops ()
-REDUCE_* (axis, ...) · SOFTMAX (axis) · LAYERNORM (eps, n_trailing_axes)
-MAXPOOL/AVGPOOL and IM2COL (kh, kw, sh, sw, pad_top, pad_left, pad_bottom,
-pad_right, dh, dw, count_include_pad | groups), IM2COL optionally a 12th: the pad value
-DWCONV (the 11 window attributes, then epilogue opcode, p0, p1), srcs x[N, C, H, W],
-w[C, kh, kw], optional bias[C, 1, 1]; on int8, (window, epilogue NOP or RELU, zp_in, zp_out),
-srcs x, w, bias int32, requant fp32, requantised as int8 MATMUL is
-TRANSPOSE (perm...) · CONCAT (axis) · SLICE (begin..., step...)
+outputs must have, given its inputs and attributes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .isa import BINARY_OPS, UNARY_OPS, Opcode
+from .isa import BINARY_OPS, OP_TABLE, UNARY_OPS, DType, Opcode, activation_attrs
 
 F32 = np.float32
+_INT_RANGES = {DType.I8.np: DType.I8.int_range, DType.U8.np: DType.U8.int_range}
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
@@ -83,11 +68,20 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def leaky_relu(x, attrs):
+    return np.where(x >= 0, x, x * F32(attrs["alpha"])).astype(F32)
+
+
+def hard_swish(x, attrs):
+    return (x * np.clip(x + F32(3), F32(0), F32(6)) / F32(6)).astype(F32)
+
+
+# unary functions on fp32 arrays: f(x, attrs) -> array
 UNARY_FUNCS = {
     Opcode.COPY: lambda x, attrs: x,
     Opcode.CAST: lambda x, attrs: x,
     Opcode.RELU: lambda x, attrs: np.maximum(x, F32(0)),
-    Opcode.CLIP: lambda x, attrs: np.clip(x, F32(attrs[0]), F32(attrs[1])),
+    Opcode.CLIP: lambda x, attrs: np.clip(x, F32(attrs["lo"]), F32(attrs["hi"])),
     Opcode.GELU: lambda x, attrs: gelu(x),
     Opcode.EXP: lambda x, attrs: np.exp(x),
     Opcode.ERF: lambda x, attrs: erf(x),
@@ -96,7 +90,8 @@ UNARY_FUNCS = {
     Opcode.SQRT: lambda x, attrs: np.sqrt(x),
     Opcode.RSQRT: lambda x, attrs: F32(1.0) / np.sqrt(x),
     Opcode.NEG: lambda x, attrs: np.negative(x),
-    Opcode.NOP: lambda x, attrs: x,
+    Opcode.LEAKY_RELU: leaky_relu,
+    Opcode.HARD_SWISH: hard_swish,
 }
 
 BINARY_UFUNCS = {
@@ -110,12 +105,12 @@ def _unary(op):
 
     def run(outs, ins, attrs):
         x = ins[0]
-        if op in (Opcode.COPY, Opcode.CAST) or x.dtype != F32:
-            _store(outs[0], fn(_f32(x), attrs) if op != Opcode.COPY else x)
-        elif op == Opcode.RELU:
+        if op == Opcode.COPY:
+            _store(outs[0], x)
+        elif op == Opcode.RELU and x.dtype == F32:
             np.maximum(x, F32(0), out=outs[0])
         else:
-            _store(outs[0], fn(x, attrs))
+            _store(outs[0], fn(_f32(x), attrs))
     return run
 
 
@@ -132,54 +127,44 @@ def _binary(op):
     return run
 
 
-def _apply_epilogue(out: np.ndarray, act: Opcode, attrs) -> None:
+def apply_epilogue(acc: np.ndarray, attrs: dict) -> np.ndarray:
+    """The activation an instruction applies to its fp32 result on the way out (in place where it can)."""
+    act = attrs["act"]
     if act == Opcode.NOP:
-        return
+        return acc
     if act == Opcode.RELU:
-        np.maximum(out, F32(0), out=out)
-    elif act == Opcode.CLIP:
-        np.clip(out, F32(attrs[1]), F32(attrs[2]), out=out)
-    else:
-        out[...] = UNARY_FUNCS[act](out, attrs)
-
-
-INT_RANGES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
+        return np.maximum(acc, F32(0), out=acc)
+    return UNARY_FUNCS[act](acc, activation_attrs(act, attrs["act_args"]))
 
 
 def _quantize(outs, ins, attrs):
     out = outs[0]
-    lo, hi = INT_RANGES[out.dtype]
-    q = np.rint(_f32(ins[0]) / F32(attrs[0])) + F32(attrs[1])
+    lo, hi = _INT_RANGES[out.dtype]
+    q = np.rint(_f32(ins[0]) / F32(attrs["scale"])) + F32(attrs["zero_point"])
     np.copyto(out, np.clip(q, lo, hi), casting="unsafe")
 
 
 def _dequantize(outs, ins, attrs):
-    _store(outs[0], (ins[0].astype(F32) - F32(attrs[1])) * F32(attrs[0]))
+    _store(outs[0], (ins[0].astype(F32) - F32(attrs["zero_point"])) * F32(attrs["scale"]))
 
 
-def _int_matmul(outs, ins, attrs):
-    """int8 x int8 -> int32 accumulate (exact in float64 BLAS), then requantise as ONNX Runtime does."""
-    a, b, bias, requant = ins
-    act, zp_a, zp_b, zp_out = (int(v) for v in attrs)
-    acc = np.matmul(a.astype(np.float64) - zp_a, b.astype(np.float64) - zp_b)
-    _requantize(outs[0], acc + bias, requant, act, zp_out)
-
-
-def _requantize(out, acc, requant, act: int, zp_out: int) -> None:
+def requantize(out, acc, requant, act: Opcode, zp_out: int) -> None:
     """int32 accumulator -> int8/uint8 output: saturate(rint(float32(acc) * requant) + zp_out)."""
     scaled = np.rint(acc.astype(F32) * requant) + F32(zp_out)
-    lo, hi = INT_RANGES[out.dtype]
-    if Opcode(act) == Opcode.RELU:
+    lo, hi = _INT_RANGES[out.dtype]
+    if act == Opcode.RELU:
         lo = max(lo, zp_out)
     np.copyto(out, np.clip(scaled, lo, hi).reshape(out.shape), casting="unsafe")
 
 
 def _matmul(outs, ins, attrs):
     out = outs[0]
-    if out.dtype in INT_RANGES:
-        return _int_matmul(outs, ins, attrs)
+    if out.dtype in _INT_RANGES:  # int8 x int8 -> int32 accumulate (exact in float64 BLAS), then requantise
+        a, b, bias, requant = ins
+        acc = np.matmul(a.astype(np.float64) - attrs["zp_a"], b.astype(np.float64) - attrs["zp_b"])
+        requantize(out, acc + bias, requant, attrs["act"], attrs["zp_out"])
+        return
     a, b = ins[0], ins[1]
-    act = Opcode(int(attrs[0]))
     if out.dtype == F32 and a.dtype == b.dtype == F32:
         np.matmul(a, b, out=out)
         acc = out
@@ -187,44 +172,33 @@ def _matmul(outs, ins, attrs):
         acc = np.matmul(_f32(a), _f32(b))
     if len(ins) == 3:
         np.add(acc, _f32(ins[2]), out=acc)
-    _apply_epilogue(acc, act, attrs)
-    _store(out, acc)
+    _store(out, apply_epilogue(acc, attrs))
 
 
 def _reduce(kind):
     def run(outs, ins, attrs):
-        axes = tuple(int(a) for a in attrs)
-        x = _f32(ins[0])
-        value = kind(x, axis=axes, keepdims=True)
-        _store(outs[0], value)
+        _store(outs[0], kind(_f32(ins[0]), axis=tuple(attrs["axes"]), keepdims=True))
     return run
 
 
 def _softmax(outs, ins, attrs):
-    axis = int(attrs[0])
+    axis = attrs["axis"]
     x = _f32(ins[0])
-    shifted = x - x.max(axis=axis, keepdims=True)
-    e = np.exp(shifted)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
     e /= e.sum(axis=axis, keepdims=True)
     _store(outs[0], e)
 
 
 def _layernorm(outs, ins, attrs):
-    eps, n_axes = F32(attrs[0]), int(attrs[1])
     x = _f32(ins[0])
-    axes = tuple(range(x.ndim - n_axes, x.ndim))
+    axes = tuple(range(x.ndim - attrs["n_axes"], x.ndim))
     mean = x.mean(axis=axes, keepdims=True)
     centered = x - mean
     var = np.mean(np.square(centered), axis=axes, keepdims=True)
-    y = centered / np.sqrt(var + eps)
+    y = centered / np.sqrt(var + F32(attrs["eps"]))
     y *= _f32(ins[1])
     y += _f32(ins[2])
     _store(outs[0], y)
-
-
-def _window_attrs(attrs):
-    kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, extra = (int(a) for a in attrs)
-    return kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, extra
 
 
 def _window_taps(x, attrs, fill, channels_last=False):
@@ -235,7 +209,8 @@ def _window_taps(x, attrs, fill, channels_last=False):
     memory speed; reducing a 6-D sliding-window view over its two small trailing
     axes is several times slower.
     """
-    kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, _ = _window_attrs(attrs)
+    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["stride"], attrs["dilation"]
+    pt, pl, pb, pr = attrs["pad"]
     h_axis = 1 if channels_last else 2
     if pt or pl or pb or pr:
         pads = [(0, 0)] * 4
@@ -254,22 +229,22 @@ def _pool(x, attrs, fill, combine):
     acc = None
     for _, _, view in _window_taps(x, attrs, fill):
         if acc is None:
-            acc = view.astype(F32, copy=True)
+            acc = view.copy()
         else:
             combine(acc, view, out=acc)
     return acc
 
 
 def _maxpool(outs, ins, attrs):
+    # int8/uint8 values are exact in fp32, so one path serves every dtype
     _store(outs[0], _pool(_f32(ins[0]), attrs, -np.inf, np.maximum))
 
 
 def _avgpool(outs, ins, attrs):
     x = _f32(ins[0])
-    kh, kw, *_, count_include_pad = _window_attrs(attrs)
     total = _pool(x, attrs, 0.0, np.add)
-    if count_include_pad:
-        total /= F32(kh * kw)
+    if attrs["count_include_pad"]:
+        total /= F32(attrs["kernel"][0] * attrs["kernel"][1])
     else:
         total /= _pool(np.ones((1, 1) + x.shape[2:], F32), attrs, 0.0, np.add)
     _store(outs[0], total)
@@ -282,13 +257,12 @@ def _dwconv(outs, ins, attrs):
     contiguous axis (about twice as fast in numpy as broadcasting along NCHW's
     channel axis, conversions included).
     """
-    quantized = outs[0].dtype in INT_RANGES
-    zp_in = int(attrs[12]) if quantized else 0
+    quantized = outs[0].dtype in _INT_RANGES
     # int8: (x - zp) * w summed over at most a few hundred taps is exact in fp32 (|sum| < 2**24)
-    x, w = _f32(ins[0]) - F32(zp_in), _f32(ins[1])
+    x, w = _f32(ins[0]) - F32(attrs["zp_in"] if quantized else 0), _f32(ins[1])
     taps = np.ascontiguousarray(w.transpose(1, 2, 0))  # [kh, kw, C]
     acc = tmp = None
-    for i, j, view in _window_taps(x.transpose(0, 2, 3, 1), attrs[:11], 0.0, channels_last=True):
+    for i, j, view in _window_taps(x.transpose(0, 2, 3, 1), attrs, 0.0, channels_last=True):
         if acc is None:
             acc = view * taps[i, j]
             tmp = np.empty_like(acc)
@@ -297,41 +271,36 @@ def _dwconv(outs, ins, attrs):
             acc += tmp
     acc = acc.transpose(0, 3, 1, 2)
     if quantized:
-        _requantize(outs[0], acc + ins[2], ins[3], int(attrs[11]), int(attrs[13]))
+        requantize(outs[0], acc + ins[2], ins[3], attrs["act"], attrs["zp_out"])
         return
     if len(ins) == 3:
-        acc += _f32(ins[2])
-    _apply_epilogue(acc, Opcode(int(attrs[11])), attrs[11:])
-    _store(outs[0], acc)
+        acc = acc + _f32(ins[2])
+    _store(outs[0], apply_epilogue(acc, attrs))
 
 
 def _im2col(outs, ins, attrs):
     """[N, C, H, W] ─► [N, G, C/G·kh·kw, OH·OW] columns, one strided copy per kernel tap."""
     x = ins[0]
-    kh, kw, groups = int(attrs[0]), int(attrs[1]), int(attrs[10])
+    (kh, kw), groups = attrs["kernel"], attrs["groups"]
     n, c = x.shape[:2]
-    fill = attrs[11] if len(attrs) > 11 else 0
-    for i, j, view in _window_taps(x, attrs[:11], fill):
+    for i, j, view in _window_taps(x, attrs, attrs["pad_value"]):
         # splitting the channel axis keeps both sides views: one strided copy per tap
         out = outs[0].reshape(n, groups, c // groups, kh, kw, *view.shape[2:])
         out[:, :, :, i, j] = view.reshape(n, groups, c // groups, *view.shape[2:])
 
 
 def _transpose(outs, ins, attrs):
-    outs[0][...] = ins[0].transpose(tuple(int(a) for a in attrs))
+    outs[0][...] = ins[0].transpose(attrs["perm"])
 
 
 def _concat(outs, ins, attrs):
-    np.concatenate(ins, axis=int(attrs[0]), out=outs[0])
+    np.concatenate(ins, axis=attrs["axis"], out=outs[0])
 
 
 def _slice(outs, ins, attrs):
-    x = ins[0]
-    rank = x.ndim
     out = outs[0]
-    index = tuple(slice(int(attrs[i]), int(attrs[i]) + int(attrs[rank + i]) * out.shape[i], int(attrs[rank + i]))
-                  for i in range(rank))
-    out[...] = x[index]
+    index = tuple(slice(b, b + s * n, s) for b, s, n in zip(attrs["begin"], attrs["step"], out.shape))
+    out[...] = ins[0][index]
 
 
 def _host_copy(outs, ins, attrs):
@@ -361,4 +330,5 @@ SEMANTICS = {
     Opcode.CONCAT: _concat,
     Opcode.SLICE: _slice,
 }
-assert set(SEMANTICS) == set(Opcode), "every opcode needs semantics"
+assert set(SEMANTICS) == set(OP_TABLE), f"opcodes without semantics: {set(OP_TABLE) - set(SEMANTICS)}"
+assert set(UNARY_FUNCS) >= {op for op, spec in OP_TABLE.items() if spec.epilogue}, "epilogues need a function"

@@ -1,20 +1,20 @@
-"""What shapes each opcode accepts and produces: the decoder's half of the ISA's definition.
+"""Operand rules: the shapes and dtypes each opcode accepts and produces.
 
-``infer_shapes`` gives the output shapes an instruction must have for its inputs
-and attributes, and rejects anything else with ``ValueError`` (the decoder turns
-that into ``ProgramFormatError``) before a program runs. What the opcodes compute
-is :mod:`.semantics`; the attribute layouts are listed there.
+One rule per :class:`~.isa.Group` (the MOVE group dispatches on the opcode).
+:func:`check_operands` is the decoder's half of the ISA's definition: it
+rejects, with ``ValueError`` (the decoder turns it into ``ProgramFormatError``),
+any instruction whose operand counts, shapes, dtypes or attribute values do not
+fit its opcode, before anything runs. What the opcodes compute is
+:mod:`.semantics`.
 """
 
 from __future__ import annotations
 
+from math import prod
+
 import numpy as np
 
-from .isa import BINARY_OPS, EPILOGUE_OPS, INT_DTYPES, POOL_OPS, REDUCE_OPS, UNARY_OPS, Opcode
-
-
-def _window_out(size, k, s, p0, p1, d):
-    return (size + p0 + p1 - (k - 1) * d - 1) // s + 1
+from .isa import FLOAT_DTYPES, OP_TABLE, QUANT_DTYPES, DType, Group, Opcode
 
 
 def _check(cond, message):
@@ -22,141 +22,234 @@ def _check(cond, message):
         raise ValueError(message)
 
 
-def _ints(attrs):
-    _check(all(float(a).is_integer() for a in attrs), "integer attribute expected")
-    return [int(a) for a in attrs]
+def window_out(size: int, k: int, s: int, p0: int, p1: int, d: int) -> int:
+    """Output size of a window of ``k`` taps (dilation ``d``, stride ``s``) over padded ``size``."""
+    return (size + p0 + p1 - (k - 1) * d - 1) // s + 1
 
 
-def _rule_window(src, attrs):
-    _check(len(src) == 4, "window ops take an NCHW tensor")
-    _check(len(attrs) == 11, "window ops take 11 attributes")
-    kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, extra = _ints(attrs)
-    _check(min(kh, kw, sh, sw, dh, dw) >= 1 and min(pt, pl, pb, pr) >= 0, "bad window attributes")
-    oh = _window_out(src[2], kh, sh, pt, pb, dh)
-    ow = _window_out(src[3], kw, sw, pl, pr, dw)
+def _window(shape, attrs) -> tuple:
+    _check(len(shape) == 4, "window ops take an NCHW tensor")
+    (kh, kw), (sh, sw), (dh, dw), pads = attrs["kernel"], attrs["stride"], attrs["dilation"], attrs["pad"]
+    _check(min(kh, kw, sh, sw, dh, dw) >= 1 and min(pads) >= 0, "bad window attributes")
+    oh = window_out(shape[2], kh, sh, pads[0], pads[2], dh)
+    ow = window_out(shape[3], kw, sw, pads[1], pads[3], dw)
     _check(oh >= 1 and ow >= 1, "window larger than its input")
-    return kh, kw, oh, ow, extra
+    return oh, ow
 
 
-def _zero_points(values) -> None:
-    """Zero points (and int8 pad values) are integers an int8 or uint8 tensor can hold."""
-    _check(all(-128 <= v <= 255 for v in _ints(values)), "zero point outside the int8/uint8 range")
+def _fits(value: int, dtype: DType, what: str) -> None:
+    lo, hi = dtype.int_range
+    _check(lo <= value <= hi, f"{what} {value} outside the {dtype.short} range")
 
 
-def infer_shapes(op: Opcode, srcs: list, attrs: tuple) -> list | None:
-    """Output shapes an instruction must have, or None where the dst shape is free.
+def _broadcasts_to(shape, out) -> bool:
+    try:
+        return tuple(np.broadcast_shapes(shape, out)) == tuple(out)
+    except ValueError:
+        return False
+
+
+def _count(srcs, dsts, n_src, n_dst, op):
+    ok_src = len(srcs) in n_src if isinstance(n_src, tuple) else len(srcs) == n_src
+    _check(ok_src and len(dsts) == n_dst, f"{op.name} takes {n_src} sources and {n_dst} destinations, "
+                                           f"got {len(srcs)} and {len(dsts)}")
+
+
+def _same_float(types, op):
+    _check(len(set(types)) == 1 and types[0] in OP_TABLE[op].dtypes,
+           f"{op.name} operand dtypes {[t.short for t in types]} are not allowed")
+
+
+def _rule_host(op, srcs, dsts, attrs):
+    _count(srcs, dsts, 1 if op == Opcode.STORE else 0, 0 if op == Opcode.STORE else 1, op)
+    _check(attrs["index"] >= 0, f"{op.name} index must be >= 0")
+    return None  # the host tensor it names decides the shape (checked against the program's signature)
+
+
+def _rule_control(op, srcs, dsts, attrs):
+    _count(srcs, dsts, 0, 0, op)
+    _check(attrs["cycles"] >= 0, "NOP cycles must be >= 0")
+    return None
+
+
+def _product_shape(a, b, op) -> tuple:
+    _check(len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2], f"{op.name} shapes {a} and {b} do not chain")
+    try:
+        batch = tuple(np.broadcast_shapes(a[:-2], b[:-2]))
+    except ValueError:
+        raise ValueError(f"{op.name} batch dimensions of {a} and {b} do not broadcast") from None
+    return batch + (a[-2], b[-1])
+
+
+def _int8_extras(op, srcs, dst, out, attrs, zero_points) -> None:
+    """int8 kernels: integer operands, int32 bias, fp32 requantisation scale, zero points in range."""
+    types = [t for _, t in srcs]
+    _check(types[1] in QUANT_DTYPES and types[2:] == [DType.I32, DType.F32] and dst in QUANT_DTYPES,
+           f"{op.name} int8 operand dtypes {[t.short for t in types]} -> {dst.short} are not allowed")
+    for extra, _ in srcs[2:]:
+        _check(_broadcasts_to(extra, out), f"{op.name} bias/requant {extra} does not broadcast to {out}")
+    dtypes = {"a": types[0], "b": types[1], "out": dst}
+    for name, operand in zero_points:
+        _fits(attrs[name], dtypes[operand], f"{op.name} {name}")
+    _check(attrs["act"] in (Opcode.NOP, Opcode.RELU), f"int8 {op.name} epilogue is NOP or RELU")
+
+
+def _rule_matrix(op, srcs, dsts, attrs):
+    quantized = bool(srcs) and srcs[0][1] in QUANT_DTYPES
+    _count(srcs, dsts, 4 if quantized else (2, 3), 1, op)
+    (a, ta), (b, tb) = srcs[0], srcs[1]
+    out = _product_shape(a, b, op)
+    if quantized:
+        _int8_extras(op, srcs, dsts[0][1], out, attrs, (("zp_a", "a"), ("zp_b", "b"), ("zp_out", "out")))
+    else:
+        _same_float([t for _, t in srcs] + [dsts[0][1]], op)
+        if len(srcs) == 3:
+            _check(_broadcasts_to(srcs[2][0], out), f"{op.name} bias {srcs[2][0]} does not broadcast to {out}")
+    return out
+
+
+def _rule_unary(op, srcs, dsts, attrs):
+    _count(srcs, dsts, 1, 1, op)
+    if op == Opcode.CAST:
+        _check(srcs[0][1] != DType.BOOL and dsts[0][1] != DType.BOOL, "CAST of bool")
+    elif op != Opcode.COPY:
+        _same_float([srcs[0][1], dsts[0][1]], op)
+    else:
+        _check(srcs[0][1] == dsts[0][1], "COPY keeps the dtype")
+    return srcs[0][0]
+
+
+def _rule_binary(op, srcs, dsts, attrs):
+    _count(srcs, dsts, 2, 1, op)
+    _same_float([t for _, t in srcs] + [dsts[0][1]], op)
+    try:
+        return tuple(np.broadcast_shapes(srcs[0][0], srcs[1][0]))
+    except ValueError:
+        raise ValueError(f"{op.name} shapes {srcs[0][0]} and {srcs[1][0]} do not broadcast") from None
+
+
+def _rule_quant(op, srcs, dsts, attrs):
+    _count(srcs, dsts, 1, 1, op)
+    (shape, src), dst = srcs[0], dsts[0][1]
+    floats, ints = (src, dst) if op == Opcode.QUANTIZE else (dst, src)
+    _check(floats in FLOAT_DTYPES and ints in QUANT_DTYPES,
+           f"{op.name} operand dtypes {src.short} -> {dst.short} are not allowed")
+    _check(attrs["scale"] > 0 and np.isfinite(attrs["scale"]), f"{op.name} scale must be > 0")
+    _fits(attrs["zero_point"], ints, f"{op.name} zero point")
+    return shape
+
+
+def _rule_reduce(op, srcs, dsts, attrs):
+    _count(srcs, dsts, 1, 1, op)
+    _same_float([srcs[0][1], dsts[0][1]], op)
+    shape, axes = srcs[0][0], attrs["axes"]
+    _check(axes and len(set(axes)) == len(axes) and all(0 <= a < len(shape) for a in axes),
+           f"{op.name} axes {axes} out of range for rank {len(shape)}")
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
+def _rule_norm(op, srcs, dsts, attrs):
+    if op == Opcode.SOFTMAX:
+        _count(srcs, dsts, 1, 1, op)
+        _check(0 <= attrs["axis"] < len(srcs[0][0]), "SOFTMAX axis out of range")
+    else:
+        _count(srcs, dsts, 3, 1, op)
+        _check(1 <= attrs["n_axes"] <= len(srcs[0][0]), "LAYERNORM axis count out of range")
+        _check(attrs["eps"] >= 0, "LAYERNORM eps must be >= 0")
+        for p, _ in srcs[1:]:
+            _check(_broadcasts_to(p, srcs[0][0]), "LAYERNORM gamma/beta shape")
+    _same_float([t for _, t in srcs] + [dsts[0][1]], op)
+    return srcs[0][0]
+
+
+def _rule_window(op, srcs, dsts, attrs):
+    _count(srcs, dsts, 1, 1, op)
+    if op == Opcode.MAXPOOL and srcs[0][1] in QUANT_DTYPES:
+        _check(dsts[0][1] == srcs[0][1], "int8 MAXPOOL keeps the dtype")
+    else:
+        _same_float([srcs[0][1], dsts[0][1]], op)
+    shape = srcs[0][0]
+    return shape[:2] + _window(shape, attrs)
+
+
+def _rule_depthwise(op, srcs, dsts, attrs):
+    quantized = bool(srcs) and srcs[0][1] in QUANT_DTYPES
+    _count(srcs, dsts, 4 if quantized else (2, 3), 1, op)
+    x = srcs[0][0]
+    oh, ow = _window(x, attrs)
+    n, c = x[:2]
+    kernel = (c,) + tuple(attrs["kernel"])
+    _check(srcs[1][0] == kernel, f"DWCONV weight must be {kernel}, got {srcs[1][0]}")
+    out = (n, c, oh, ow)
+    if quantized:
+        _int8_extras(op, srcs, dsts[0][1], out, attrs, (("zp_in", "a"), ("zp_out", "out")))
+    else:
+        _same_float([t for _, t in srcs] + [dsts[0][1]], op)
+        if len(srcs) == 3:
+            _check(_broadcasts_to(srcs[2][0], out), "DWCONV bias does not broadcast")
+    return out
+
+
+def _rule_move(op, srcs, dsts, attrs):
+    _count(srcs, dsts, tuple(range(1, 65)) if op == Opcode.CONCAT else 1, 1, op)
+    _check(len({t for _, t in srcs} | {dsts[0][1]}) == 1, f"{op.name} keeps the dtype")
+    shape = srcs[0][0]
+    if op == Opcode.TRANSPOSE:
+        _check(sorted(attrs["perm"]) == list(range(len(shape))), f"TRANSPOSE perm {attrs['perm']}")
+        return tuple(shape[p] for p in attrs["perm"])
+    if op == Opcode.IM2COL:
+        oh, ow = _window(shape, attrs)
+        groups, (kh, kw) = attrs["groups"], attrs["kernel"]
+        n, c = shape[:2]
+        _check(groups >= 1 and c % groups == 0, "IM2COL groups must divide channels")
+        if srcs[0][1] in QUANT_DTYPES:
+            _fits(attrs["pad_value"], srcs[0][1], "IM2COL pad value")
+        return (n, groups, c // groups * kh * kw, oh * ow)
+    if op == Opcode.CONCAT:
+        axis = attrs["axis"]
+        _check(0 <= axis < len(shape), "CONCAT axis out of range")
+        for s, _ in srcs:
+            _check(len(s) == len(shape) and all(s[i] == shape[i] for i in range(len(s)) if i != axis),
+                   "CONCAT shapes")
+        return shape[:axis] + (sum(s[axis] for s, _ in srcs),) + shape[axis + 1:]
+    rank, dst = len(shape), dsts[0][0]
+    begin, step = attrs["begin"], attrs["step"]
+    _check(len(begin) == len(step) == len(dst) == rank, "SLICE takes begin and step per axis")
+    for i in range(rank):
+        _check(step[i] >= 1 and begin[i] >= 0 and (dst[i] == 0 or begin[i] + step[i] * (dst[i] - 1) < shape[i]),
+               "SLICE out of bounds")
+    return dst
+
+
+RULES = {
+    Group.HOST: _rule_host, Group.CONTROL: _rule_control, Group.MATRIX: _rule_matrix, Group.UNARY: _rule_unary,
+    Group.BINARY: _rule_binary, Group.QUANT: _rule_quant, Group.REDUCE: _rule_reduce, Group.NORM: _rule_norm,
+    Group.WINDOW: _rule_window, Group.DEPTHWISE: _rule_depthwise, Group.MOVE: _rule_move,
+}
+# the destination may be a reshaped view of these groups' results (same element count)
+RESHAPING = frozenset({Group.REDUCE, Group.MATRIX, Group.MOVE})
+assert {spec.group for spec in OP_TABLE.values()} <= set(RULES), "every group needs an operand rule"
+
+
+def check_operands(op: Opcode, srcs: list, dsts: list, attrs: dict) -> None:
+    """Reject an instruction whose operands do not fit its opcode.
 
     Parameters
     ----------
     op : Opcode
-    srcs : list of (shape, DType)
-    attrs : tuple of float
+    srcs, dsts : list of (shape, DType)
+    attrs : dict
+        Its named attributes.
 
     Raises
     ------
     ValueError
-        If the operands or attributes are not valid for the opcode.
+        Naming the opcode and what is wrong.
     """
-    shapes = [tuple(s) for s, _ in srcs]
-    if op in (Opcode.LOAD, Opcode.STORE, Opcode.STREAM, Opcode.NOP):
-        _check(len(attrs) == 1 and _ints(attrs)[0] >= 0, f"{op.name} takes one index attribute")
-        return None
-    if op in (Opcode.QUANTIZE, Opcode.DEQUANTIZE):
-        _check(len(shapes) == 1 and len(attrs) == 2 and attrs[0] > 0, f"{op.name} takes x, scale > 0, zero point")
-        _zero_points(attrs[1:])
-        return [shapes[0]]
-    if op == Opcode.MATMUL and srcs and srcs[0][1] in INT_DTYPES:
-        _check(len(shapes) == 4 and len(attrs) == 4, "int8 MATMUL takes a, b, bias, requant and 4 attributes")
-        _zero_points(attrs[1:])
-        _check(Opcode(_ints(attrs[:1])[0]) in (Opcode.NOP, Opcode.RELU), "int8 MATMUL epilogue is NOP or RELU")
-        a, b = shapes[0], shapes[1]
-        _check(len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2], f"MATMUL shapes {a} and {b} do not chain")
-        out = tuple(np.broadcast_shapes(a[:-2], b[:-2])) + (a[-2], b[-1])
-        for extra in shapes[2:]:
-            _check(np.broadcast_shapes(out, extra) == out, "int8 MATMUL bias/requant do not broadcast")
-        return [out]
-    if op == Opcode.MATMUL:
-        _check(len(shapes) in (2, 3) and len(attrs) == 3, "MATMUL takes 2-3 operands and 3 attributes")
-        a, b = shapes[0], shapes[1]
-        _check(len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2], f"MATMUL shapes {a} and {b} do not chain")
-        _check(Opcode(_ints(attrs[:1])[0]) in EPILOGUE_OPS, "MATMUL epilogue must be an activation")
-        batch = np.broadcast_shapes(a[:-2], b[:-2])
-        out = tuple(batch) + (a[-2], b[-1])
-        if len(shapes) == 3:
-            _check(np.broadcast_shapes(out, shapes[2]) == out, "MATMUL bias does not broadcast")
-        return [out]
-    if op in UNARY_OPS:
-        _check(len(shapes) == 1 and len(attrs) == (2 if op == Opcode.CLIP else 0), f"{op.name} operands")
-        return [shapes[0]]
-    if op in BINARY_OPS:
-        _check(len(shapes) == 2 and not attrs, f"{op.name} takes two operands")
-        return [tuple(np.broadcast_shapes(*shapes))]
-    if op in REDUCE_OPS:
-        _check(len(shapes) == 1 and attrs, f"{op.name} takes one operand and its axes")
-        axes = _ints(attrs)
-        _check(all(0 <= a < len(shapes[0]) for a in axes), "reduce axis out of range")
-        return [tuple(1 if i in axes else d for i, d in enumerate(shapes[0]))]
-    if op == Opcode.SOFTMAX:
-        _check(len(shapes) == 1 and len(attrs) == 1 and 0 <= _ints(attrs)[0] < len(shapes[0]), "SOFTMAX axis")
-        return [shapes[0]]
-    if op == Opcode.LAYERNORM:
-        _check(len(shapes) == 3 and len(attrs) == 2, "LAYERNORM takes x, gamma, beta, eps, n_axes")
-        n = _ints(attrs[1:])[0]
-        _check(1 <= n <= len(shapes[0]), "LAYERNORM axis count")
-        for p in shapes[1:]:
-            _check(np.broadcast_shapes(shapes[0], p) == shapes[0], "LAYERNORM gamma/beta shape")
-        return [shapes[0]]
-    if op in POOL_OPS:
-        _check(len(shapes) == 1, f"{op.name} takes one operand")
-        _, _, oh, ow, _ = _rule_window(shapes[0], attrs)
-        return [shapes[0][:2] + (oh, ow)]
-    if op == Opcode.DWCONV:
-        quantized = srcs[0][1] in INT_DTYPES
-        _check(len(shapes) in ((4,) if quantized else (2, 3)) and len(attrs) == 14,
-               "DWCONV takes x, w, bias (and requant on int8) and 14 attributes")
-        if quantized:
-            _zero_points(attrs[12:])
-        kh, kw, oh, ow, _ = _rule_window(shapes[0], attrs[:11])
-        n, c = shapes[0][:2]
-        _check(shapes[1] == (c, kh, kw), f"DWCONV weight must be {(c, kh, kw)}, got {shapes[1]}")
-        _check(Opcode(_ints(attrs[11:12])[0]) in EPILOGUE_OPS, "DWCONV epilogue must be an activation")
-        out = (n, c, oh, ow)
-        for extra in shapes[2:]:
-            _check(np.broadcast_shapes(out, extra) == out, "DWCONV bias/requant does not broadcast")
-        return [out]
-    if op == Opcode.IM2COL:
-        _check(len(shapes) == 1 and len(attrs) in (11, 12), "IM2COL takes one operand and 11-12 attributes")
-        _zero_points(attrs[11:])
-        kh, kw, oh, ow, groups = _rule_window(shapes[0], attrs[:11])
-        n, c = shapes[0][:2]
-        _check(groups >= 1 and c % groups == 0, "IM2COL groups must divide channels")
-        return [(n, groups, c // groups * kh * kw, oh * ow)]
-    if op == Opcode.TRANSPOSE:
-        _check(len(shapes) == 1, "TRANSPOSE takes one operand")
-        perm = _ints(attrs)
-        _check(sorted(perm) == list(range(len(shapes[0]))), "TRANSPOSE perm")
-        return [tuple(shapes[0][p] for p in perm)]
-    if op == Opcode.CONCAT:
-        _check(len(shapes) >= 1 and len(attrs) == 1, "CONCAT operands")
-        axis = _ints(attrs)[0]
-        first = shapes[0]
-        _check(0 <= axis < len(first), "CONCAT axis")
-        for s in shapes:
-            _check(len(s) == len(first) and all(s[i] == first[i] for i in range(len(s)) if i != axis),
-                   "CONCAT shapes")
-        return [first[:axis] + (sum(s[axis] for s in shapes),) + first[axis + 1:]]
-    if op == Opcode.SLICE:
-        _check(len(shapes) == 1 and len(attrs) == 2 * len(shapes[0]), "SLICE attributes")
-        return None
-    raise ValueError(f"no shape rule for {op.name}")
-
-
-def check_slice(src_shape, dst_shape, attrs) -> None:
-    """SLICE bounds: every index read must lie inside the source."""
-    rank = len(src_shape)
-    _check(len(dst_shape) == rank, "SLICE rank")
-    vals = _ints(attrs)
-    for i in range(rank):
-        begin, step, n = vals[i], vals[rank + i], dst_shape[i]
-        _check(step >= 1 and 0 <= begin and (n == 0 or begin + step * (n - 1) < src_shape[i]),
-               "SLICE out of bounds")
+    group = OP_TABLE[op].group
+    out = RULES[group](op, [(tuple(s), t) for s, t in srcs], [(tuple(s), t) for s, t in dsts], attrs)
+    if out is None:
+        return
+    dst = tuple(dsts[0][0])
+    if dst != tuple(out) and not (group in RESHAPING and prod(dst) == prod(out)):
+        raise ValueError(f"{op.name} output shape {dst}, expected {tuple(out)}")

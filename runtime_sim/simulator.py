@@ -146,7 +146,7 @@ class Simulator:
         ins = self.program.instructions[index]
         srcs = [self._view(r) for r in ins.srcs]
         if ins.opcode == Opcode.STREAM:  # host memory, bound once like everything else
-            weight = self.program.streamed[int(ins.attrs[0])]
+            weight = self.program.streamed[ins.attrs["index"]]
             srcs = [weight.data.view(weight.host.dtype.np).reshape(weight.host.shape)]
         return (SEMANTICS[ins.opcode], ins.opcode, [self._view(r) for r in ins.dsts], srcs, ins.attrs)
 
@@ -237,9 +237,9 @@ class Simulator:
         with np.errstate(all="ignore"), self._lock:
             for fn, op, outs, ins, attrs in self._bound:
                 if op == Opcode.LOAD:
-                    fn(outs, [host_in[int(attrs[0])]], attrs)
+                    fn(outs, [host_in[attrs["index"]]], attrs)
                 elif op == Opcode.STORE:
-                    fn([host_out[int(attrs[0])]], ins, attrs)
+                    fn([host_out[attrs["index"]]], ins, attrs)
                 else:
                     fn(outs, ins, attrs)
         return host_out

@@ -5,7 +5,7 @@
 
 import sys
 
-from lpx_tvm.cli import main
+from lpx_tvm.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

@@ -2,7 +2,7 @@
 
 import sys
 
-from lpx_tvm.cli import main
+from lpx_tvm.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["zoo", *sys.argv[1:]]))

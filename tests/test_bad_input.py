@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import lpx_tvm
-from lpx_tvm.cli import main
+from lpx_tvm.app.cli import main
 from lpx_tvm.runtime_sim import ProgramFormatError, decode
 from conftest import cnn_model, mlp_model, ort_run, assert_close
 
@@ -178,7 +178,7 @@ def test_cli_warnings_are_one_line_and_the_format_is_restored(tmp_path, rng):
                        [tensor_info("y", [1100, 2048])], [])
     path = tmp_path / "big_relu.onnx"
     path.write_bytes(model.SerializeToString())
-    done = subprocess.run([sys.executable, "-m", "lpx_tvm.cli", "run", str(path), "--config", "tiny"],
+    done = subprocess.run([sys.executable, "-m", "lpx_tvm.app", "run", str(path), "--config", "tiny"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if "CapacityWarning" in line]

@@ -10,7 +10,7 @@ import pytest
 import lpx_tvm
 from lpx_tvm.runtime_sim import DType, Opcode, decode
 from lpx_tvm.runtime_sim.config import load_config
-from lpx_tvm.zoo import ZOO, run_model
+from lpx_tvm.app.zoo import ZOO, run_model
 from conftest import mlp_model
 
 NO_RAPIDOCR = importlib.util.find_spec("rapidocr_onnxruntime") is None
@@ -56,8 +56,8 @@ def test_dtype_the_chip_lacks_is_a_clear_error(tmp_path):
     path.write_text(json.dumps(preset))
     with pytest.raises(ValueError, match="chip config 'no_bf16' has no bf16 matrix unit"):
         lpx_tvm.compile(mlp_model(), config=str(path), dtype="bf16")
-    with pytest.raises(ValueError, match="dtype must be one of fp32, fp16, bf16, int8"):
-        lpx_tvm.compile(mlp_model(), config="tiny", dtype="fp8")
+    with pytest.raises(ValueError, match="dtype must be one of fp32, fp16, bf16, fp8, int8"):
+        lpx_tvm.compile(mlp_model(), config="tiny", dtype="fp4")
 
 
 def _int8_programs(compiled) -> list:
@@ -68,7 +68,7 @@ def _int8_programs(compiled) -> list:
 def test_int8_cnn_matches_ort_on_the_same_qdq_model():
     import onnxruntime as ort
 
-    from lpx_tvm.zoo import output_step, quantized_for_zoo, seeded_inputs
+    from lpx_tvm.app.zoo import output_step, quantized_for_zoo, seeded_inputs
 
     record = run_model(ZOO["squeezenet"], config="tsp", llvm=False, repeat=1, dtype="int8")
     assert record["ok"], record.get("error")
@@ -130,7 +130,7 @@ def test_int8_weight_bigger_than_half_of_sram_streams_as_int8(rng):
     assert len(_int8_programs(compiled)) >= 2
     x = rng.standard_normal((1, 4096)).astype(np.float32)
     out, ref = compiled(x)[0], ort_run(qdq, {"x": x})[0]
-    from lpx_tvm.zoo import output_step
+    from lpx_tvm.app.zoo import output_step
 
     assert np.mean(np.rint(np.abs(out - ref) / output_step(qdq)) <= 1) >= 0.99
 
@@ -139,7 +139,7 @@ def test_int8_depthwise_conv_runs_as_int8_dwconv(rng):
     from onnx import helper
 
     from conftest import make_model, ort_run, tensor_info, weights
-    from lpx_tvm.zoo import output_step
+    from lpx_tvm.app.zoo import output_step
 
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], group=16, pads=[2, 2, 2, 2]),
                         helper.make_node("Relu", ["c"], ["r"]),
@@ -182,7 +182,7 @@ def test_int8_weight_with_a_nonzero_zero_point(rng):
     onnx.checker.check_model(qdq)
     compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
     matmuls = _int8_programs(compiled)
-    assert len(matmuls) == 1 and matmuls[0].attrs[1] == 5  # zp of the weight operand
+    assert len(matmuls) == 1 and matmuls[0].attrs["zp_a"] == 5  # zp of the weight operand
     x = rng.standard_normal((1, 3, 9, 9)).astype(np.float32)
     steps = np.rint(np.abs(compiled(x)[0] - ort_run(qdq, {"x": x})[0]) / 0.2)
     assert steps.max() <= 1 and np.mean(steps == 0) >= 0.99

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 import lpx_tvm
-from lpx_tvm.cli import main
+from lpx_tvm.app.cli import main
 from lpx_tvm.patterns import CapacityWarning
 from lpx_tvm.runtime_sim import Opcode, decode
 from conftest import assert_close, cnn_model, make_model, ort_run, tensor_info, weights

@@ -86,10 +86,12 @@ def test_int8_zero_points_outside_the_int8_range_are_rejected():
     chip = load_config("tiny")
     x = TensorRef(0, (4, 8), DType.F32)
     q = TensorRef(256, (4, 8), DType.I8)
-    ok = Instruction(Opcode.QUANTIZE, 0, 0, (x,), (q,), (0.5, 3.0))
+    ok = Instruction(Opcode.QUANTIZE, 0, 0, (x,), (q,), {"scale": 0.5, "zero_point": 3})
     program = Program("tiny", chip.digest, (ok,), inputs=(HostTensor((4, 8), DType.F32),))
     validate(program)
-    for bad in ((0.5, 1e300), (0.5, 2.5), (0.5, -129.0)):
-        broken = dataclasses.replace(program, instructions=(dataclasses.replace(ok, attrs=bad),))
-        with pytest.raises(ProgramFormatError, match="QUANTIZE"):
-            validate(broken)
+    for zero_point in (10**300, -129, 128):
+        broken = Instruction(Opcode.QUANTIZE, 0, 0, (x,), (q,), {"scale": 0.5, "zero_point": zero_point})
+        with pytest.raises(ProgramFormatError, match="QUANTIZE zero point"):
+            validate(dataclasses.replace(program, instructions=(broken,)))
+    with pytest.raises(ValueError, match="QUANTIZE.zero_point must be an integer"):
+        Instruction(Opcode.QUANTIZE, 0, 0, (x,), (q,), {"scale": 0.5, "zero_point": 2.5})

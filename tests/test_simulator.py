@@ -30,13 +30,13 @@ def _program(instructions):
 
 
 def _legal():
-    load = Instruction(Opcode.LOAD, 0, 0, (), (X,), (0,))
+    load = Instruction(Opcode.LOAD, 0, 0, (), (X,), {"index": 0})
     t1 = _cycles(load)
-    mm = Instruction(Opcode.MATMUL, 0, t1, (X, W), (Y,), (float(Opcode.NOP), 0, 0))
+    mm = Instruction(Opcode.MATMUL, 0, t1, (X, W), (Y,), {})
     t2 = t1 + _cycles(mm)
     relu = Instruction(Opcode.RELU, 0, t2, (Y,), (Z,))
     t3 = t2 + _cycles(relu)
-    store = Instruction(Opcode.STORE, 0, t3, (Z,), (), (0,))
+    store = Instruction(Opcode.STORE, 0, t3, (Z,), (), {"index": 0})
     return [load, mm, relu, store]
 
 

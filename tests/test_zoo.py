@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from lpx_tvm.cli import main
-from lpx_tvm.zoo import ZOO, run_model
+from lpx_tvm.app.cli import main
+from lpx_tvm.app.zoo import ZOO, run_model
 
 
 NO_RAPIDOCR = importlib.util.find_spec("rapidocr_onnxruntime") is None

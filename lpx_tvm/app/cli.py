@@ -41,7 +41,7 @@ def cmd_compile(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .frontend import load_onnx, prepare_onnx
+    from ..frontend import load_onnx, prepare_onnx
     from .zoo import seeded_inputs, compare
 
     compiled = _compile(args)
@@ -63,7 +63,7 @@ def cmd_run(args) -> int:
 def cmd_profile(args) -> int:
     from tabulate import tabulate
 
-    from .runtime_sim.trace import write_trace
+    from ..runtime_sim.trace import write_trace
 
     compiled = _compile(args)
     sims = compiled.simulators
@@ -137,7 +137,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_disasm(args) -> int:
-    from .runtime_sim import decode, disassemble
+    from ..runtime_sim import decode, disassemble
 
     if args.model.endswith(".onnx"):
         for name, blob in _compile(args).programs.items():
@@ -150,7 +150,7 @@ def cmd_disasm(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .codegen import DTYPES
+    from ..codegen import DTYPES
 
     parser = argparse.ArgumentParser(prog="lpx-tvm", description="Compile and run ONNX models on the LPX simulator.")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")

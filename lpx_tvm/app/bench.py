@@ -17,7 +17,7 @@ DEFAULT_BENCH_MODELS = ("resnet50", "bert_encoder", "ppocr_rec")
 
 def _child_peak_rss_mb(model: str, engine: str) -> float:
     code = f"""
-from lpx_tvm.zoo import ZOO
+from lpx_tvm.app.zoo import ZOO
 entry = ZOO[{model!r}]; m = entry.load(); feeds = entry.feeds(m)
 if {engine!r} == "ort":
     import onnxruntime as ort
@@ -49,8 +49,8 @@ def bench_model(model: str, repeat: int = 10) -> dict:
     import onnxruntime as ort
     import tvm
 
-    from . import compile as lpx_compile
-    from .frontend import from_onnx
+    from .. import compile as lpx_compile
+    from ..frontend import from_onnx
     from .zoo import ZOO, timed
 
     entry = ZOO[model]

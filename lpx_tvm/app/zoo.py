@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from .models import LIGHT_MODELS, light_model
+from .light_models import LIGHT_MODELS, light_model
 from .trained import OCR_MODELS, ocr_input_shapes, ocr_model, text_image
 from .transformers import bert_encoder, gpt2_decoder
 
@@ -99,9 +99,9 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
     import tvm
     from tvm import relax
 
-    from . import compile as lpx_compile
-    from .frontend import from_onnx
-    from .runtime import total_offloaded_calls
+    from .. import compile as lpx_compile
+    from ..frontend import from_onnx
+    from ..runtime import total_offloaded_calls
 
     record = {"model": entry.name, "family": entry.family, "ok": False, "config": config, "dtype": dtype}
     model = entry.load()
@@ -169,7 +169,7 @@ def without_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def quantized_for_zoo(entry: ZooModel, model: onnx.ModelProto) -> onnx.ModelProto:
     """``lpx_tvm.quantize`` of a zoo model (trailing Softmax removed), calibrated on four seeded inputs."""
-    from .quantize import quantize
+    from ..quantization import quantize
 
     prepared = without_final_softmax(model)
     # a model with its own (fixed) input calibrates on it once; min/max calibration needs no copies

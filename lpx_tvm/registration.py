@@ -1,0 +1,87 @@
+"""Register lpx with TVM the moment TVM is imported, so the simulator stays importable without TVM.
+
+``import lpx_tvm`` must make ``tvm.compile(mod, target="lpx")`` work, yet
+``import lpx_tvm.runtime_sim`` (which runs this package's ``__init__``) must not
+load TVM. So ``__init__`` calls :func:`register_when_tvm_loads`: if TVM is
+already imported it registers now; otherwise a one-shot import hook registers
+right after ``import tvm`` finishes, whoever imports it.
+
+What is registered: the target tag ``lpx``, the relax pipelines ``"lpx"`` and
+``"default"`` (TVM's default, with lpx offload first when the target has the
+``lpx`` key), the BYOC codegen ``relax.ext.lpx`` and the runtime function
+``lpx.runtime.execute``. The pipelines and the codegen hook import
+:mod:`lpx_tvm.pipeline` only when called, so nothing here imports a module of
+ours that imports TVM at its top (which could be the very module whose
+``import tvm`` fired the hook).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+
+_STATE = {"registered": False, "original_default": None}
+
+
+def original_default_pipeline():
+    """TVM's own ``"default"`` relax pipeline (before lpx wrapped it)."""
+    register_with_tvm()
+    return _STATE["original_default"]
+
+
+def register_with_tvm() -> None:
+    """Register the target tag, pipelines, codegen hook and runtime function (idempotent)."""
+    if _STATE["registered"]:
+        return
+    _STATE["registered"] = True
+    import tvm
+    import tvm_ffi
+    from tvm.relax import pipeline as relax_pipeline
+
+    tvm.target.register_tag("lpx", {"kind": "llvm", "keys": ["lpx", "cpu"]}, override=True)
+    _STATE["original_default"] = relax_pipeline.PIPELINE_MAP["default"]
+
+    def lpx(**kwargs):
+        from .pipeline import lpx_pipeline
+        return lpx_pipeline(**kwargs)
+
+    def default(**kwargs):
+        from .pipeline import default_pipeline
+        return default_pipeline(**kwargs)
+
+    def relax_ext_lpx(functions, options, constant_names):
+        from .pipeline import relax_ext_lpx
+        return relax_ext_lpx(functions, options, constant_names)
+
+    relax_pipeline.PIPELINE_MAP["lpx"] = lpx
+    relax_pipeline.PIPELINE_MAP["default"] = default
+    tvm_ffi.register_global_func("relax.ext.lpx", relax_ext_lpx, override=True)
+    from . import runtime  # noqa: F401  registers lpx.runtime.execute (numpy and tvm_ffi only)
+
+
+class _RegisterAfterTVM(importlib.abc.MetaPathFinder):
+    """Finds ``tvm`` with the other finders, and wraps its loader to register once it has run."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "tvm":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            register_with_tvm()
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+def register_when_tvm_loads() -> None:
+    """Register now if TVM is imported, else right after it is."""
+    if "tvm" in sys.modules:
+        register_with_tvm()
+    elif not any(isinstance(f, _RegisterAfterTVM) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterTVM())

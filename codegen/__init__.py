@@ -143,8 +143,8 @@ def _alloc(c: Compilation) -> None:
 
 
 def _schedule(c: Compilation) -> None:
-    instructions, c.layers = resolve(c.graph, c.ops, c.addr)
-    c.instructions, c.makespan = schedule(instructions, c.chip, in_order=c.options.in_order)
+    instructions, c.layers, fixed = resolve(c.graph, c.ops, c.addr)
+    c.instructions, c.makespan = schedule(instructions, c.chip, in_order=c.options.in_order, fixed_units=fixed)
 
 
 def _emit(c: Compilation) -> None:

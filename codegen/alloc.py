@@ -1,9 +1,11 @@
 """alloc: place every tensor in SRAM.
 
 Weights (constants) are resident: they sit at the bottom of SRAM for the life of
-the program. Activations are placed by liveness, in program order, first fit:
-a tensor's space is taken just before its first writer and returned after its
-last reader, so later tensors reuse it. Nothing is ever placed past capacity:
+the program. Activations are placed by liveness, in program order, next fit: a
+tensor's space is taken just before its first writer and returned after its last
+reader, and the search for space starts where the last one ended, so freed space
+is reused as late as possible: reuse makes the next tensor wait for the last
+reader of the old one, which the scheduler would otherwise have overlapped. Nothing is ever placed past capacity:
 a program that cannot fit raises :class:`CapacityError` naming the layer and the
 sizes.
 """
@@ -25,18 +27,27 @@ def _align(n: int) -> int:
 
 
 class _FreeList:
-    def __init__(self, start: int, end: int):
-        self.blocks = [(start, end)]  # sorted, disjoint [lo, hi)
+    """Free SRAM as sorted, disjoint ``[lo, hi)`` blocks, handed out next fit."""
+
+    def __init__(self, start: int, end: int, window: int):
+        self.blocks = [(start, end)]
         self.high_water = start
+        self.cursor = start
+        self.window = window  # next fit wraps here, so a program's SRAM stays near its live peak
 
     def take(self, size: int) -> int | None:
-        for i, (lo, hi) in enumerate(self.blocks):
-            if hi - lo >= size:
-                self.blocks[i] = (lo + size, hi)
-                if lo + size == hi:
-                    del self.blocks[i]
-                self.high_water = max(self.high_water, lo + size)
-                return lo
+        for wrapped in (False, True):
+            for i, (lo, hi) in enumerate(self.blocks):
+                start = lo if wrapped else max(lo, self.cursor)
+                if not wrapped and (start + size > self.window or hi - start < size):
+                    continue
+                if hi - start < size:
+                    continue
+                pieces = ([(lo, start)] if start > lo else []) + ([(start + size, hi)] if start + size < hi else [])
+                self.blocks[i:i + 1] = pieces
+                self.high_water = max(self.high_water, start + size)
+                self.cursor = start + size
+                return start
         return None
 
     def give(self, lo: int, size: int) -> None:
@@ -51,6 +62,19 @@ class _FreeList:
         self.blocks = merged
 
 
+def _peak_live(g: Graph, first: dict, last: dict, n_ops: int) -> int:
+    """The most activation bytes live at once (aligned), by program order."""
+    delta = [0] * (n_ops + 1)
+    for base, i in first.items():
+        delta[i] += _align(g.tensors[base].nbytes)
+        delta[last[base] + 1] -= _align(g.tensors[base].nbytes)
+    live = peak = 0
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    return peak
+
+
 def allocate(g: Graph, ops: list, config: ChipConfig) -> dict:
     """SRAM address of every base tensor used by ``ops``.
 
@@ -63,6 +87,8 @@ def allocate(g: Graph, ops: list, config: ChipConfig) -> dict:
     first, last = {}, {}
     for i, op in enumerate(ops):
         for operand in op.dsts + op.srcs:
+            if operand.tensor is None:  # a chained stream: no SRAM
+                continue
             base = g.base(operand.tensor)
             if g.tensors[base].data is not None:
                 if base not in addr:
@@ -73,7 +99,8 @@ def allocate(g: Graph, ops: list, config: ChipConfig) -> dict:
             last[base] = i
     if cursor > config.sram_bytes:
         raise CapacityError(f"weights need {cursor} bytes of SRAM; chip {config.name!r} has {config.sram_bytes}")
-    free = _FreeList(cursor, config.sram_bytes)
+    peak = _peak_live(g, first, last, len(ops))
+    free = _FreeList(cursor, config.sram_bytes, window=min(config.sram_bytes, cursor + 2 * peak + (1 << 16)))
     ends_at = {}
     for base, i in last.items():
         ends_at.setdefault(i, []).append(base)

@@ -4,28 +4,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime_sim import ChipConfig, Constant, DType, Instruction, Program, StreamedWeight, TensorRef
+from ..runtime_sim import ChipConfig, Constant, DType, Instruction, Program, Space, StreamedWeight, TensorRef
 from ..runtime_sim.isa import HostTensor
 from .graph import Graph
 
 
 def _ref(g: Graph, addr: dict, operand) -> TensorRef:
+    if operand.tensor is None:  # a chained stream: its chain id until schedule picks the stream
+        return TensorRef(operand.stream, tuple(operand.shape), DType.from_numpy(operand.dtype), None, Space.STREAM)
     base = g.base(operand.tensor)
-    return TensorRef(addr[base] + operand.offset, tuple(operand.shape), DType.from_numpy(g.tensors[base].dtype))
+    return TensorRef(addr[base] + operand.offset, tuple(operand.shape), DType.from_numpy(g.tensors[base].dtype),
+                     operand.strides)
 
 
 def resolve(g: Graph, ops: list, addr: dict) -> tuple:
-    """Instructions (unscheduled) and the layer-name table for tile ops."""
-    layers, index = [], {}
+    """Unscheduled instructions, the layer-name table, and which instructions' units the tiler fixed."""
+    layers, index, fixed = [], {}, set()
     instructions = []
-    for op in ops:
+    for i, op in enumerate(ops):
         layer = index.setdefault(op.layer, len(index))
         if layer == len(layers):
             layers.append(op.layer)
-        instructions.append(Instruction(op.opcode, 0, 0, tuple(_ref(g, addr, s) for s in op.srcs),
-                                        tuple(_ref(g, addr, d) for d in op.dsts),
-                                        op.attrs, layer))
-    return instructions, tuple(layers)
+        if op.unit_index is not None:
+            fixed.add(i)
+        instructions.append(Instruction(op.opcode, op.unit_index or 0, 0, tuple(_ref(g, addr, s) for s in op.srcs),
+                                        tuple(_ref(g, addr, d) for d in op.dsts), op.attrs, layer))
+    return instructions, tuple(layers), fixed
 
 
 def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int, config: ChipConfig) -> Program:

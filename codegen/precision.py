@@ -1,4 +1,4 @@
-"""precision: store the graph in the requested floating-point type (fp16, bf16).
+"""precision: store the graph in the requested floating-point type (fp16, bf16, fp8).
 
 Every fp32 tensor, weights included, is stored in the target type; the matrix
 unit accumulates in fp32 and each instruction rounds once on the way out (the
@@ -8,9 +8,12 @@ LOAD and before each STORE sits at the boundary, on lpx.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ..runtime_sim.isa import FLOAT_DTYPES
+from ..runtime_sim.simulator import OverflowWarning
 from .graph import Graph, Node
 
 STORAGE = {d.short: d.np for d in FLOAT_DTYPES}
@@ -24,11 +27,18 @@ def lower_precision(g: Graph, dtype: str) -> None:
     target = STORAGE[dtype]
     if target == F32:
         return
-    for tensor in g.tensors:
+    readers = {g.base(t): n.layer for n in g.nodes for t in n.inputs}
+    for tid, tensor in enumerate(g.tensors):
         if tensor.dtype == F32:
             tensor.dtype = target
             if tensor.data is not None:
-                tensor.data = tensor.data.astype(target)
+                with np.errstate(over="ignore"):
+                    stored = tensor.data.astype(target)
+                if np.isinf(stored).any() and np.isfinite(tensor.data).all():
+                    warnings.warn(f"lpx: a constant of layer {readers.get(tid, '?')!r} overflows {dtype} "
+                                  f"(|x| up to {float(np.abs(tensor.data).max()):.3g}): it holds inf",
+                                  OverflowWarning, stacklevel=5)
+                tensor.data = stored
     casts_in = []
     for i, tid in enumerate(g.inputs):
         if g.tensors[tid].dtype == target:

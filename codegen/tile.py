@@ -1,39 +1,35 @@
 """tile: split each operator into instructions that fit the units.
 
 A convolution becomes an IM2COL on the switch unit (skipped for 1x1 stride-1
-convolutions, whose input already is the matrix) and MATMULs on the matrix
-planes; a depthwise convolution is one DWCONV on the vector unit instead,
-since expanding it by im2col costs k² times its input for a matrix-vector
-product per channel. Large matrix products are split by output rows into one tile per plane
-so the planes work in parallel; every tile is a contiguous slice, so it is an
-ordinary SRAM operand.
+convolutions, whose input already is the matrix) and a matrix product mapped
+onto the planes by :mod:`.mxm` (installs, K-tiled MATMULs, a chained EPILOGUE
+per job); a matrix product maps the same way, batch by batch. A depthwise
+convolution is one DWCONV on the vector unit instead, since expanding it by
+im2col costs k² times its input for a matrix-vector product per channel.
+Everything else is one instruction.
 
-Weights are resident, unless together they would take more than a budget
-(half of SRAM, less when the activations do not fit beside them):
-then the largest matrix-product weights, largest first, stay in host memory and
-are streamed in column tiles (STREAM on the host link, then a MATMUL per tile)
-each time they are used. That is slow, bounded by the host link, and the cost
-model says so; but the layer runs on lpx instead of falling back.
+Weights are resident, unless together they would take more than a budget (half
+of SRAM, less when the activations do not fit beside them): then the largest
+matrix-product weights stay in host memory and are streamed in column blocks
+(STREAM on the host link into a ring of buffers, so the next block streams while
+the current one computes) each time they are used. That is slow, bounded by
+the host link, and the timing says so; but the layer runs on lpx instead of
+falling back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
+from math import ceil, prod
 
 import numpy as np
 
 from ..runtime_sim import ChipConfig, Opcode
 from .graph import Graph, Node
+from .mxm import PlaneMapper, Product
+from .views import Operand, view, whole
 
-
-@dataclass(frozen=True)
-class Operand:
-    """A contiguous piece of a graph tensor: ``offset`` bytes into its base tensor."""
-
-    tensor: int
-    shape: tuple
-    offset: int = 0
+STREAM_RING = 3  # streamed weight blocks in flight: one computing, two streaming ahead
 
 
 @dataclass
@@ -43,124 +39,167 @@ class TileOp:
     dsts: list
     attrs: dict  # named, as the op table defines them
     layer: str
-
-
-def _whole(g: Graph, tid: int, shape=None) -> Operand:
-    return Operand(tid, tuple(shape or g.tensors[tid].shape))
-
-
-def _row_tiles(rows: int, config: ChipConfig) -> list:
-    """Split ``rows`` output rows into up to one tile per matrix plane."""
-    n = min(config.mxm_planes, rows // config.mxm_rows) if rows >= 2 * config.mxm_rows else 1
-    step = -(-rows // max(n, 1))
-    step = -(-step // config.mxm_rows) * config.mxm_rows
-    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
-
-
-def _epilogue(node: Node) -> dict:
-    return {"act": node.attrs["act"], "act_args": tuple(node.attrs["act_args"])}
-
-
-def _matmul_attrs(node: Node, weight_first: bool) -> dict:
-    """Float MATMUL: the epilogue; int8 MATMUL: the epilogue and the zero points of a, b and out.
-
-    ``weight_first``: the weight is operand a (convolutions), else b (matrix products).
-    """
-    if not node.kind.startswith("q"):
-        return _epilogue(node)
-    zp_x, zp_w = node.attrs["zp_in"], node.attrs["zp_w"]
-    zp_a, zp_b = (zp_w, zp_x) if weight_first else (zp_x, zp_w)
-    return {**_epilogue(node), "zp_a": zp_a, "zp_b": zp_b, "zp_out": node.attrs["zp_out"]}
-
-
-def _matmul_tiles(g, node, a: Operand, b: Operand, out: Operand, extras: list, config, per_row: bool, attrs):
-    """MATMUL tiles split by the rows of ``a``/``out`` (only when they have no batch).
-
-    ``extras`` (bias, and the requantisation scale of int8) are sliced with the
-    rows when ``per_row`` (a convolution's output channels), else shared.
-    """
-    a_shape, out_shape = a.shape, out.shape
-    rows = a_shape[-2]
-    if prod(a_shape[:-2]) != 1 or prod(out_shape[:-2]) != 1:
-        tiles = [(0, rows)]
-    else:
-        tiles = _row_tiles(rows, config)
-    a_item, out_item = (g.tensors[g.base(t.tensor)].dtype.itemsize for t in (a, out))
-    ops = []
-    for r0, r1 in tiles:
-        n = r1 - r0
-        ta = Operand(a.tensor, a_shape[:-2] + (n, a_shape[-1]), a.offset + r0 * a_shape[-1] * a_item)
-        to = Operand(out.tensor, out_shape[:-2] + (n, out_shape[-1]), out.offset + r0 * out_shape[-1] * out_item)
-        srcs = [ta, b]
-        for extra in extras:
-            if per_row:
-                item = g.tensors[g.base(extra.tensor)].dtype.itemsize
-                srcs.append(Operand(extra.tensor, extra.shape[:-2] + (n, 1), extra.offset + r0 * item))
-            else:
-                srcs.append(extra)
-        ops.append(TileOp(Opcode.MATMUL, srcs, [to], attrs, node.layer))
-    return ops
-
-
-def _conv2d(g: Graph, node: Node, config: ChipConfig) -> list:
-    x, w = node.inputs[0], node.inputs[1]
-    n, c, h, wd = g.tensors[x].shape
-    oc, cg, kh, kw = g.tensors[w].shape
-    _, _, oh, ow = g.tensors[node.output].shape
-    groups = node.attrs["groups"]
-    k, p, ocg = cg * kh * kw, oh * ow, oc // groups
-    (sh, sw), (dh, dw) = node.attrs["strides"], node.attrs["dilation"]
-    pads = tuple(node.attrs["padding"])
-    window = {"kernel": (kh, kw), "stride": (sh, sw), "pad": pads, "dilation": (dh, dw)}
-    if groups == c == oc:  # depthwise: per-channel taps on the vector unit, no 9-25x im2col blow-up
-        srcs = [_whole(g, x), _whole(g, w, (c, kh, kw))] + [_whole(g, t, (c, 1, 1)) for t in node.inputs[2:]]
-        tail = _epilogue(node)
-        if node.kind == "qconv2d":
-            tail.update(zp_in=node.attrs["zp_in"], zp_out=node.attrs["zp_out"])
-        return [TileOp(Opcode.DWCONV, srcs, [_whole(g, node.output)], {**window, **tail}, node.layer)]
-    ops = []
-    if (kh, kw, sh, sw) == (1, 1, 1, 1) and not any(pads):
-        cols = _whole(g, x, (n, groups, k, p))
-    else:
-        cols_id = g.add_tensor((n, groups, k, p), g.tensors[x].dtype)
-        cols = _whole(g, cols_id)
-        # int8 pads with the input zero point: the padded value must dequantise to 0
-        ops.append(TileOp(Opcode.IM2COL, [_whole(g, x)], [cols],
-                          {**window, "groups": groups, "pad_value": node.attrs.get("zp_in", 0)}, node.layer))
-    weight = _whole(g, w, (groups, ocg, k))
-    out = _whole(g, node.output, (n, groups, ocg, p))
-    extras = [_whole(g, t, (groups, ocg, 1)) for t in node.inputs[2:]]
-    attrs = _matmul_attrs(node, weight_first=True)
-    # the weight is the row operand: its rows are output channels, contiguous in NCHW when n == groups == 1
-    if n == 1 and groups == 1:
-        return ops + _matmul_tiles(g, node, weight, cols, out, extras, config, True, attrs)
-    return ops + [TileOp(Opcode.MATMUL, [weight, cols] + extras, [out], attrs, node.layer)]
+    unit_index: int | None = None  # fixed by the tiler (a MATMUL's plane), else chosen by schedule
 
 
 def stream_tile_bytes(config: ChipConfig) -> int:
-    """The most bytes one streamed weight tile may take (two are in flight at once)."""
+    """The most bytes one streamed weight block may take (a ring of them is in SRAM at once)."""
     return config.sram_bytes // 16
 
 
+def _epilogue(node: Node) -> dict:
+    attrs = {"act": node.attrs["act"], "act_args": tuple(node.attrs["act_args"])}
+    if node.kind.startswith("q"):
+        attrs["zp_out"] = node.attrs["zp_out"]
+    return attrs
+
+
+def _zero_points(node: Node, weight_first: bool) -> tuple:
+    """(zp of A, zp of B): the weight is A for convolutions, B for matrix products."""
+    if not node.kind.startswith("q"):
+        return 0, 0
+    zp_x, zp_w = node.attrs["zp_in"], node.attrs["zp_w"]
+    return (zp_w, zp_x) if weight_first else (zp_x, zp_w)
+
+
+class _Tiler:
+    def __init__(self, g: Graph, config: ChipConfig):
+        self.g, self.config = g, config
+        self.ops: list = []
+        self.chains = 0
+        self.mapper = PlaneMapper(g, config, self.emit, self.new_chain)
+
+    def emit(self, opcode, srcs, dsts, attrs, layer, unit_index=None) -> None:
+        self.ops.append(TileOp(opcode, list(srcs), list(dsts), dict(attrs), layer, unit_index))
+
+    def new_chain(self) -> int:
+        self.chains += 1
+        return self.chains
+
+    # ---- convolutions --------------------------------------------------
+    def conv2d(self, node: Node) -> None:
+        g = self.g
+        x, w = node.inputs[0], node.inputs[1]
+        n, c, h, wd = g.tensors[x].shape
+        oc, cg, kh, kw = g.tensors[w].shape
+        _, _, oh, ow = g.tensors[node.output].shape
+        groups = node.attrs["groups"]
+        k, p, ocg = cg * kh * kw, oh * ow, oc // groups
+        pads = tuple(node.attrs["padding"])
+        window = {"kernel": (kh, kw), "stride": tuple(node.attrs["strides"]), "pad": pads,
+                  "dilation": tuple(node.attrs["dilation"])}
+        if groups == c == oc:  # depthwise: per-channel taps on the vector unit, no 9-25x im2col blow-up
+            srcs = [whole(g, x), whole(g, w, (c, kh, kw))] + [whole(g, t, (c, 1, 1)) for t in node.inputs[2:]]
+            attrs = {**window, "act": node.attrs["act"], "act_args": tuple(node.attrs["act_args"])}
+            if node.kind == "qconv2d":
+                attrs.update(zp_in=node.attrs["zp_in"], zp_out=node.attrs["zp_out"])
+            self.emit(Opcode.DWCONV, srcs, [whole(g, node.output)], attrs, node.layer)
+            return
+        if (kh, kw) == (1, 1) and window["stride"] == (1, 1) and not any(pads):
+            cols = x
+        else:
+            cols = g.add_tensor((n, groups, k, p), g.tensors[x].dtype)
+            # int8 pads with the input zero point: the padded value must dequantise to 0
+            self.emit(Opcode.IM2COL, [whole(g, x)], [whole(g, cols)],
+                      {**window, "groups": groups, "pad_value": node.attrs.get("zp_in", 0)}, node.layer)
+        zp_a, zp_b = _zero_points(node, weight_first=True)
+        out, extras = node.output, node.inputs[2:]
+        dtype = g.tensors[x].dtype
+        for image in range(n):
+            for group in range(groups):
+                wv = lambda m0, m1, k0, k1, gi=group: view(g, w, (groups, ocg, k), (gi,), [(m0, m1), (k0, k1)])
+                cv = lambda k0, k1, n0, n1, i=image, gi=group: view(g, cols, (n, groups, k, p), (i, gi),
+                                                                   [(k0, k1), (n0, n1)])
+                ov = lambda m0, m1, n0, n1, i=image, gi=group: view(g, out, (n, groups, ocg, p), (i, gi),
+                                                                    [(m0, m1), (n0, n1)])
+                ev = lambda m0, m1, n0, n1, t, gi=group: [_per_row(g, e, groups, ocg, gi, m0, m1, t)
+                                                          for e in extras]
+                self.mapper.map(Product(ocg, k, p, wv, cv, ov, ev, dtype, zp_a, zp_b, _epilogue(node)), node.layer)
+
+    # ---- matrix products -----------------------------------------------
+    def matmul(self, node: Node, streamed_width: int | None) -> None:
+        g = self.g
+        a, b = node.inputs[0], node.inputs[1]
+        a_shape, b_shape = g.tensors[a].shape, g.tensors[b].shape
+        out_shape = g.tensors[node.output].shape
+        m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
+        batch = out_shape[:-2]
+        zp_a, zp_b = _zero_points(node, weight_first=False)
+        dtype = g.tensors[a].dtype
+        extras = node.inputs[2:]
+        ab, bb = prod(a_shape[:-2]), prod(b_shape[:-2])
+        a_index = np.broadcast_to(np.arange(ab).reshape(a_shape[:-2] or (1,)), batch or (1,)).reshape(-1)
+        b_index = np.broadcast_to(np.arange(bb).reshape(b_shape[:-2] or (1,)), batch or (1,)).reshape(-1)
+        ring = None
+        if streamed_width is not None:
+            ring = [self.g.add_tensor((k, streamed_width), g.tensors[b].dtype) for _ in range(STREAM_RING)]
+        for i, (ia, ib) in enumerate(zip(a_index, b_index)):
+            av = lambda m0, m1, k0, k1, j=int(ia): view(g, a, (ab, m, k), (j,), [(m0, m1), (k0, k1)])
+            ov = lambda m0, m1, n0, n1, j=i: view(g, node.output, (prod(batch or (1,)), m, n), (j,),
+                                                  [(m0, m1), (n0, n1)])
+            if ring is None:
+                bv = lambda k0, k1, n0, n1, j=int(ib): view(g, b, (bb, k, n), (j,), [(k0, k1), (n0, n1)])
+                ev = lambda m0, m1, n0, n1, t: [_per_column(g, e, n, n0, n1, t) for e in extras]
+                self.mapper.map(Product(m, k, n, av, bv, ov, ev, dtype, zp_a, zp_b, _epilogue(node)), node.layer)
+            else:
+                self._streamed(node, av, ov, ring, m, k, n, dtype, zp_a, zp_b)
+
+    def _streamed(self, node, av, ov, ring, m, k, n, dtype, zp_a, zp_b) -> None:
+        """STREAM each column block of a host-resident weight into the ring, then map the block's product."""
+        g = self.g
+        width = g.tensors[ring[0]].shape[1]
+        weight = g.tensors[g.base(node.inputs[1])].data.reshape(k, n)
+        extras = node.inputs[2:]
+        for block, c0 in enumerate(range(0, n, width)):
+            c1 = min(c0 + width, n)
+            slot = ring[block % len(ring)]
+            g.streamed.append(np.ascontiguousarray(weight[:, c0:c1]))
+            self.emit(Opcode.STREAM, [], [view(g, slot, ranges=[(0, k), (0, c1 - c0)])],
+                      {"index": len(g.streamed) - 1}, node.layer)
+            bv = lambda k0, k1, n0, n1, s=slot: view(g, s, ranges=[(k0, k1), (n0, n1)])
+            bo = lambda m0, m1, n0, n1, o=c0: ov(m0, m1, n0 + o, n1 + o)
+            ev = lambda m0, m1, n0, n1, t, o=c0: [_per_column(g, e, n, n0 + o, n1 + o, t) for e in extras]
+            self.mapper.map(Product(m, k, c1 - c0, av, bv, bo, ev, dtype, zp_a, zp_b, _epilogue(node), "B"),
+                            node.layer)
+
+    # ---- everything else -------------------------------------------------
+    def single(self, node: Node) -> None:
+        # a single-instruction node's attributes are named as the op table names them
+        self.emit(Opcode[node.kind], [whole(self.g, t) for t in node.inputs], [whole(self.g, node.output)],
+                  dict(node.attrs), node.layer)
+
+
+def _per_row(g, tid, groups, rows, group, m0, m1, transposed) -> Operand:
+    """A per-output-channel vector (bias, requant) for channels m0..m1 of a group, shaped for its block."""
+    v = view(g, tid, (groups, rows), (group,), [(m0, m1)])
+    return Operand(v.tensor, (1, m1 - m0) if transposed else (m1 - m0, 1), v.offset)
+
+
+def _per_column(g, tid, n, n0, n1, transposed) -> Operand:
+    """A per-output-column vector (a matmul's bias) for columns n0..n1, shaped for its block."""
+    v = view(g, tid, (n,), ranges=[(n0, n1)])
+    return Operand(v.tensor, (n1 - n0, 1) if transposed else (1, n1 - n0), v.offset)
+
+
 def _streamable(g: Graph, node: Node, config: ChipConfig) -> int | None:
-    """Column-tile width for streaming this matmul's weight, or None when it cannot stream."""
+    """Column-block width for streaming this matmul's weight, or None when it cannot stream."""
     if node.kind not in ("matmul", "qmatmul") or not g.is_constant(node.inputs[1]) \
             or len(g.tensors[node.inputs[1]].shape) != 2:
         return None
-    a_shape, (k, n) = g.tensors[node.inputs[0]].shape, g.tensors[node.inputs[1]].shape
-    if prod(a_shape[:-2]) != 1:
-        return None
+    k, n = g.tensors[node.inputs[1]].shape
     for extra in node.inputs[2:]:  # bias (and int8's requantisation scale): one value per column
         shape = g.tensors[extra].shape
         if not shape or shape[-1] != n or prod(shape[:-1]) != 1:
             return None
     itemsize = g.tensors[node.inputs[1]].dtype.itemsize
-    widths = [d for d in range(1, n + 1) if n % d == 0 and k * d * itemsize <= stream_tile_bytes(config)]
+    widths = [d for d in range(config.mxm_cols, n + 1, config.mxm_cols) if k * d * itemsize <= stream_tile_bytes(config)]
+    if n <= config.mxm_cols and k * n * itemsize <= stream_tile_bytes(config):
+        widths.append(n)
     return max(widths) if widths else None
 
 
 def _weights_to_stream(g: Graph, config: ChipConfig, resident_budget: int) -> dict:
-    """matmul node index -> tile width, largest weights first, until resident weights fit the budget."""
+    """matmul node index -> block width, largest weights first, until resident weights fit the budget."""
     resident = {g.base(t) for node in g.nodes for t in node.inputs if g.is_constant(g.base(t))}
     total = sum(g.tensors[t].nbytes for t in resident)
     widths = {i: width for i, node in enumerate(g.nodes) if (width := _streamable(g, node, config))}
@@ -173,42 +212,8 @@ def _weights_to_stream(g: Graph, config: ChipConfig, resident_budget: int) -> di
     return chosen
 
 
-def _streamed_matmul(g: Graph, node: Node, width: int) -> list:
-    """STREAM each column tile of the weight, MATMUL it; M > 1 gathers the tiles with one TRANSPOSE."""
-    a, w = node.inputs[0], node.inputs[1]
-    m = g.tensors[a].shape[-2]
-    weight = g.tensors[g.base(w)].data.reshape(g.tensors[w].shape)
-    n = weight.shape[1]
-    tiles = n // width
-    itemsize = g.tensors[node.output].dtype.itemsize
-    dtype = g.tensors[w].dtype
-    gathered = g.add_tensor((tiles, m, width), g.tensors[node.output].dtype) if m > 1 else None
-    ops = []
-    for t in range(tiles):
-        g.streamed.append(np.ascontiguousarray(weight[:, t * width:(t + 1) * width]))
-        buffer = g.add_tensor((weight.shape[0], width), dtype)
-        ops.append(TileOp(Opcode.STREAM, [], [_whole(g, buffer)], {"index": len(g.streamed) - 1}, node.layer))
-        srcs = [Operand(a, (m, weight.shape[0])), _whole(g, buffer)]
-        for extra in node.inputs[2:]:
-            srcs.append(Operand(extra, (width,), t * width * g.tensors[g.base(extra)].dtype.itemsize))
-        out = (Operand(gathered, (m, width), t * m * width * itemsize) if gathered is not None
-               else Operand(node.output, (1, width), t * width * itemsize))
-        ops.append(TileOp(Opcode.MATMUL, srcs, [out], _matmul_attrs(node, weight_first=False), node.layer))
-    if gathered is not None:
-        ops.append(TileOp(Opcode.TRANSPOSE, [_whole(g, gathered)], [_whole(g, node.output, (m, tiles, width))],
-                          {"perm": (1, 0, 2)}, node.layer))
-    return ops
-
-
-def _matmul(g: Graph, node: Node, config: ChipConfig) -> list:
-    a, b = (_whole(g, t) for t in node.inputs[:2])
-    extras = [_whole(g, t) for t in node.inputs[2:]]
-    attrs = _matmul_attrs(node, weight_first=False)
-    return _matmul_tiles(g, node, a, b, _whole(g, node.output), extras, config, False, attrs)
-
-
 def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> list:
-    """The instruction templates of a graph, in program order.
+    """The tile ops of a graph, in program order.
 
     ``resident_budget`` (default: half of SRAM) caps the bytes of resident
     weights; the largest streamable weights beyond it are streamed.
@@ -218,22 +223,19 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
     list of TileOp
         LOADs of the inputs, the operators' tiles, STOREs of the outputs.
     """
-    ops = [TileOp(Opcode.LOAD, [], [_whole(g, t)], {"index": i}, "load") for i, t in enumerate(g.inputs)]
+    tiler = _Tiler(g, config)
+    for i, t in enumerate(g.inputs):
+        tiler.emit(Opcode.LOAD, [], [whole(g, t)], {"index": i}, "load")
     g.streamed = []
     budget = config.sram_bytes // 2 if resident_budget is None else resident_budget
     streamed = _weights_to_stream(g, config, budget)
     for i, node in enumerate(g.nodes):
-        if i in streamed:
-            ops += _streamed_matmul(g, node, streamed[i])
-        elif node.kind in ("conv2d", "qconv2d"):
-            ops += _conv2d(g, node, config)
+        if node.kind in ("conv2d", "qconv2d"):
+            tiler.conv2d(node)
         elif node.kind in ("matmul", "qmatmul"):
-            ops += _matmul(g, node, config)
+            tiler.matmul(node, streamed.get(i))
         else:
-            # a single-instruction node's attributes are named as the op table names them
-            ops.append(TileOp(Opcode[node.kind], [_whole(g, t) for t in node.inputs],
-                              [_whole(g, node.output)], dict(node.attrs), node.layer))
-    ops += [TileOp(Opcode.STORE, [_whole(g, t)], [], {"index": i}, "store") for i, t in enumerate(g.outputs)]
-    return ops
-
-
+            tiler.single(node)
+    for i, t in enumerate(g.outputs):
+        tiler.emit(Opcode.STORE, [whole(g, t)], [], {"index": i}, "store")
+    return tiler.ops

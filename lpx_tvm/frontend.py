@@ -136,6 +136,10 @@ def _fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 _TE_MIN_MAX = re.compile(r"^(maximum|minimum)\d*$")
+_NUMPY_ELEMENTWISE = {
+    "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative, "relax.add": np.add,
+    "relax.subtract": np.subtract, "relax.multiply": np.multiply, "relax.divide": np.divide, "relax.power": np.power,
+}
 
 
 @mutator
@@ -143,6 +147,7 @@ class _FoldConstantShapes(PyExprMutator):
     """Numpy folding the importer leaves undone, so that patterns see plain ops.
 
     - reshape / permute_dims / astype of a constant ─► a constant;
+    - elementwise arithmetic on constants alone (sqrt, add, ...) ─► a constant;
     - isnan / where on constants ─► a constant (the importer's NaN-bound guard for Clip);
     - quantize of a constant ─► integers (a QDQ weight stored as Q(float));
     - ``call_tir(maximum|minimum, x, scalar)`` (Clip, which the importer emits as TE
@@ -177,6 +182,10 @@ class _FoldConstantShapes(PyExprMutator):
         if name == "relax.quantize" and all(c is not None for c in consts):
             return relax.const(quantize_array(value, *(constant_value(c) for c in consts[1:]),
                                               int(call.attrs.axis), str(call.ty.dtype)))
+        if name in _NUMPY_ELEMENTWISE and all(c is not None for c in consts):
+            # an importer's constant arithmetic (ONNX functions write sqrt(2) as Sqrt(CastLike(2)))
+            result = _NUMPY_ELEMENTWISE[name](value, *(constant_value(c) for c in consts[1:]))
+            return relax.const(np.asarray(result).astype(str(call.ty.dtype)))
         if name == "relax.isnan":
             return relax.const(np.isnan(value))
         if name == "relax.where" and all(c is not None for c in consts):

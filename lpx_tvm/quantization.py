@@ -19,7 +19,8 @@ from .frontend import load_onnx, prepare_onnx
 QDQ_MIN_OPSET = 13
 
 
-def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: dict | None = None) -> onnx.ModelProto:
+def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: dict | None = None,
+             activations: str = "int8") -> onnx.ModelProto:
     """Quantise ``model`` statically with ONNX Runtime, calibrated on ``calibration_inputs``.
 
     Parameters
@@ -32,6 +33,8 @@ def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: 
         Per-output-channel weight scales (default), as lpx's int8 kernels expect.
     input_shapes : dict, optional
         ``{input name: dims}`` to pin dynamic input shapes first.
+    activations : str
+        ``"int8"`` (default) or ``"uint8"``, the form of many published int8 models.
 
     Returns
     -------
@@ -40,6 +43,8 @@ def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: 
     """
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
+    if activations not in ("int8", "uint8"):
+        raise ValueError(f"activations must be 'int8' or 'uint8', got {activations!r}")
     feeds = [calibration_inputs] if isinstance(calibration_inputs, dict) else list(calibration_inputs)
     if not feeds:
         raise ValueError("quantize needs at least one calibration input")
@@ -72,7 +77,8 @@ def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: 
         root.setLevel(max(level, logging.ERROR))
         try:
             quantize_static(str(source), str(target), _Reader(), quant_format=QuantFormat.QDQ,
-                            per_channel=per_channel, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+                            per_channel=per_channel, weight_type=QuantType.QInt8,
+                            activation_type=QuantType.QInt8 if activations == "int8" else QuantType.QUInt8)
         finally:
             ort.set_default_logger_severity(2)  # ONNX Runtime's default
             root.setLevel(level)

@@ -6,13 +6,15 @@ LPX program means.
 """
 
 from .config import ChipConfig, load_config, available_configs
-from .isa import DType, Opcode, Unit, TensorRef, Instruction
+from .isa import DType, Opcode, Unit, Space, TensorRef, Instruction, OP_TABLE
 from .program import Program, Constant, StreamedWeight, ProgramFormatError, encode, decode, disassemble, validate
-from .simulator import Simulator, ScheduleError, RunStats
+from .check import ScheduleError, check_timing
+from .timing import Occupancy, occupancy
+from .simulator import Simulator, RunStats, CallError
 
 __all__ = [
     "ChipConfig", "load_config", "available_configs",
-    "DType", "Opcode", "Unit", "TensorRef", "Instruction",
+    "DType", "Opcode", "Unit", "Space", "TensorRef", "Instruction", "OP_TABLE",
     "Program", "Constant", "StreamedWeight", "ProgramFormatError", "encode", "decode", "disassemble", "validate",
-    "Simulator", "ScheduleError", "RunStats",
+    "ScheduleError", "check_timing", "Occupancy", "occupancy", "Simulator", "RunStats", "CallError",
 ]

@@ -1,14 +1,16 @@
 """Chip configuration: one frozen dataclass, loaded from a preset file.
 
-Everything derived from the preset (unit counts, peak rates, capacities) is a
-property computed here, so no number is stored twice.
+Everything derived from the preset (stream and SRAM bandwidth, ALUs per lane,
+peak rates) is a property computed here, so no number is stored twice. Every
+preset names, in its ``sources``, the public figure each parameter comes from or
+says that it is assumed; loading a preset checks that none is missing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, fields, asdict
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -17,11 +19,16 @@ from .isa import STORAGE_DTYPES, Unit
 _CONFIG_DIR = Path(__file__).with_name("configs")
 UNIT_NAMES = tuple(u.name for u in Unit)
 MXM_DTYPES = STORAGE_DTYPES  # the matrix unit's rate table is keyed by storage type
+_NOT_PARAMETERS = ("name", "description", "sources")
+
+
+class ConfigError(ValueError):
+    """A chip preset that is malformed, or names no source for a parameter."""
 
 
 @dataclass(frozen=True)
 class ChipConfig:
-    """An LPX chip: clock, memories and functional units.
+    """An LPX chip: clock, memories, streams and functional units.
 
     Parameters
     ----------
@@ -30,70 +37,87 @@ class ChipConfig:
     clock_hz : int
         Core clock.
     lanes : int
-        Vector width of the streams between units.
+        Elements (bytes) of one vector; one stream moves one vector per cycle.
+    streams_per_direction : int
+        Streams flowing each way (east, west) between the functional slices.
     sram_bytes, sram_slices : int
-        On-chip memory size and the number of slices it is split into.
+        On-chip memory and its slices; each slice reads one vector and writes one per cycle.
     mxm_planes, mxm_rows, mxm_cols : int
-        Matrix units: count and the MAC array of each.
+        Matrix planes and the MAC array of each.
     mxm_passes : dict
-        Cycles per MAC-array pass for each dtype the matrix unit runs (int8 is
-        native, 1). fp32 is not native and is charged as several fp16 passes.
-        A dtype left out is one the chip does not run.
+        Cycles each activation vector spends in a plane, per storage dtype (int8 is
+        native, 1). A dtype left out is one the chip does not run.
+    mxm_weight_buffers : int
+        Weight buffers per plane: the next tile installs while the current one computes.
+    mxm_install_streams : int
+        Streams one plane's weight installation draws.
     vxm_alus : int
-        Vector ALUs, all working on one instruction at a time.
-    sxm_bytes_per_cycle, sram_bytes_per_cycle : int
-        Switch-unit throughput and total on-chip SRAM bandwidth.
+        Vector ALUs of the whole chip (``lanes`` × ALUs per lane).
+    sxm_vectors_per_cycle : int
+        Vectors a switch unit moves per cycle.
     host_bytes_per_s : int
-        Host link (DMA) bandwidth.
+        The host link (every host transfer shares it).
     c2c_links, c2c_bytes_per_s_per_link : int
         Chip-to-chip links.
     unit_counts : dict
-        How many independent instances of each unit besides the MXM planes.
+        Independent instances of each unit besides the MXM planes (DMA engines, vector queues, ...).
     latency_cycles : dict
-        Fixed pipeline latency added to every instruction of a unit.
+        Pipeline and stream-hop latency of each unit's results.
+    sources : dict
+        Parameter name ─► the public figure it comes from, or "assumed: ...".
     """
 
     name: str
     clock_hz: int
     lanes: int
+    streams_per_direction: int
     sram_bytes: int
     sram_slices: int
     mxm_planes: int
     mxm_rows: int
     mxm_cols: int
     mxm_passes: dict
+    mxm_weight_buffers: int
+    mxm_install_streams: int
     vxm_alus: int
-    sxm_bytes_per_cycle: int
-    sram_bytes_per_cycle: int
+    sxm_vectors_per_cycle: int
     host_bytes_per_s: int
     c2c_links: int
     c2c_bytes_per_s_per_link: int
     unit_counts: dict
     latency_cycles: dict
     description: str = field(default="", compare=False)
+    sources: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"chip config {self.name!r}: {f.name} must be a positive integer, got {value!r}")
+            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise ConfigError(f"chip config {self.name!r}: {f.name} must be a positive integer, got {value!r}")
         if self.sram_bytes % self.sram_slices:
-            raise ValueError(f"chip config {self.name!r}: sram_bytes must divide into {self.sram_slices} slices")
+            raise ConfigError(f"chip config {self.name!r}: sram_bytes must divide into {self.sram_slices} slices")
+        if self.vxm_alus % self.lanes:
+            raise ConfigError(f"chip config {self.name!r}: vxm_alus must be a multiple of lanes ({self.lanes})")
         unknown = set(self.mxm_passes) - set(MXM_DTYPES)
         if "fp32" not in self.mxm_passes or unknown:
-            raise ValueError(f"chip config {self.name!r}: mxm_passes must give fp32 and may give "
-                             f"{', '.join(d for d in MXM_DTYPES if d != 'fp32')}; got {sorted(self.mxm_passes)}")
+            raise ConfigError(f"chip config {self.name!r}: mxm_passes must give fp32 and may give "
+                              f"{', '.join(d for d in MXM_DTYPES if d != 'fp32')}; got {sorted(self.mxm_passes)}")
         if any(not isinstance(v, int) or v <= 0 for v in self.mxm_passes.values()):
-            raise ValueError(f"chip config {self.name!r}: mxm_passes must be positive integers")
+            raise ConfigError(f"chip config {self.name!r}: mxm_passes must be positive integers")
+        if 2 * self.mxm_install_streams > self.stream_capacity:
+            raise ConfigError(f"chip config {self.name!r}: mxm_install_streams exceeds the streams")
         for unit in UNIT_NAMES:
-            if unit != "MXM" and self.unit_counts.get(unit, 0) < 1:
-                raise ValueError(f"chip config {self.name!r}: unit_counts[{unit!r}] must be >= 1")
-            if self.latency_cycles.get(unit, -1) < 0:
-                raise ValueError(f"chip config {self.name!r}: latency_cycles[{unit!r}] missing")
+            if unit != "MXM" and (not isinstance(self.unit_counts.get(unit), int) or self.unit_counts[unit] < 1):
+                raise ConfigError(f"chip config {self.name!r}: unit_counts[{unit!r}] must be an integer >= 1")
+            if not isinstance(self.latency_cycles.get(unit), int) or self.latency_cycles[unit] < 0:
+                raise ConfigError(f"chip config {self.name!r}: latency_cycles[{unit!r}] must be an integer >= 0")
+        if self.sources:
+            missing = [f.name for f in fields(self) if f.name not in _NOT_PARAMETERS and f.name not in self.sources]
+            if missing:
+                raise ConfigError(f"chip config {self.name!r}: no source given for {', '.join(missing)}")
         # dicts are not hashable; freeze them so the config can key caches
-        object.__setattr__(self, "mxm_passes", _FrozenDict(self.mxm_passes))
-        object.__setattr__(self, "unit_counts", _FrozenDict(self.unit_counts))
-        object.__setattr__(self, "latency_cycles", _FrozenDict(self.latency_cycles))
+        for name in ("mxm_passes", "unit_counts", "latency_cycles", "sources"):
+            object.__setattr__(self, name, _FrozenDict(getattr(self, name)))
 
     # ---- derived values -------------------------------------------------
     def check_dtype(self, dtype: str) -> None:
@@ -105,6 +129,20 @@ class ChipConfig:
     def unit_count(self, unit_name: str) -> int:
         """Number of independent instances of a unit."""
         return self.mxm_planes if unit_name == "MXM" else self.unit_counts[unit_name]
+
+    @property
+    def stream_capacity(self) -> int:
+        """Streams in both directions together."""
+        return 2 * self.streams_per_direction
+
+    @property
+    def sram_bytes_per_cycle(self) -> int:
+        """SRAM read bandwidth (and, separately, write bandwidth): one vector per slice per cycle."""
+        return self.sram_slices * self.lanes
+
+    @property
+    def vxm_alus_per_lane(self) -> int:
+        return self.vxm_alus // self.lanes
 
     @property
     def sram_slice_bytes(self) -> int:
@@ -125,7 +163,7 @@ class ChipConfig:
     @property
     def digest(self) -> bytes:
         """8-byte fingerprint of every field that changes what a program means."""
-        payload = json.dumps({k: v for k, v in asdict(self).items() if k != "description"},
+        payload = json.dumps({k: v for k, v in asdict(self).items() if k not in ("description", "sources")},
                              sort_keys=True, default=dict)
         return hashlib.blake2b(payload.encode(), digest_size=8).digest()
 
@@ -147,10 +185,7 @@ def available_configs() -> list[str]:
 
 @lru_cache(maxsize=None)
 def _load_preset(name: str) -> ChipConfig:
-    path = _CONFIG_DIR / f"{name}.json"
-    if not path.is_file():
-        raise ValueError(f"unknown chip config {name!r}; presets: {', '.join(available_configs())}")
-    return config_from_dict(json.loads(path.read_text()))
+    return config_from_dict(json.loads((_CONFIG_DIR / f"{name}.json").read_text()))
 
 
 def config_from_dict(data: dict) -> ChipConfig:
@@ -158,11 +193,11 @@ def config_from_dict(data: dict) -> ChipConfig:
     known = {f.name for f in fields(ChipConfig)}
     unknown = set(data) - known
     if unknown:
-        raise ValueError(f"chip config: unknown keys {sorted(unknown)}")
+        raise ConfigError(f"chip config: unknown keys {sorted(unknown)}")
     try:
         return ChipConfig(**data)
     except TypeError as err:
-        raise ValueError(f"chip config: {err}") from None
+        raise ConfigError(f"chip config: {err}") from None
 
 
 def load_config(config: "str | Path | ChipConfig") -> ChipConfig:
@@ -175,7 +210,15 @@ def load_config(config: "str | Path | ChipConfig") -> ChipConfig:
     """
     if isinstance(config, ChipConfig):
         return config
-    path = Path(config)
-    if path.suffix == ".json" and path.is_file():
-        return config_from_dict(json.loads(path.read_text()))
-    return _load_preset(str(config))
+    text = str(config)
+    if text in available_configs():
+        return _load_preset(text)
+    path = Path(text)
+    if path.suffix == ".json" or "/" in text:
+        if not path.is_file():
+            raise ConfigError(f"chip config file {text!r}: no such file")
+        try:
+            return config_from_dict(json.loads(path.read_text()))
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"chip config file {text!r}: not JSON ({err})") from None
+    raise ConfigError(f"unknown chip config {text!r}; presets: {', '.join(available_configs())}")

@@ -109,15 +109,24 @@ class Unit(IntEnum):
     ICU = 5  # sync, nop
 
 
+class Space(IntEnum):
+    """Where an operand lives: an SRAM tensor, or a stream carrying a chained result between units."""
+
+    SRAM = 0
+    STREAM = 1
+
+
 class Group(Enum):
     """Opcode groups: each has one operand/shape rule and one timing rule."""
 
     HOST = "host"          # moves between host memory and SRAM over the host link
     CONTROL = "control"    # no data
-    MATRIX = "matrix"      # products on a matrix plane
     INSTALL = "install"    # a stationary operand into a matrix plane's weight buffer
+    MATRIX = "matrix"      # products on a matrix plane against its installed buffer
+    EPILOGUE = "epilogue"  # bias, activation or requantisation of matrix results, on the vector unit
     UNARY = "unary"        # elementwise, one operand
     BINARY = "binary"      # elementwise, two operands (numpy broadcasting)
+    QBINARY = "qbinary"    # elementwise on int8/uint8 operands, requantised (ONNX Runtime's QLinearAdd)
     QUANT = "quant"        # float <-> int8/uint8
     REDUCE = "reduce"      # reductions over axes
     NORM = "norm"          # softmax, layer norm
@@ -187,7 +196,8 @@ def _int8_attrs(*names: str) -> tuple:
     return tuple(Attr(n, "int", 0, doc="zero point (int8/uint8 operands only)") for n in names)
 
 
-_INDEX = (Attr("index", "int", REQUIRED, doc="host tensor index"),)
+_INDEX = (Attr("index", "int", REQUIRED, doc="host tensor index"),
+          Attr("offset", "int", 0, doc="byte offset into the host tensor (a slice of it moves)"))
 
 
 class Opcode(IntEnum):
@@ -198,6 +208,7 @@ class Opcode(IntEnum):
     STORE = 2
     STREAM = 3
     MATMUL = 10
+    INSTALL = 11
     COPY = 20
     RELU = 21
     CLIP = 22
@@ -214,6 +225,7 @@ class Opcode(IntEnum):
     DEQUANTIZE = 33
     LEAKY_RELU = 34
     HARD_SWISH = 35
+    EPILOGUE = 36
     ADD = 40
     SUB = 41
     MUL = 42
@@ -221,6 +233,7 @@ class Opcode(IntEnum):
     MAXIMUM = 44
     MINIMUM = 45
     POW = 46
+    QADD = 47
     REDUCE_SUM = 50
     REDUCE_MEAN = 51
     REDUCE_MAX = 52
@@ -251,11 +264,21 @@ OP_TABLE = {
     Opcode.STORE: OpSpec(Unit.MEM, Group.HOST, "SRAM ─► host output", _INDEX, dtypes=ANY_DTYPE),
     Opcode.STREAM: OpSpec(Unit.MEM, Group.HOST, "host-resident weight ─► SRAM, each time it is used",
                           (Attr("index", "int", REQUIRED, doc="streamed weight index"),), dtypes=ANY_DTYPE),
+    Opcode.INSTALL: OpSpec(
+        Unit.MXM, Group.INSTALL, "w[K, N] (K, N ≤ the array) ─► the plane's weight buffer",
+        (Attr("buffer", "int", 0, doc="which of the plane's weight buffers"),), dtypes=FLOAT_DTYPES | QUANT_DTYPES),
     Opcode.MATMUL: OpSpec(
         Unit.MXM, Group.MATRIX,
-        "out = act(a @ b + bias); on int8/uint8 a and b: "
-        "saturate(rint(float32((a - zp_a) @ (b - zp_b) + bias) * requant) + zp_out)",
-        _epilogue_attrs() + _int8_attrs("zp_a", "zp_b", "zp_out"), dtypes=FLOAT_DTYPES | QUANT_DTYPES),
+        "out = [acc +] (a - zp_a) @ (W - zp_b), W the plane's installed buffer; fp32 sums of float "
+        "operands, int32 sums of int8/uint8 ones",
+        (Attr("buffer", "int", 0, doc="which installed weight buffer"),) + _int8_attrs("zp_a", "zp_b"),
+        dtypes=FLOAT_DTYPES | QUANT_DTYPES),
+    Opcode.EPILOGUE: OpSpec(
+        Unit.VXM, Group.EPILOGUE,
+        "out = act(acc + bias) in the destination's float type; for an int8/uint8 destination "
+        "saturate(rint(float32(acc + bias) · requant) + zp_out), ONNX Runtime's QLinearConv requantisation",
+        _epilogue_attrs() + (Attr("zp_out", "int", 0, doc="output zero point (int8/uint8 only)"),), 3,
+        dtypes=frozenset({DType.F32, DType.I32})),
     Opcode.COPY: _unary("out = x", 1, dtypes=ANY_DTYPE),
     Opcode.RELU: _unary("max(x, 0)", 1, epilogue=True),
     Opcode.CLIP: _unary("min(max(x, lo), hi)", 2, (Attr("lo", "float", REQUIRED), Attr("hi", "float", REQUIRED)),
@@ -283,6 +306,12 @@ OP_TABLE = {
     Opcode.MAXIMUM: _binary("max(a, b)"),
     Opcode.MINIMUM: _binary("min(a, b)"),
     Opcode.POW: _binary("a ^ b", 8),
+    Opcode.QADD: OpSpec(
+        Unit.VXM, Group.QBINARY,
+        "saturate(rint((scale_a·(a - zp_a) + scale_b·(b - zp_b)) / scale_out) + zp_out), ONNX Runtime's QLinearAdd",
+        tuple(Attr(n, k, REQUIRED if k == "float" else 0) for n, k in (
+            ("scale_a", "float"), ("zp_a", "int"), ("scale_b", "float"), ("zp_b", "int"), ("scale_out", "float"),
+            ("zp_out", "int"))) + (Attr("act", "opcode", 0, doc="NOP or RELU"),), 6, QUANT_DTYPES),
     Opcode.REDUCE_SUM: OpSpec(Unit.VXM, Group.REDUCE, "sum over axes", _AXES, 1),
     Opcode.REDUCE_MEAN: OpSpec(Unit.VXM, Group.REDUCE, "mean over axes", _AXES, 1),
     Opcode.REDUCE_MAX: OpSpec(Unit.VXM, Group.REDUCE, "max over axes", _AXES, 1),
@@ -462,11 +491,25 @@ def format_attrs(opcode: Opcode, attrs: dict) -> str:
 # ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TensorRef:
-    """A dense row-major tensor in SRAM."""
+    """An operand: a (possibly strided) view of SRAM, or a stream.
+
+    Parameters
+    ----------
+    addr : int
+        SRAM byte address of element 0, or the stream's number.
+    shape : tuple
+    dtype : DType
+    strides : tuple, optional
+        Element strides per axis; None is dense row-major.
+    space : Space
+        SRAM (default) or STREAM (a chained result flowing from one unit to the next).
+    """
 
     addr: int
     shape: tuple
     dtype: DType
+    strides: tuple | None = None
+    space: Space = Space.SRAM
 
     @property
     def size(self) -> int:
@@ -474,15 +517,63 @@ class TensorRef:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of data (what moves), not of the span it lies in."""
         return self.size * self.dtype.itemsize
 
     @property
+    def element_strides(self) -> tuple:
+        if self.strides is not None:
+            return tuple(self.strides)
+        out, step = [], 1
+        for d in reversed(self.shape):
+            out.append(step)
+            step *= d
+        return tuple(reversed(out))
+
+    @property
     def end(self) -> int:
-        return self.addr + self.nbytes
+        """One past the last byte the view touches."""
+        if self.size == 0:
+            return self.addr
+        last = sum((d - 1) * st for d, st in zip(self.shape, self.element_strides))
+        return self.addr + (last + 1) * self.dtype.itemsize
+
+    @property
+    def in_sram(self) -> bool:
+        return self.space == Space.SRAM
+
+    def footprint(self) -> tuple:
+        """The bytes the view touches as a 2-D block ``(addr, rows, run, row_stride)``.
+
+        ``rows`` runs of ``run`` contiguous bytes, ``row_stride`` bytes apart. A
+        view that is not such a block (three strided axes, say) is widened to its
+        bounding range, which only ever adds dependencies, never drops one.
+        """
+        item = self.dtype.itemsize
+        axes = sorted(((st, d) for st, d in zip(self.element_strides, self.shape) if d > 1), reverse=True)
+        merged = []  # (stride, size) from outermost; neighbours that tile each other merge
+        for st, d in axes:
+            if merged and merged[-1][0] == st * d:
+                merged[-1] = (st, merged[-1][1] * d)
+            else:
+                merged.append((st, d))
+        if not merged:
+            return (self.addr, 1, item, item)
+        if len(merged) == 1 and merged[0][0] == 1:
+            return (self.addr, 1, merged[0][1] * item, merged[0][1] * item)
+        if len(merged) == 1:  # one strided axis of single elements
+            return (self.addr, merged[0][1], item, merged[0][0] * item)
+        if len(merged) == 2 and merged[1][0] == 1 and merged[0][0] >= merged[1][1]:
+            return (self.addr, merged[0][1], merged[1][1] * item, merged[0][0] * item)
+        span = self.end - self.addr
+        return (self.addr, 1, span, span)
 
     def __str__(self) -> str:
         dims = "x".join(str(d) for d in self.shape) or "scalar"
-        return f"{self.dtype.short}[{dims}]@{self.addr:#x}"
+        if self.space == Space.STREAM:
+            return f"{self.dtype.short}[{dims}]@S{self.addr}"
+        view = "" if self.strides is None else "/" + ",".join(str(s) for s in self.strides)
+        return f"{self.dtype.short}[{dims}]@{self.addr:#x}{view}"
 
 
 @dataclass(frozen=True)

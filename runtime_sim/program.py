@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import ChipConfig, load_config
-from .isa import (MAX_RANK, UNIT_OF, DType, Group, HostTensor, Instruction, Opcode, TensorRef, format_attrs,
+from .isa import (MAX_RANK, UNIT_OF, DType, Group, HostTensor, Instruction, Opcode, Space, TensorRef, format_attrs,
                   pack_attrs, unpack_attrs)
 from .shapes import check_operands
 
 MAGIC = b"LPXPROG\0"
-VERSION = 3  # 2: streamed weights; 3: attributes in op-table order, tuples length-prefixed
+VERSION = 4  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views, plane buffers
 _HEADER = struct.Struct("<8sHHQ16s")
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
 MAX_DIM = 1 << 31
@@ -102,7 +102,9 @@ def _pack_dims(dtype: DType, shape) -> bytes:
 
 
 def _pack_ref(ref: TensorRef) -> bytes:
-    return struct.pack("<Q", ref.addr) + _pack_dims(ref.dtype, ref.shape)
+    strides = () if ref.strides is None else tuple(ref.strides)
+    return (struct.pack("<BQ", int(ref.space), ref.addr) + _pack_dims(ref.dtype, ref.shape)
+            + struct.pack(f"<B{len(strides)}I", 1 if ref.strides is not None else 0, *strides))
 
 
 def encode(program: Program) -> bytes:
@@ -179,9 +181,15 @@ class _Reader:
         return DType(code), tuple(shape)
 
     def ref(self, what: str) -> TensorRef:
-        (addr,) = self.unpack("Q", what)
+        space, addr = self.unpack("BQ", what)
+        if space not in Space._value2member_map_:
+            raise ProgramFormatError(f"{what}: unknown operand space {space}")
         dtype, shape = self.dims(what)
-        return TensorRef(addr, shape, dtype)
+        (has_strides,) = self.unpack("B", what)
+        if has_strides > 1:
+            raise ProgramFormatError(f"{what}: bad strides flag {has_strides}")
+        strides = self.unpack(f"{len(shape)}I", what) if has_strides else None
+        return TensorRef(addr, shape, dtype, strides, Space(space))
 
 
 def read_digest(blob) -> bytes:
@@ -298,9 +306,14 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
             f"(config digests {program.config_digest.hex()} vs {chip.digest.hex()})")
 
     def check_ref(ref: TensorRef, where: str):
-        if ref.addr % 4 or ref.end > chip.sram_bytes:
+        if ref.space == Space.STREAM:
+            if ref.addr >= chip.stream_capacity:
+                raise ProgramFormatError(f"{where}: stream S{ref.addr} does not exist "
+                                         f"(the chip has {chip.stream_capacity})")
+            return
+        if ref.addr % ref.dtype.itemsize or ref.end > chip.sram_bytes:
             raise ProgramFormatError(f"SRAM overflow: {where}: {ref} lies outside SRAM of {chip.sram_bytes} bytes "
-                                     "(or is not 4-byte aligned)")
+                                     f"(or is not aligned to its {ref.dtype.itemsize}-byte elements)")
 
     for const in program.constants:
         check_ref(const.ref, "constant")
@@ -312,10 +325,26 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
             raise ProgramFormatError(f"{where}: {ins.unit.name} instance {ins.unit_index} does not exist")
         for ref in ins.srcs + ins.dsts:
             check_ref(ref, where)
-        if ins.opcode == Opcode.MATMUL and ins.srcs and ins.srcs[0].dtype.matrix_class not in chip.mxm_passes:
-            raise ProgramFormatError(f"{where}: chip {chip.name!r} has no {ins.srcs[0].dtype.short} matrix unit")
         _validate_operands(ins, program, where)
+        _validate_for_chip(ins, chip, where)
     return chip
+
+
+def _validate_for_chip(ins: Instruction, chip: ChipConfig, where: str) -> None:
+    """What depends on the chip: matrix dtypes and tile sizes, weight buffers, which operands may be streams."""
+    if ins.spec.group == Group.HOST and any(r.space == Space.STREAM for r in ins.srcs + ins.dsts):
+        raise ProgramFormatError(f"{where}: host transfers move SRAM, not streams")
+    if ins.opcode in (Opcode.MATMUL, Opcode.INSTALL):
+        ref = ins.srcs[0]
+        if ref.dtype.matrix_class not in chip.mxm_passes:
+            raise ProgramFormatError(f"{where}: chip {chip.name!r} has no {ref.dtype.short} matrix unit")
+        if ins.attrs["buffer"] >= chip.mxm_weight_buffers:
+            raise ProgramFormatError(f"{where}: buffer {ins.attrs['buffer']} does not exist "
+                                     f"(planes have {chip.mxm_weight_buffers})")
+        k = ref.shape[-2] if ins.opcode == Opcode.INSTALL else ref.shape[-1]
+        n = ref.shape[-1] if ins.opcode == Opcode.INSTALL else ins.dsts[0].shape[-1]
+        if k > chip.mxm_rows or n > chip.mxm_cols:
+            raise ProgramFormatError(f"{where}: a {k}x{n} tile does not fit the {chip.mxm_rows}x{chip.mxm_cols} array")
 
 
 def _validate_operands(ins: Instruction, program: Program, where: str) -> None:

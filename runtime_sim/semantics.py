@@ -157,22 +157,54 @@ def requantize(out, acc, requant, act: Opcode, zp_out: int) -> None:
     np.copyto(out, np.clip(scaled, lo, hi).reshape(out.shape), casting="unsafe")
 
 
+class WeightBuffer:
+    """One of a matrix plane's weight buffers: the tile the last INSTALL into it put there."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = None
+
+
+def _install(outs, ins, attrs):
+    """outs[0] is the plane's WeightBuffer; the tile is copied (its SRAM may be reused while it is installed)."""
+    outs[0].value = np.array(ins[0])
+
+
 def _matmul(outs, ins, attrs):
-    out = outs[0]
-    if out.dtype in _INT_RANGES:  # int8 x int8 -> int32 accumulate (exact in float64 BLAS), then requantise
-        a, b, bias, requant = ins
-        acc = np.matmul(a.astype(np.float64) - attrs["zp_a"], b.astype(np.float64) - attrs["zp_b"])
-        requantize(out, acc + bias, requant, attrs["act"], attrs["zp_out"])
+    """out = [acc +] (a - zp_a) @ (W - zp_b): exact int32 sums for int8/uint8 (float64 BLAS), else fp32."""
+    a, weights, out = ins[0], ins[1].value, outs[0]
+    if out.dtype == np.int32:
+        acc = np.matmul(a.astype(np.float64) - attrs["zp_a"], weights.astype(np.float64) - attrs["zp_b"])
+        if len(ins) == 3:
+            acc += ins[2]
+        np.copyto(out, acc, casting="unsafe")
         return
-    a, b = ins[0], ins[1]
-    if out.dtype == F32 and a.dtype == b.dtype == F32:
-        np.matmul(a, b, out=out)
-        acc = out
-    else:
-        acc = np.matmul(_f32(a), _f32(b))
+    acc = np.matmul(_f32(a), _f32(weights))
     if len(ins) == 3:
-        np.add(acc, _f32(ins[2]), out=acc)
+        acc += ins[2]
+    _store(out, acc)
+
+
+def _epilogue(outs, ins, attrs):
+    out = outs[0]
+    if out.dtype in _INT_RANGES:
+        acc, bias, requant = ins
+        requantize(out, acc.astype(np.int64) + bias, requant, attrs["act"], attrs["zp_out"])
+        return
+    acc = _f32(ins[0]) + (ins[1] if len(ins) == 2 else F32(0))
     _store(out, apply_epilogue(acc, attrs))
+
+
+def _qadd(outs, ins, attrs):
+    a, b = ins
+    total = (F32(attrs["scale_a"]) * (a.astype(F32) - F32(attrs["zp_a"]))
+             + F32(attrs["scale_b"]) * (b.astype(F32) - F32(attrs["zp_b"])))
+    out = outs[0]
+    lo, hi = _INT_RANGES[out.dtype]
+    if attrs["act"] == Opcode.RELU:
+        lo = max(lo, attrs["zp_out"])
+    np.copyto(out, np.clip(np.rint(total / F32(attrs["scale_out"])) + F32(attrs["zp_out"]), lo, hi), casting="unsafe")
 
 
 def _reduce(kind):
@@ -312,7 +344,10 @@ SEMANTICS = {
     Opcode.LOAD: _host_copy,
     Opcode.STORE: _host_copy,
     Opcode.STREAM: _host_copy,
+    Opcode.INSTALL: _install,
     Opcode.MATMUL: _matmul,
+    Opcode.EPILOGUE: _epilogue,
+    Opcode.QADD: _qadd,
     **{op: _unary(op) for op in UNARY_OPS},
     **{op: _binary(op) for op in BINARY_OPS},
     Opcode.REDUCE_SUM: _reduce(np.sum),

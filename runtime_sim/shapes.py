@@ -62,7 +62,7 @@ def _same_float(types, op):
 
 def _rule_host(op, srcs, dsts, attrs):
     _count(srcs, dsts, 1 if op == Opcode.STORE else 0, 0 if op == Opcode.STORE else 1, op)
-    _check(attrs["index"] >= 0, f"{op.name} index must be >= 0")
+    _check(attrs["index"] >= 0 and attrs.get("offset", 0) >= 0, f"{op.name} index and offset must be >= 0")
     return None  # the host tensor it names decides the shape (checked against the program's signature)
 
 
@@ -70,15 +70,6 @@ def _rule_control(op, srcs, dsts, attrs):
     _count(srcs, dsts, 0, 0, op)
     _check(attrs["cycles"] >= 0, "NOP cycles must be >= 0")
     return None
-
-
-def _product_shape(a, b, op) -> tuple:
-    _check(len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2], f"{op.name} shapes {a} and {b} do not chain")
-    try:
-        batch = tuple(np.broadcast_shapes(a[:-2], b[:-2]))
-    except ValueError:
-        raise ValueError(f"{op.name} batch dimensions of {a} and {b} do not broadcast") from None
-    return batch + (a[-2], b[-1])
 
 
 def _int8_extras(op, srcs, dst, out, attrs, zero_points) -> None:
@@ -94,18 +85,68 @@ def _int8_extras(op, srcs, dst, out, attrs, zero_points) -> None:
     _check(attrs["act"] in (Opcode.NOP, Opcode.RELU), f"int8 {op.name} epilogue is NOP or RELU")
 
 
+def _rule_install(op, srcs, dsts, attrs):
+    _count(srcs, dsts, 1, 0, op)
+    _check(len(srcs[0][0]) == 2, "INSTALL takes a 2-D tile")
+    _check(srcs[0][1] in OP_TABLE[op].dtypes, f"INSTALL of {srcs[0][1].short}")
+    _check(attrs["buffer"] >= 0, "INSTALL buffer must be >= 0")
+    return None
+
+
+def partial_dtype(dtype: DType) -> DType:
+    """The matrix unit's accumulator type for operands of ``dtype``: int32 for int8/uint8, else fp32."""
+    return DType.I32 if dtype in QUANT_DTYPES else DType.F32
+
+
 def _rule_matrix(op, srcs, dsts, attrs):
-    quantized = bool(srcs) and srcs[0][1] in QUANT_DTYPES
-    _count(srcs, dsts, 4 if quantized else (2, 3), 1, op)
-    (a, ta), (b, tb) = srcs[0], srcs[1]
-    out = _product_shape(a, b, op)
-    if quantized:
-        _int8_extras(op, srcs, dsts[0][1], out, attrs, (("zp_a", "a"), ("zp_b", "b"), ("zp_out", "out")))
+    _count(srcs, dsts, (1, 2), 1, op)
+    (a, ta), (out, tout) = srcs[0], dsts[0]
+    _check(len(a) >= 2 and len(out) == len(a) and out[:-1] == a[:-1],
+           f"MATMUL rows: a {a} and out {out} must share all but the last axis")
+    _check(ta in OP_TABLE[op].dtypes and tout == partial_dtype(ta),
+           f"MATMUL of {ta.short} accumulates in {partial_dtype(ta).short}, not {tout.short}")
+    if len(srcs) == 2:
+        _check(srcs[1] == (out, tout), f"MATMUL accumulator {srcs[1][0]} {srcs[1][1].short} must match its output")
+    if ta in QUANT_DTYPES:
+        _fits(attrs["zp_a"], ta, "MATMUL zp_a")
+        _check(-128 <= attrs["zp_b"] <= 255, "MATMUL zp_b outside the int8/uint8 range")
     else:
-        _same_float([t for _, t in srcs] + [dsts[0][1]], op)
-        if len(srcs) == 3:
-            _check(_broadcasts_to(srcs[2][0], out), f"{op.name} bias {srcs[2][0]} does not broadcast to {out}")
+        _check(attrs["zp_a"] == 0 and attrs["zp_b"] == 0, "zero points apply to int8/uint8 operands only")
+    _check(attrs["buffer"] >= 0, "MATMUL buffer must be >= 0")
     return out
+
+
+def _rule_epilogue(op, srcs, dsts, attrs):
+    (acc, tacc), tout = srcs[0], dsts[0][1]
+    if tout in QUANT_DTYPES:
+        _count(srcs, dsts, 3, 1, op)
+        _check(tacc == DType.I32 and [t for _, t in srcs[1:]] == [DType.I32, DType.F32],
+               "int8 EPILOGUE takes an int32 accumulator, an int32 bias and an fp32 requantisation scale")
+        _fits(attrs["zp_out"], tout, "EPILOGUE zp_out")
+        _check(attrs["act"] in (Opcode.NOP, Opcode.RELU), "int8 EPILOGUE activation is NOP or RELU")
+    else:
+        _count(srcs, dsts, (1, 2), 1, op)
+        _check(tacc == DType.F32 and tout in FLOAT_DTYPES and all(t in FLOAT_DTYPES for _, t in srcs[1:]),
+               "float EPILOGUE takes fp32 sums and a float bias")
+        _check(attrs["zp_out"] == 0, "EPILOGUE zp_out applies to int8/uint8 results only")
+    for extra, _ in srcs[1:]:
+        _check(_broadcasts_to(extra, acc), f"EPILOGUE bias/requant {extra} does not broadcast to {acc}")
+    return acc
+
+
+def _rule_qbinary(op, srcs, dsts, attrs):
+    _count(srcs, dsts, 2, 1, op)
+    types = [t for _, t in srcs] + [dsts[0][1]]
+    _check(all(t in QUANT_DTYPES for t in types), f"QADD operand dtypes {[t.short for t in types]}")
+    for (name, dtype) in (("zp_a", types[0]), ("zp_b", types[1]), ("zp_out", types[2])):
+        _fits(attrs[name], dtype, f"QADD {name}")
+    for name in ("scale_a", "scale_b", "scale_out"):
+        _check(attrs[name] > 0 and np.isfinite(attrs[name]), f"QADD {name} must be > 0")
+    _check(attrs["act"] in (Opcode.NOP, Opcode.RELU), "QADD activation is NOP or RELU")
+    try:
+        return tuple(np.broadcast_shapes(srcs[0][0], srcs[1][0]))
+    except ValueError:
+        raise ValueError(f"QADD shapes {srcs[0][0]} and {srcs[1][0]} do not broadcast") from None
 
 
 def _rule_unary(op, srcs, dsts, attrs):
@@ -222,12 +263,13 @@ def _rule_move(op, srcs, dsts, attrs):
 
 
 RULES = {
-    Group.HOST: _rule_host, Group.CONTROL: _rule_control, Group.MATRIX: _rule_matrix, Group.UNARY: _rule_unary,
+    Group.HOST: _rule_host, Group.CONTROL: _rule_control, Group.INSTALL: _rule_install, Group.MATRIX: _rule_matrix,
+    Group.EPILOGUE: _rule_epilogue, Group.QBINARY: _rule_qbinary, Group.UNARY: _rule_unary,
     Group.BINARY: _rule_binary, Group.QUANT: _rule_quant, Group.REDUCE: _rule_reduce, Group.NORM: _rule_norm,
     Group.WINDOW: _rule_window, Group.DEPTHWISE: _rule_depthwise, Group.MOVE: _rule_move,
 }
 # the destination may be a reshaped view of these groups' results (same element count)
-RESHAPING = frozenset({Group.REDUCE, Group.MATRIX, Group.MOVE})
+RESHAPING = frozenset({Group.REDUCE, Group.MOVE})
 assert {spec.group for spec in OP_TABLE.values()} <= set(RULES), "every group needs an operand rule"
 
 

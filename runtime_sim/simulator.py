@@ -1,47 +1,38 @@
 """The LPX simulator: verify a program's static schedule once, then run it fast.
 
-Loading a program decodes and validates it, checks the schedule the way the
-hardware relies on it, computes every cycle count, places the constants
-(weights) in SRAM and binds each instruction to numpy views of its operands. The
-schedule is static, so none of this depends on the data: each call then only
-does the arithmetic.
-
-Schedule rules (a program that breaks one is rejected with the instruction, the
-cycle and the rule):
-
-- ``unit overlap``: a unit instance runs one instruction at a time;
-- ``RAW hazard``: an operand is read only after its producer has finished;
-- ``WAR hazard``: a buffer is not overwritten while an earlier reader still reads it;
-- ``WAW hazard``: two writes to the same bytes finish in issue order;
-- ``SRAM overflow``: every operand lies inside SRAM.
+Loading a program decodes and validates it, checks its schedule against the
+machine (:mod:`.check`: every resource free and every operand arrived at each
+stated issue cycle, the header's cycle count the measured one), places the
+constants (weights) in an SRAM image as large as the program's high-water mark,
+and binds each instruction to numpy views of its operands, its plane's weight
+buffers and its streams. The schedule is static, so none of this depends on the
+data: each call then only does the arithmetic.
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .check import ScheduleError, Timeline, check_timing
 from .config import ChipConfig
-from .cost import instruction_cost
-from .hazards import AccessLog
-from .isa import Opcode, Unit
-from .program import Program, ProgramFormatError, decode, validate
-from .semantics import SEMANTICS
+from .isa import DType, Opcode, Space, Unit
+from .program import Program, decode, validate
+from .semantics import SEMANTICS, WeightBuffer
 
-
-class ScheduleError(ProgramFormatError):
-    """A program breaks one of the hardware's static-schedule rules."""
-
-    def __init__(self, rule: str, index: int, cycle: int, detail: str):
-        self.rule, self.index, self.cycle = rule, index, cycle
-        super().__init__(f"{rule}: instruction {index} at cycle {cycle}: {detail}")
+__all__ = ["Simulator", "RunStats", "ScheduleError", "CallError", "OverflowWarning"]
 
 
 class CallError(ValueError):
     """Inputs given to a program do not match its signature."""
+
+
+class OverflowWarning(UserWarning):
+    """A result overflowed a reduced-precision storage type (fp16, bf16) to inf."""
 
 
 @dataclass
@@ -53,16 +44,25 @@ class RunStats:
     clock_hz: int
     unit_busy: dict
     unit_instances: dict
+    plane_busy: list
+    macs: int
+    peak_macs_cycles: float  # Σ over MATMULs of their array-cycles at full rate: the MAC-utilisation numerator
     sram_high_water: int
     sram_bytes_moved: int
     host_bytes: int
     flops: int
     instruction_cycles_sum: int
     layers: list = field(default_factory=list)
+    planes: int = 1
+    array_macs: int = 1
 
     @property
     def seconds(self) -> float:
         return self.cycles / self.clock_hz
+
+    @property
+    def microseconds(self) -> float:
+        return 1e6 * self.seconds
 
     @property
     def utilisation(self) -> dict:
@@ -70,43 +70,55 @@ class RunStats:
         return {u: busy / (self.cycles * self.unit_instances[u]) if self.cycles else 0.0
                 for u, busy in self.unit_busy.items()}
 
+    @property
+    def mac_utilisation(self) -> float:
+        """Useful MACs ÷ (peak MACs per cycle × cycles), each MATMUL at its own dtype's peak."""
+        return self.peak_macs_cycles / (self.planes * self.array_macs * self.cycles) if self.cycles else 0.0
+
     def to_dict(self) -> dict:
         return {"predicted_cycles": self.predicted_cycles, "simulated_cycles": self.cycles,
-                "seconds": self.seconds, "sram_high_water": self.sram_high_water,
+                "seconds": self.seconds, "microseconds": self.microseconds, "sram_high_water": self.sram_high_water,
                 "sram_bytes_moved": self.sram_bytes_moved, "host_bytes": self.host_bytes, "flops": self.flops,
-                "instruction_cycles_sum": self.instruction_cycles_sum,
+                "macs": self.macs, "mac_utilisation": self.mac_utilisation,
+                "plane_busy": self.plane_busy, "instruction_cycles_sum": self.instruction_cycles_sum,
                 "units": {u: {"busy_cycles": b, "instances": self.unit_instances[u],
                               "utilisation": self.utilisation[u]} for u, b in self.unit_busy.items()},
                 "layers": self.layers}
 
 
-def _check_schedule(program: Program, costs: list, order: list) -> None:
-    """Apply the schedule rules in issue order."""
-    unit_free = {}
-    log = AccessLog(sum(len(i.srcs) + len(i.dsts) for i in program.instructions))
-    for index in order:
-        ins = program.instructions[index]
-        start = ins.cycle
-        finish = start + costs[index].cycles
-        key = (ins.unit, ins.unit_index)
-        busy_until, previous = unit_free.get(key, (0, None))
-        if start < busy_until:
-            raise ScheduleError("unit overlap", index, start,
-                                f"{ins.unit.name}{ins.unit_index} is busy until cycle {busy_until} "
-                                f"with instruction {previous}")
-        unit_free[key] = (finish, index)
-        for ref in ins.srcs:
-            if log.raw(ref) > start:
-                raise ScheduleError("RAW hazard", index, start,
-                                    f"reads {ref} before its producer finishes at cycle {log.raw(ref)}")
-        for ref in ins.dsts:
-            if log.war(ref) > start:
-                raise ScheduleError("WAR hazard", index, start,
-                                    f"overwrites {ref} while a reader reads it until cycle {log.war(ref)}")
-            if log.raw(ref) > start:
-                raise ScheduleError("WAW hazard", index, start,
-                                    f"writes {ref} before an earlier write finishes at cycle {log.raw(ref)}")
-        log.record(ins.srcs, ins.dsts, finish)
+_BOUND_OF_UNIT = {"MXM": "matrix", "VXM": "vector", "SXM": "switch", "MEM": "host link"}
+
+
+def _layer_rows(program, timeline, chip) -> list:
+    rows = defaultdict(lambda: {"busy": defaultdict(int), "flops": 0, "macs": 0, "bytes": 0, "start": None,
+                                "end": 0, "bounds": defaultdict(int)})
+    for index, ins in enumerate(program.instructions):
+        occ = timeline.occupancies[index]
+        name = program.layer_names[ins.layer] if ins.layer < len(program.layer_names) else str(ins.layer)
+        row = rows[name]
+        row["busy"][ins.unit.name] += occ.busy
+        row["flops"] += occ.flops
+        row["macs"] += occ.macs
+        row["bytes"] += occ.sram_bytes + occ.host_bytes
+        row["start"] = ins.cycle if row["start"] is None else min(row["start"], ins.cycle)
+        row["end"] = max(row["end"], ins.cycle + occ.finish)
+        row["bounds"][occ.bound] += occ.busy
+    out = []
+    for name, r in rows.items():
+        span = max(r["end"] - r["start"], 1)
+        # a unit kind's busy share of the layer's span, its instances working side by side
+        shares = {u: busy / (span * chip.unit_count(u)) for u, busy in r["busy"].items()
+                  if u in _BOUND_OF_UNIT and u not in ("VXM",)}
+        if "VXM" in r["busy"]:
+            shares["VXM"] = r["busy"]["VXM"] / span
+        unit, share = max(shares.items(), key=lambda kv: kv[1]) if shares else ("ICU", 0.0)
+        bound = _BOUND_OF_UNIT.get(unit, "latency") if share >= 0.5 else "latency"
+        if bound == "vector" and r["bounds"].get("streams", 0) > r["bounds"].get("vector", 0):
+            bound = "SRAM bandwidth"
+        out.append({"name": name, "cycles": span, "start": r["start"], "end": r["end"], "flops": r["flops"],
+                    "macs": r["macs"], "bytes": r["bytes"], "units": sorted(r["busy"]), "bound": bound,
+                    "busy": dict(r["busy"])})
+    return out
 
 
 class Simulator:
@@ -119,8 +131,8 @@ class Simulator:
     config : ChipConfig or str, optional
         The chip; by default the preset the program names.
     check_schedule : bool
-        Verify the static schedule at load (default). Turning it off changes
-        nothing but the time spent loading.
+        Verify the static schedule at load (default). Off, the program's cycles
+        are still measured with the machine's rules, but nothing is enforced.
     """
 
     def __init__(self, program, config: ChipConfig | str | None = None, check_schedule: bool = True):
@@ -128,61 +140,78 @@ class Simulator:
             program = decode(program, config)  # validates too
         chip = validate(program, config)
         self.program, self.config = program, chip
-        self.costs = [instruction_cost(ins, chip) for ins in program.instructions]
-        self.order = sorted(range(len(program.instructions)), key=lambda i: program.instructions[i].cycle)
-        if check_schedule:
-            _check_schedule(program, self.costs, self.order)
+        self.sram_size = max([c.ref.end for c in program.constants]
+                             + [r.end for i in program.instructions for r in i.srcs + i.dsts if r.in_sram] + [1])
+        self.timeline: Timeline = check_timing(program, chip, [c.ref for c in program.constants], self.sram_size) \
+            if check_schedule else _measure_unchecked(program, chip)
+        self.order = self.timeline.order
         self.stats = self._stats()
-        self._sram = np.zeros(chip.sram_bytes, np.uint8)
+        self._sram = np.zeros(self.sram_size, np.uint8)
         for const in program.constants:
-            self._sram[const.ref.addr:const.ref.end] = const.data
+            self._view(const.ref)[...] = const.data.view(const.ref.dtype.np).reshape(const.ref.shape)
+        self._buffers = defaultdict(WeightBuffer)
+        self._streams = {}
         self._bound = [self._bind(i) for i in self.order]
+        # positions (in issue order) of instructions that store a reduced-precision float
+        self._reduced_dsts = {k for k, i in enumerate(self.order) if any(
+            r.dtype in (DType.F16, DType.BF16) for r in program.instructions[i].dsts)}
         self._lock = threading.Lock()
 
+    @property
+    def costs(self) -> tuple:
+        """Each instruction's occupancy, by instruction index."""
+        return self.timeline.occupancies
+
     def _view(self, ref):
-        return self._sram[ref.addr:ref.end].view(ref.dtype.np).reshape(ref.shape)
+        item = ref.dtype.itemsize
+        if ref.strides is None:
+            return self._sram[ref.addr:ref.addr + ref.nbytes].view(ref.dtype.np).reshape(ref.shape)
+        base = self._sram[ref.addr:ref.end].view(ref.dtype.np)
+        return np.lib.stride_tricks.as_strided(base, ref.shape, tuple(s * item for s in ref.strides))
+
+    def read(self, ref) -> np.ndarray:
+        """A copy of what an SRAM operand holds now (for tests and debugging)."""
+        return np.array(self._view(ref))
+
+    def _operand(self, ref, producing: bool):
+        if ref.space == Space.SRAM:
+            return self._view(ref)
+        if producing:  # a chained result: the producer writes a buffer its consumer reads
+            self._streams[ref.addr] = np.empty(ref.shape, ref.dtype.np)
+        return self._streams[ref.addr]
 
     def _bind(self, index: int):
         ins = self.program.instructions[index]
-        srcs = [self._view(r) for r in ins.srcs]
+        srcs = [self._operand(r, False) for r in ins.srcs]
+        dsts = [self._operand(r, True) for r in ins.dsts]
         if ins.opcode == Opcode.STREAM:  # host memory, bound once like everything else
             weight = self.program.streamed[ins.attrs["index"]]
             srcs = [weight.data.view(weight.host.dtype.np).reshape(weight.host.shape)]
-        return (SEMANTICS[ins.opcode], ins.opcode, [self._view(r) for r in ins.dsts], srcs, ins.attrs)
+        elif ins.opcode == Opcode.INSTALL:
+            dsts = [self._buffers[(ins.unit_index, ins.attrs["buffer"])]]
+        elif ins.opcode == Opcode.MATMUL:
+            srcs.insert(1, self._buffers[(ins.unit_index, ins.attrs["buffer"])])
+        return SEMANTICS[ins.opcode], ins.opcode, dsts, srcs, ins.attrs
 
     def _stats(self) -> RunStats:
-        program, chip = self.program, self.config
+        program, chip, timeline = self.program, self.config, self.timeline
         busy = {u.name: 0 for u in Unit}
-        layers = defaultdict(lambda: {"cycles_busy": 0, "flops": 0, "bytes": 0, "start": None, "end": 0,
-                                      "units": set(), "bound": defaultdict(int)})
-        makespan = high_water = moved = host = flops = 0
-        for ins, cost in zip(program.instructions, self.costs):
-            busy[ins.unit.name] += cost.cycles
-            makespan = max(makespan, ins.cycle + cost.cycles)
-            for ref in ins.srcs + ins.dsts:
-                high_water = max(high_water, ref.end)
-            if ins.unit == Unit.MEM:
-                host += cost.bytes
-            else:
-                moved += cost.bytes
-            flops += cost.flops
-            name = program.layer_names[ins.layer] if ins.layer < len(program.layer_names) else str(ins.layer)
-            row = layers[name]
-            row["cycles_busy"] += cost.cycles
-            row["flops"] += cost.flops
-            row["bytes"] += cost.bytes
-            row["start"] = ins.cycle if row["start"] is None else min(row["start"], ins.cycle)
-            row["end"] = max(row["end"], ins.cycle + cost.cycles)
-            row["units"].add(ins.unit.name)
-            row["bound"][cost.bound] += cost.cycles
-        for const in program.constants:
-            high_water = max(high_water, const.ref.end)
-        layer_rows = [{"name": name, "cycles_busy": r["cycles_busy"], "start": r["start"], "end": r["end"],
-                       "flops": r["flops"], "bytes": r["bytes"], "units": sorted(r["units"]),
-                       "bound": max(r["bound"], key=r["bound"].get)} for name, r in layers.items()]
-        return RunStats(makespan, program.predicted_cycles, chip.clock_hz, busy,
-                        {u.name: chip.unit_count(u.name) for u in Unit}, high_water, moved, host, flops,
-                        sum(c.cycles for c in self.costs), layer_rows)
+        planes = [0] * chip.mxm_planes
+        moved = host = flops = macs = 0
+        full_rate = 0.0
+        for ins, occ in zip(program.instructions, timeline.occupancies):
+            busy[ins.unit.name] += occ.busy
+            moved += occ.sram_bytes
+            host += occ.host_bytes
+            flops += occ.flops
+            if ins.opcode == Opcode.MATMUL:
+                planes[ins.unit_index] += occ.busy
+                macs += occ.macs
+                full_rate += occ.macs * chip.mxm_passes[ins.srcs[0].dtype.matrix_class]
+        return RunStats(timeline.makespan, program.predicted_cycles, chip.clock_hz, busy,
+                        {u.name: chip.unit_count(u.name) for u in Unit}, planes, macs, full_rate, self.sram_size,
+                        moved, host, flops, sum(o.busy for o in timeline.occupancies),
+                        _layer_rows(program, timeline, chip), chip.mxm_planes, chip.mxm_rows * chip.mxm_cols)
 
     @property
     def inputs(self) -> tuple:
@@ -202,7 +231,7 @@ class Simulator:
             if arr.shape != tuple(sig.shape) or arr.dtype != sig.dtype.np:
                 raise CallError(f"input {i}: expected {sig.dtype.np}{list(sig.shape)}, "
                                 f"got {arr.dtype}{list(arr.shape)}")
-            arrays.append(arr)
+            arrays.append(np.ascontiguousarray(arr))
         return arrays
 
     def _check_outputs(self, outputs) -> list:
@@ -212,10 +241,16 @@ class Simulator:
         if len(outputs) != len(expected):
             raise CallError(f"program writes {len(expected)} outputs, got {len(outputs)} buffers")
         for i, (arr, sig) in enumerate(zip(outputs, expected)):
-            if arr.shape != tuple(sig.shape) or arr.dtype != sig.dtype.np:
-                raise CallError(f"output {i}: expected {sig.dtype.np}{list(sig.shape)}, "
+            if arr.shape != tuple(sig.shape) or arr.dtype != sig.dtype.np or not arr.flags.c_contiguous:
+                raise CallError(f"output {i}: expected a contiguous {sig.dtype.np}{list(sig.shape)}, "
                                 f"got {arr.dtype}{list(arr.shape)}")
         return list(outputs)
+
+    @staticmethod
+    def _host_part(array: np.ndarray, ref, attrs) -> np.ndarray:
+        """The slice of a host tensor a LOAD or STORE moves: ``ref.size`` elements from byte ``offset``."""
+        start = attrs["offset"] // ref.dtype.itemsize
+        return array.reshape(-1)[start:start + ref.size]
 
     def run(self, inputs, outputs=None) -> list:
         """Execute the program on host arrays.
@@ -234,13 +269,40 @@ class Simulator:
         """
         host_in = self._check_inputs(inputs)
         host_out = self._check_outputs(outputs)
-        with np.errstate(all="ignore"), self._lock:
-            for fn, op, outs, ins, attrs in self._bound:
+        overflowed = set()
+        current = [0]
+        instructions = self.program.instructions
+        # IEEE specials propagate silently, as on the hardware; a result too big for a reduced-precision
+        # storage type is reported (numpy flags the overflowing cast, so this costs nothing otherwise)
+        watch = dict(over="call", call=lambda *_: overflowed.add(current[0])) if self._reduced_dsts else {}
+        with np.errstate(all="ignore", **watch), self._lock:
+            for k, (fn, op, outs, ins, attrs) in enumerate(self._bound):
+                current[0] = k
                 if op == Opcode.LOAD:
-                    fn(outs, [host_in[attrs["index"]]], attrs)
+                    ref = instructions[self.order[k]].dsts[0]
+                    np.copyto(outs[0], self._host_part(host_in[attrs["index"]], ref, attrs).reshape(ref.shape))
                 elif op == Opcode.STORE:
-                    fn([host_out[attrs["index"]]], ins, attrs)
+                    ref = instructions[self.order[k]].srcs[0]
+                    self._host_part(host_out[attrs["index"]], ref, attrs)[...] = ins[0].reshape(-1)
                 else:
                     fn(outs, ins, attrs)
+        self._warn_overflow(overflowed & self._reduced_dsts)
         return host_out
+
+    def _warn_overflow(self, positions) -> None:
+        for k in sorted(positions):
+            ins = self.program.instructions[self.order[k]]
+            layer = self.program.layer_names[ins.layer] if ins.layer < len(self.program.layer_names) else ins.layer
+            warnings.warn(f"lpx: layer {layer!r} ({ins.opcode.name}) overflowed its {ins.dsts[0].dtype.short} "
+                          "storage type: the result holds inf", OverflowWarning, stacklevel=3)
+
+
+def _measure_unchecked(program, chip) -> Timeline:
+    """The timeline without enforcing the rules (each instruction timed alone by the machine's rules)."""
+    from .timing import occupancy
+
+    occupancies = tuple(occupancy(ins, chip) for ins in program.instructions)
+    order = tuple(sorted(range(len(program.instructions)), key=lambda i: (program.instructions[i].cycle, i)))
+    makespan = max((ins.cycle + o.finish for ins, o in zip(program.instructions, occupancies)), default=0)
+    return Timeline(occupancies, order, makespan)
 

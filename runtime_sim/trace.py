@@ -18,12 +18,13 @@ def trace_events(simulator, pid: int = 0, name: str = "lpx") -> list:
     events = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}]
     events += [{"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": f"{u.name}{i}"}}
                for (u, i), tid in tids.items()]
-    for index, (ins, cost) in enumerate(zip(program.instructions, simulator.costs)):
+    for index, (ins, occ) in enumerate(zip(program.instructions, simulator.costs)):
         layer = program.layer_names[ins.layer] if ins.layer < len(program.layer_names) else str(ins.layer)
         events.append({"ph": "X", "pid": pid, "tid": tids[(ins.unit, ins.unit_index)], "name": ins.opcode.name,
-                       "cat": ins.unit.name, "ts": ins.cycle * us_per_cycle, "dur": cost.cycles * us_per_cycle,
-                       "args": {"index": index, "layer": layer, "cycle": ins.cycle, "cycles": cost.cycles,
-                                "flops": cost.flops, "bytes": cost.bytes}})
+                       "cat": ins.unit.name, "ts": ins.cycle * us_per_cycle, "dur": max(occ.busy, 1) * us_per_cycle,
+                       "args": {"index": index, "layer": layer, "cycle": ins.cycle, "busy": occ.busy,
+                                "latency": occ.latency, "bound": occ.bound, "macs": occ.macs, "flops": occ.flops,
+                                "sram_bytes": occ.sram_bytes, "host_bytes": occ.host_bytes, "streams": occ.streams}})
     return events
 
 

@@ -1,0 +1,141 @@
+"""Map one matrix product onto the matrix planes: which operand stays, how it tiles, which plane does what.
+
+``out[M, N] = A[M, K] @ B[K, N]``. One operand is *stationary*: installed into
+a plane's weight buffer a ``rows × cols`` tile at a time (INSTALL, over the
+plane's install streams); the other *streams* through it, one row of K per pass
+(MATMUL). B stationary streams A's rows; A stationary installs A's tiles
+transposed and streams B's columns, computing the result transposed. Per
+product the mapping that costs fewer plane-cycles is taken: a convolution with
+few output channels and many positions keeps its activations stationary, one
+with many channels and few positions its weights.
+
+K beyond the array's rows is tiled; each K tile adds into fp32/int32 partial
+sums (MATMUL's accumulator operand) and the last one streams its sums straight
+into the vector unit (a chained EPILOGUE: bias, activation or requantisation,
+and the store). The work is cut into *jobs* (a stationary column tile and a
+chunk of the streamed rows) spread over the planes; each plane alternates its
+weight buffers, so a tile installs while the previous one computes, and works
+on two jobs in turn where it can, so one's partial sums are written back while
+the other computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+from typing import Callable
+
+import numpy as np
+
+from ..runtime_sim import ChipConfig, Opcode
+from .views import Operand, stream, transposed
+
+
+@dataclass
+class Product:
+    """A matrix product to map, described by views of its operands.
+
+    ``a(m0, m1, k0, k1)`` and ``b(k0, k1, n0, n1)`` give 2-D views of A and B,
+    ``out(m0, m1, n0, n1)`` one of the result, ``extras(m0, m1, n0, n1,
+    transposed)`` the EPILOGUE's bias (and requantisation) operands shaped to
+    broadcast against that block (or its transpose).
+    """
+
+    m: int
+    k: int
+    n: int
+    a: Callable
+    b: Callable
+    out: Callable
+    extras: Callable
+    dtype: np.dtype  # of A and B
+    zp_a: int = 0
+    zp_b: int = 0
+    epilogue: dict | None = None  # the EPILOGUE's attributes
+    stationary: str | None = None  # force "A" or "B"
+
+
+def _install_cycles(rows: int, cols: int, itemsize: int, config: ChipConfig) -> int:
+    return ceil(rows * cols * itemsize / (config.mxm_install_streams * config.lanes))
+
+
+def plane_cycles(p: Product, stationary: str, config: ChipConfig) -> int:
+    """Plane-cycles a mapping costs: per tile, the longer of installing it and streaming through it."""
+    passes = config.mxm_passes[_matrix_class(p.dtype)]
+    held, streamed = (p.n, p.m) if stationary == "B" else (p.m, p.n)
+    tiles = ceil(p.k / config.mxm_rows) * ceil(held / config.mxm_cols)
+    install = _install_cycles(min(p.k, config.mxm_rows), min(held, config.mxm_cols), np.dtype(p.dtype).itemsize,
+                              config)
+    return tiles * max(install, streamed * passes)
+
+
+def _matrix_class(dtype) -> str:
+    from ..runtime_sim.isa import DType
+
+    return DType.from_numpy(dtype).matrix_class
+
+
+class PlaneMapper:
+    """Emits INSTALL / MATMUL / EPILOGUE tile ops for products, keeping the planes balanced."""
+
+    def __init__(self, g, config: ChipConfig, emit: Callable, new_chain: Callable):
+        self.g, self.config, self.emit, self.new_chain = g, config, emit, new_chain
+        self.load = [0] * config.mxm_planes  # planned cycles per plane, to balance jobs
+        self.buffer = [0] * config.mxm_planes  # the buffer each plane installs into next
+
+    def map(self, p: Product, layer: str) -> None:
+        """Emit the tile ops of one product."""
+        config = self.config
+        stationary = p.stationary or min(("B", "A"), key=lambda s: plane_cycles(p, s, config))
+        held, streamed = (p.n, p.m) if stationary == "B" else (p.m, p.n)
+        passes = config.mxm_passes[_matrix_class(p.dtype)]
+        col_tiles = [(c, min(c + config.mxm_cols, held)) for c in range(0, held, config.mxm_cols)]
+        k_tiles = [(k, min(k + config.mxm_rows, p.k)) for k in range(0, p.k, config.mxm_rows)]
+        install = _install_cycles(k_tiles[0][1] - k_tiles[0][0], col_tiles[0][1] - col_tiles[0][0],
+                                  np.dtype(p.dtype).itemsize, config)
+        # enough jobs for every plane (twice, so each can alternate two), but chunks long enough to hide installs
+        wanted = 2 * config.mxm_planes
+        chunks = max(1, min(ceil(wanted / len(col_tiles)), streamed // max(2 * install // passes, 1)))
+        step = ceil(streamed / chunks)
+        jobs = [(c, (r, min(r + step, streamed))) for c in col_tiles for r in range(0, streamed, step)]
+        per_plane = [[] for _ in range(config.mxm_planes)]
+        for job in sorted(jobs, key=lambda j: -(j[1][1] - j[1][0])):
+            plane = min(range(config.mxm_planes), key=self.load.__getitem__)
+            self.load[plane] += len(k_tiles) * max(install, (job[1][1] - job[1][0]) * passes)
+            per_plane[plane].append(job)
+        partial = np.dtype(np.int32) if np.dtype(p.dtype).kind in "iu" else np.dtype(np.float32)
+        for plane, plane_jobs in enumerate(per_plane):
+            sums = {}
+            for ki, (k0, k1) in enumerate(k_tiles):
+                for job in plane_jobs:
+                    (c0, c1), (r0, r1) = job
+                    last = ki == len(k_tiles) - 1
+                    self._tile(p, stationary, plane, (k0, k1), (c0, c1), (r0, r1), ki, last, sums, job, partial, layer)
+
+    def _tile(self, p, stationary, plane, ks, cs, rs, ki, last, sums, job, partial, layer) -> None:
+        (k0, k1), (c0, c1), (r0, r1) = ks, cs, rs
+        if stationary == "B":  # install B[k, c]; stream A[r, k]; result out[r, c]
+            weights, rows, zp_a, zp_b = p.b(k0, k1, c0, c1), p.a(r0, r1, k0, k1), p.zp_a, p.zp_b
+            m, n = (r0, r1), (c0, c1)
+        else:  # install A[c, k]ᵀ; stream B[k, r]ᵀ; result out[c, r]ᵀ
+            weights, rows, zp_a, zp_b = transposed(p.a(c0, c1, k0, k1)), transposed(p.b(k0, k1, r0, r1)), p.zp_b, p.zp_a
+            m, n = (c0, c1), (r0, r1)
+        buffer = self.buffer[plane]
+        self.buffer[plane] = (buffer + 1) % self.config.mxm_weight_buffers
+        self.emit(Opcode.INSTALL, [weights], [], {"buffer": buffer}, layer, plane)
+        shape = (r1 - r0, c1 - c0)
+        srcs = [rows] + ([sums[job]] if ki else [])
+        if last:
+            chain = self.new_chain()
+            acc = stream(chain, shape, partial)
+            self.emit(Opcode.MATMUL, srcs, [acc], {"buffer": buffer, "zp_a": zp_a, "zp_b": zp_b}, layer, plane)
+            out = p.out(*m, *n)
+            extras = p.extras(*m, *n, stationary == "A")
+            if stationary == "A":
+                out = transposed(out)
+            self.emit(Opcode.EPILOGUE, [acc] + extras, [out], dict(p.epilogue or {}), layer, None)
+            return
+        if job not in sums:
+            tid = self.g.add_tensor(shape, partial)
+            sums[job] = Operand(tid, shape)
+        self.emit(Opcode.MATMUL, srcs, [sums[job]], {"buffer": buffer, "zp_a": zp_a, "zp_b": zp_b}, layer, plane)

@@ -1,0 +1,250 @@
+"""Check a program's static schedule against the machine, and measure its cycles.
+
+The hardware has no back-pressure: every instruction issues at the cycle the
+program states, and at that cycle everything it needs must be free and every
+operand must have arrived. :func:`check_timing` walks the program in issue
+order and rejects the first instruction that breaks one of these rules, with
+a :class:`ScheduleError` naming the instruction, the cycle, the resource and
+the rule:
+
+- ``unit overlap``: a unit instance (a plane's array, a vector queue, a switch,
+  a DMA engine) runs one instruction at a time;
+- ``host link``: one host transfer at a time on the one PCIe link;
+- ``install port``: a plane installs one weight tile at a time;
+- ``stream bandwidth``, ``SRAM read bandwidth``, ``SRAM write bandwidth``,
+  ``vector ALUs``: what runs in the same cycles shares the chip's streams, its
+  slices' read and write ports and each lane's ALUs;
+- ``RAW hazard``, ``WAR hazard``, ``WAW hazard``: an SRAM operand is read only
+  after its producer has finished, and not overwritten while it is still read;
+- ``read before write``: nothing reads SRAM that nothing wrote (inputs arrive
+  by LOAD, constants at load);
+- ``live constant overwritten``: resident weights are never written;
+- ``empty weight buffer``, ``install not finished``, ``weights in use``,
+  ``weight shape``: a MATMUL uses a tile installed before it, and a tile is not
+  replaced while a MATMUL still uses it;
+- ``chained stream``, ``stream conflict``: a chained consumer issues exactly when
+  its producer's results arrive, and a stream carries one chain at a time;
+- ``predicted cycles``: the cycle count in the program's header is the one measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ChipConfig
+from .hazards import AccessLog, block_view
+from .isa import Opcode, Space
+from .program import ProgramFormatError
+from .timing import Occupancy, occupancy
+
+
+class ScheduleError(ProgramFormatError):
+    """A program breaks one of the machine's static-schedule rules."""
+
+    def __init__(self, rule: str, index: int, cycle: int, detail: str):
+        self.rule, self.index, self.cycle = rule, index, cycle
+        super().__init__(f"{rule}: instruction {index} at cycle {cycle}: {detail}")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The measured schedule: each instruction's occupancy (busy extended for chained consumers)."""
+
+    occupancies: tuple  # by instruction index
+    order: tuple  # instruction indexes in issue order
+    makespan: int
+
+
+_EXCLUSIVE_RULES = {"HOST": "host link", "MXM.load": "install port"}
+_CAPACITY = (("streams", "stream bandwidth"), ("sram_read", "SRAM read bandwidth"),
+             ("sram_write", "SRAM write bandwidth"), ("alus", "vector ALUs"))
+
+
+def _limits(chip: ChipConfig) -> dict:
+    return {"streams": chip.stream_capacity, "sram_read": chip.sram_bytes_per_cycle,
+            "sram_write": chip.sram_bytes_per_cycle, "alus": chip.vxm_alus_per_lane}
+
+
+class _Buffers:
+    """The planes' weight buffers: what is installed, when it is ready, until when it is read."""
+
+    def __init__(self):
+        self.state = {}  # (plane, buffer) -> [ready cycle, tile shape, dtype, reads end]
+
+    def install(self, index, ins, issue, occ):
+        key = (ins.unit_index, ins.attrs["buffer"])
+        old = self.state.get(key)
+        if old is not None and old[3] > issue:
+            raise ScheduleError("weights in use", index, issue,
+                                f"MXM{key[0]} buffer {key[1]} is read by a MATMUL until cycle {old[3]}")
+        self.state[key] = [issue + occ.finish, ins.srcs[0].shape, ins.srcs[0].dtype, 0]
+
+    def use(self, index, ins, issue, occ):
+        key = (ins.unit_index, ins.attrs["buffer"])
+        tile = self.state.get(key)
+        if tile is None:
+            raise ScheduleError("empty weight buffer", index, issue, f"MXM{key[0]} buffer {key[1]} holds no tile")
+        if tile[0] > issue:
+            raise ScheduleError("install not finished", index, issue,
+                                f"MATMUL before its weight installation into MXM{key[0]} buffer {key[1]} ends "
+                                f"at cycle {tile[0]}")
+        k, n = tile[1]
+        if ins.srcs[0].shape[-1] != k or ins.dsts[0].shape[-1] != n or ins.srcs[0].dtype != tile[2]:
+            raise ScheduleError("weight shape", index, issue,
+                                f"MXM{key[0]} buffer {key[1]} holds {tile[2].short}[{k}x{n}], the MATMUL takes "
+                                f"{ins.srcs[0]} to {ins.dsts[0]}")
+        tile[3] = max(tile[3], issue + occ.busy)
+
+
+class _Streams:
+    """Chained results in flight: the producer of each stream, when its data arrives, and who took it."""
+
+    def __init__(self):
+        self.producer = {}  # stream id -> [index, arrival, busy, ref, free from]
+
+    def produce(self, index, ref, issue, occ):
+        old = self.producer.get(ref.addr)
+        if old is not None and old[4] > issue:
+            raise ScheduleError("stream conflict", index, issue,
+                                f"stream S{ref.addr} still carries instruction {old[0]}'s result until cycle {old[4]}")
+        # a result nobody consumes still flows until its last vector has passed
+        self.producer[ref.addr] = [index, issue + occ.latency, occ.busy, ref, issue + occ.finish]
+
+    def consume(self, index, ref, issue) -> int:
+        """Check the consumer's timing; returns the producer's busy (the consumer runs at its pace)."""
+        chain = self.producer.get(ref.addr)
+        if chain is None or chain[0] is None:
+            raise ScheduleError("chained stream", index, issue, f"stream S{ref.addr} carries nothing to read")
+        if (chain[3].shape, chain[3].dtype) != (ref.shape, ref.dtype):
+            raise ScheduleError("chained stream", index, issue,
+                                f"stream S{ref.addr} carries {chain[3]}, the instruction reads {ref}")
+        if issue < chain[1]:
+            raise ScheduleError("chained stream", index, issue,
+                                f"reads stream S{ref.addr} before instruction {chain[0]}'s result arrives at "
+                                f"cycle {chain[1]}")
+        if issue > chain[1]:
+            raise ScheduleError("chained stream", index, issue,
+                                f"stream S{ref.addr}: instruction {chain[0]}'s result arrived at cycle {chain[1]} "
+                                "and has flowed past (streams do not wait)")
+        return chain[2]
+
+    def taken(self, ref, end: int) -> None:
+        chain = self.producer[ref.addr]
+        chain[0], chain[4] = None, end
+
+
+def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None = None,
+                 protected=()) -> Timeline:
+    """Check every rule at every instruction's issue cycle; return the measured timeline.
+
+    Parameters
+    ----------
+    program : Program
+    chip : ChipConfig
+    constants : sequence of TensorRef
+        Resident data present at load (counts as written; must never be written).
+    sram_size : int, optional
+        Bytes of SRAM the program's operands span (default: the chip's).
+    protected : sequence of (lo, hi)
+        Further byte ranges no instruction may write (other programs' resident weights).
+
+    Raises
+    ------
+    ScheduleError
+        Naming the instruction, its cycle, the resource and the rule it breaks.
+    """
+    instructions = program.instructions
+    size = sram_size or chip.sram_bytes
+    written = np.zeros(size, np.bool_)
+    fixed = np.zeros(size, np.bool_)
+    for ref in constants:
+        block_view(written, ref)[...] = True
+        block_view(fixed, ref)[...] = True
+    for lo, hi in protected:
+        fixed[lo:min(hi, size)] = True
+    order = sorted(range(len(instructions)), key=lambda i: (instructions[i].cycle, i))
+    log = AccessLog(sum(len(i.srcs) + len(i.dsts) for i in instructions))
+    limits = _limits(chip)
+    free, active = {}, []
+    buffers, streams = _Buffers(), _Streams()
+    occupancies = [None] * len(instructions)
+    makespan = 0
+    for index in order:
+        ins = instructions[index]
+        issue = ins.cycle
+        occ = occupancy(ins, chip)
+        for ref in ins.srcs:
+            if ref.space == Space.STREAM:
+                producer_busy = streams.consume(index, ref, issue)
+                if producer_busy > occ.busy:
+                    occ = _stretched(occ, producer_busy)
+        _check_exclusive(index, issue, occ, free)
+        active = [a for a in active if a[0] > issue]
+        for key, rule in _CAPACITY:
+            used = sum(getattr(a[1], key) for a in active) + getattr(occ, key)
+            if used > limits[key]:
+                raise ScheduleError(rule, index, issue, f"{used} > {limits[key]} ({key.replace('_', ' ')}) with "
+                                    f"{len(active)} instructions running")
+        active.append((issue + occ.busy, occ))
+        _check_sram(index, ins, issue, log, written, fixed)
+        log.record(ins.srcs, ins.dsts, issue + occ.busy, issue + occ.finish)
+        if ins.opcode == Opcode.INSTALL:
+            buffers.install(index, ins, issue, occ)
+        elif ins.opcode == Opcode.MATMUL:
+            buffers.use(index, ins, issue, occ)
+        for ref in ins.srcs:
+            if ref.space == Space.STREAM:
+                streams.taken(ref, issue + occ.busy)
+        for ref in ins.dsts:
+            if ref.space == Space.STREAM:
+                streams.produce(index, ref, issue, occ)
+        occupancies[index] = occ
+        makespan = max(makespan, issue + occ.finish)
+    if program.predicted_cycles != makespan:
+        raise ScheduleError("predicted cycles", len(instructions), makespan,
+                            f"the header predicts {program.predicted_cycles} cycles, the schedule takes {makespan}")
+    return Timeline(tuple(occupancies), tuple(order), makespan)
+
+
+def _stretched(occ: Occupancy, busy: int) -> Occupancy:
+    """A chained consumer takes as long as its producer takes to deliver; its rates spread accordingly."""
+    scale = occ.busy / busy if busy else 1.0
+    return Occupancy(occ.exclusive, busy, occ.latency, occ.streams, int(np.ceil(occ.sram_read * scale)),
+                     int(np.ceil(occ.sram_write * scale)), occ.alus, occ.macs, occ.flops, occ.sram_bytes,
+                     occ.host_bytes, occ.bound)
+
+
+def _check_exclusive(index, issue, occ, free) -> None:
+    for res in occ.exclusive:
+        busy_until, holder = free.get(res, (0, None))
+        if issue < busy_until:
+            rule = _EXCLUSIVE_RULES.get(res[0], "unit overlap")
+            raise ScheduleError(rule, index, issue, f"{res[0]}{res[1]} is busy until cycle {busy_until} with "
+                                f"instruction {holder}")
+    for res in occ.exclusive:
+        free[res] = (issue + occ.busy, index)
+
+
+def _check_sram(index, ins, issue, log, written, fixed) -> None:
+    for ref in ins.srcs:
+        if not ref.in_sram:
+            continue
+        if log.raw(ref) > issue:
+            raise ScheduleError("RAW hazard", index, issue,
+                                f"reads {ref} before its producer finishes at cycle {log.raw(ref)}")
+        if not block_view(written, ref).all():
+            raise ScheduleError("read before write", index, issue, f"reads {ref}, which nothing has written")
+    for ref in ins.dsts:
+        if not ref.in_sram:
+            continue
+        if log.war(ref) > issue:
+            raise ScheduleError("WAR hazard", index, issue,
+                                f"overwrites {ref} while a reader reads it until cycle {log.war(ref)}")
+        if log.raw(ref) > issue:
+            raise ScheduleError("WAW hazard", index, issue,
+                                f"writes {ref} before an earlier write finishes at cycle {log.raw(ref)}")
+        if block_view(fixed, ref).any():
+            raise ScheduleError("live constant overwritten", index, issue, f"writes {ref} over resident weights")
+        block_view(written, ref)[...] = True

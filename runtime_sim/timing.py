@@ -1,0 +1,163 @@
+"""The machine's timing rules: what one instruction occupies, and for how long. One rule per group.
+
+Every instruction occupies, from its issue cycle for ``busy`` cycles:
+
+- its unit instance (a matrix plane's array or its weight-load port, a vector
+  queue, a switch unit, a DMA engine) and, for host transfers, the one host link;
+- some of the chip's streams (each moves one 320-byte vector per cycle), its
+  share of SRAM read and write bandwidth (every slice reads one vector and writes
+  one per cycle), and for vector work some of the ALUs of each lane.
+
+Its results have fully arrived ``latency`` cycles after that (the unit's
+pipeline and the stream hops). The rates come from the chip preset, whose every
+figure names its public source or says it is assumed. The simulator checks a
+program against these rules at each stated issue cycle; the compiler plans with
+the same rules. Cycle counts in the tests are worked out by hand from the preset,
+never by calling this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil, prod
+
+from .config import ChipConfig
+from .isa import OP_TABLE, Group, Instruction, Opcode, Unit
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """What an instruction holds while it runs, and what it achieves.
+
+    ``exclusive`` lists the resources it holds alone for ``busy`` cycles; the
+    rates (``streams``, ``sram_read``, ``sram_write`` in bytes per cycle, ``alus``
+    per lane) are shared with whatever else runs in those cycles.
+    """
+
+    exclusive: tuple
+    busy: int
+    latency: int
+    streams: int = 0
+    sram_read: int = 0
+    sram_write: int = 0
+    alus: int = 0
+    macs: int = 0
+    flops: int = 0
+    sram_bytes: int = 0
+    host_bytes: int = 0
+    bound: str = "latency"
+
+    @property
+    def finish(self) -> int:
+        """Cycles from issue until the results have fully arrived."""
+        return self.busy + self.latency
+
+
+def _sram_rates(ins: Instruction, busy: int) -> tuple:
+    read = sum(r.nbytes for r in ins.srcs if r.in_sram)
+    write = sum(r.nbytes for r in ins.dsts if r.in_sram)
+    span = max(busy, 1)
+    return ceil(read / span), ceil(write / span), read + write
+
+
+def _streams_for(nbytes: int, busy: int, config: ChipConfig) -> int:
+    """Streams a transfer of ``nbytes`` spread over ``busy`` cycles needs (one vector per stream per cycle)."""
+    return ceil(nbytes / (max(busy, 1) * config.lanes)) if nbytes else 0
+
+
+def _host(ins, config):
+    ref = (ins.dsts or ins.srcs)[0]
+    busy = ceil(ref.nbytes / config.host_bytes_per_cycle)
+    read, write, moved = _sram_rates(ins, busy)
+    return Occupancy((("MEM", ins.unit_index), ("HOST", 0)), busy, config.latency_cycles["MEM"], 1, read, write,
+                     sram_bytes=moved, host_bytes=ref.nbytes, bound="host")
+
+
+def _control(ins, config):
+    return Occupancy((("ICU", ins.unit_index),), ins.attrs["cycles"], config.latency_cycles["ICU"])
+
+
+def _install(ins, config):
+    tile = ins.srcs[0]
+    streams = config.mxm_install_streams
+    busy = ceil(tile.nbytes / (streams * config.lanes))
+    read, write, moved = _sram_rates(ins, busy)
+    return Occupancy((("MXM.load", ins.unit_index),), busy, config.latency_cycles["MXM"], streams, read, write,
+                     sram_bytes=moved, bound="install")
+
+
+def _matrix(ins, config):
+    """One activation row (a vector of K ≤ the array's rows) enters per pass; fp16 and fp32 take several."""
+    a, out = ins.srcs[0], ins.dsts[0]
+    rows = prod(a.shape[:-1])
+    busy = rows * config.mxm_passes[a.dtype.matrix_class]
+    read, write, moved = _sram_rates(ins, busy)
+    traffic = sum(r.nbytes for r in ins.srcs + ins.dsts)
+    macs = rows * a.shape[-1] * out.shape[-1]
+    return Occupancy((("MXM", ins.unit_index),), busy, config.latency_cycles["MXM"],
+                     _streams_for(traffic, busy, config), read, write, macs=macs, flops=2 * macs,
+                     sram_bytes=moved, bound="matrix")
+
+
+def _alu_ops(ins) -> int:
+    group = ins.spec.group
+    if group in (Group.WINDOW, Group.DEPTHWISE):
+        kh, kw = ins.attrs["kernel"]
+        taps = kh * kw * (2 if group == Group.DEPTHWISE else 1)  # a multiply and an add per depthwise tap
+        return taps + (OP_TABLE[Opcode.EPILOGUE].alu_ops if group == Group.DEPTHWISE else 0)
+    if group == Group.EPILOGUE and ins.dsts[0].dtype.is_quantized:
+        return ins.spec.alu_ops + 3  # convert, scale, round and saturate on the way to int8
+    return max(ins.spec.alu_ops, 1)
+
+
+def _vector(ins, config):
+    """Vectors of 320 elements flow through a chain of ALUs; the rate is bound by ALUs or by streams.
+
+    ``r`` vectors per cycle need ``r · alu_ops`` of a lane's ALUs and the
+    streams to carry ``r`` vectors of every operand, at most one direction's
+    worth. A vector needing more ALUs than a lane has, or more streams than a
+    direction has, takes several cycles.
+    """
+    reduce_like = ins.spec.group == Group.REDUCE
+    elements = (ins.srcs[0] if reduce_like else ins.dsts[0]).size
+    vectors = max(ceil(elements / config.lanes), 1)
+    alu_ops = _alu_ops(ins)
+    alus = config.vxm_alus_per_lane
+    traffic = sum(r.nbytes for r in ins.srcs + ins.dsts)
+    per_vector_streams = traffic / (vectors * config.lanes)
+    by_alus = max(alus // alu_ops, 1)
+    by_streams = max(int(config.streams_per_direction // max(per_vector_streams, 1e-9)), 1)
+    rate = min(by_alus, by_streams)
+    # a vector needing more ALU operations, or more streams, than a lane or a direction has takes several cycles
+    cycles_per_step = max(ceil(alu_ops / alus), ceil(per_vector_streams / config.streams_per_direction), 1)
+    busy = ceil(vectors / rate) * cycles_per_step
+    read, write, moved = _sram_rates(ins, busy)
+    return Occupancy((("VXM", ins.unit_index),), busy, config.latency_cycles["VXM"],
+                     _streams_for(traffic, busy, config), read, write, alus=min(alus, rate * alu_ops),
+                     flops=elements * alu_ops, sram_bytes=moved, bound="vector" if by_alus <= by_streams else "streams")
+
+
+def _switch(ins, config):
+    """The switch moves vectors between streams: in and out, at its rate (the larger side sets the count)."""
+    vectors = max(ceil(max(sum(r.nbytes for r in ins.srcs), ins.dsts[0].nbytes) / config.lanes), 1)
+    rate = min(config.sxm_vectors_per_cycle, config.streams_per_direction // 2)
+    busy = ceil(vectors / rate)
+    read, write, moved = _sram_rates(ins, busy)
+    traffic = sum(r.nbytes for r in ins.srcs + ins.dsts)
+    return Occupancy((("SXM", ins.unit_index),), busy, config.latency_cycles["SXM"],
+                     _streams_for(traffic, busy, config), read, write, sram_bytes=moved, bound="switch")
+
+
+RULES = {
+    Group.HOST: _host, Group.CONTROL: _control, Group.INSTALL: _install, Group.MATRIX: _matrix,
+    Group.EPILOGUE: _vector, Group.UNARY: _vector, Group.BINARY: _vector, Group.QBINARY: _vector,
+    Group.QUANT: _vector, Group.REDUCE: _vector, Group.NORM: _vector, Group.WINDOW: _vector,
+    Group.DEPTHWISE: _vector, Group.MOVE: _switch,
+}
+assert {spec.group for spec in OP_TABLE.values()} <= set(RULES), "every group needs a timing rule"
+assert all(spec.unit != Unit.VXM or RULES[spec.group] is _vector for spec in OP_TABLE.values())
+
+
+def occupancy(ins: Instruction, config: ChipConfig) -> Occupancy:
+    """What ``ins`` occupies on ``config`` and for how long (see the module docstring)."""
+    return RULES[ins.spec.group](ins, config)

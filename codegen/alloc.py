@@ -16,6 +16,7 @@ from ..runtime_sim import ChipConfig
 from .graph import Graph
 
 ALIGN = 64
+REUSE_WINDOW_BYTES = 16 << 20
 
 
 class CapacityError(ValueError):
@@ -100,7 +101,10 @@ def allocate(g: Graph, ops: list, config: ChipConfig) -> dict:
     if cursor > config.sram_bytes:
         raise CapacityError(f"weights need {cursor} bytes of SRAM; chip {config.name!r} has {config.sram_bytes}")
     peak = _peak_live(g, first, last, len(ops))
-    free = _FreeList(cursor, config.sram_bytes, window=min(config.sram_bytes, cursor + 2 * peak + (1 << 16)))
+    # the wider the window, the later freed space is reused (fewer false dependences for the scheduler);
+    # bounded so that a program's SRAM, and the simulator's image of it, stays near what it needs
+    window = min(config.sram_bytes, cursor + max(4 * peak, REUSE_WINDOW_BYTES))
+    free = _FreeList(cursor, config.sram_bytes, window=window)
     ends_at = {}
     for base, i in last.items():
         ends_at.setdefault(i, []).append(base)

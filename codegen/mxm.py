@@ -13,10 +13,10 @@ K beyond the array's rows is tiled; each K tile adds into fp32/int32 partial
 sums (MATMUL's accumulator operand) and the last one streams its sums straight
 into the vector unit (a chained EPILOGUE: bias, activation or requantisation,
 and the store). The work is cut into *jobs* (a stationary column tile and a
-chunk of the streamed rows) spread over the planes; each plane alternates its
-weight buffers, so a tile installs while the previous one computes, and works
-on two jobs in turn where it can, so one's partial sums are written back while
-the other computes.
+chunk of the streamed rows) spread over the planes; each tile names its own
+weight buffer and the scheduler picks which of the plane's buffers holds it,
+so a tile installs while the previous one computes, and a plane works on
+several jobs in turn, one's partial sums written back while another computes.
 """
 
 from __future__ import annotations
@@ -59,14 +59,39 @@ def _install_cycles(rows: int, cols: int, itemsize: int, config: ChipConfig) -> 
     return ceil(rows * cols * itemsize / (config.mxm_install_streams * config.lanes))
 
 
-def plane_cycles(p: Product, stationary: str, config: ChipConfig) -> int:
-    """Plane-cycles a mapping costs: per tile, the longer of installing it and streaming through it."""
+@dataclass(frozen=True)
+class Mapping:
+    """How a product maps: the stationary operand, and into how many chunks its streamed rows are cut."""
+
+    stationary: str
+    chunks: int
+    cycles: int  # the estimated makespan on the planes
+
+
+def plan(p: Product, config: ChipConfig) -> Mapping:
+    """The mapping with the shortest estimated makespan.
+
+    Per K tile a plane runs its jobs in turn; a job's rows take ``rows × passes``
+    cycles, its tile's install hides behind the previous job unless it takes
+    longer, and a job's next K tile waits for its partial sums (the plane's
+    latency) unless other jobs fill that time.
+    """
     passes = config.mxm_passes[_matrix_class(p.dtype)]
-    held, streamed = (p.n, p.m) if stationary == "B" else (p.m, p.n)
-    tiles = ceil(p.k / config.mxm_rows) * ceil(held / config.mxm_cols)
-    install = _install_cycles(min(p.k, config.mxm_rows), min(held, config.mxm_cols), np.dtype(p.dtype).itemsize,
-                              config)
-    return tiles * max(install, streamed * passes)
+    item = np.dtype(p.dtype).itemsize
+    k_tiles = ceil(p.k / config.mxm_rows)
+    best = None
+    for stationary in (p.stationary,) if p.stationary else ("B", "A"):
+        held, streamed = (p.n, p.m) if stationary == "B" else (p.m, p.n)
+        col_tiles = ceil(held / config.mxm_cols)
+        install = _install_cycles(min(p.k, config.mxm_rows), min(held, config.mxm_cols), item, config)
+        for chunks in sorted({1, 2, 3, 4, 6, 8, 12, 16} & set(range(1, streamed + 1))):
+            rows = ceil(streamed / chunks) * passes
+            per_plane = ceil(col_tiles * chunks / config.mxm_planes)
+            step = max(per_plane * max(install, rows), rows + config.latency_cycles["MXM"])
+            cycles = install + k_tiles * step + config.latency_cycles["MXM"]
+            if best is None or cycles < best.cycles:
+                best = Mapping(stationary, chunks, cycles)
+    return best
 
 
 def _matrix_class(dtype) -> str:
@@ -81,22 +106,20 @@ class PlaneMapper:
     def __init__(self, g, config: ChipConfig, emit: Callable, new_chain: Callable):
         self.g, self.config, self.emit, self.new_chain = g, config, emit, new_chain
         self.load = [0] * config.mxm_planes  # planned cycles per plane, to balance jobs
-        self.buffer = [0] * config.mxm_planes  # the buffer each plane installs into next
+        self.tiles = 0  # each installed tile names its own buffer; schedule picks the plane's physical one
 
     def map(self, p: Product, layer: str) -> None:
         """Emit the tile ops of one product."""
         config = self.config
-        stationary = p.stationary or min(("B", "A"), key=lambda s: plane_cycles(p, s, config))
+        mapping = plan(p, config)
+        stationary = mapping.stationary
         held, streamed = (p.n, p.m) if stationary == "B" else (p.m, p.n)
         passes = config.mxm_passes[_matrix_class(p.dtype)]
         col_tiles = [(c, min(c + config.mxm_cols, held)) for c in range(0, held, config.mxm_cols)]
         k_tiles = [(k, min(k + config.mxm_rows, p.k)) for k in range(0, p.k, config.mxm_rows)]
         install = _install_cycles(k_tiles[0][1] - k_tiles[0][0], col_tiles[0][1] - col_tiles[0][0],
                                   np.dtype(p.dtype).itemsize, config)
-        # enough jobs for every plane (twice, so each can alternate two), but chunks long enough to hide installs
-        wanted = 2 * config.mxm_planes
-        chunks = max(1, min(ceil(wanted / len(col_tiles)), streamed // max(2 * install // passes, 1)))
-        step = ceil(streamed / chunks)
+        step = ceil(streamed / mapping.chunks)
         jobs = [(c, (r, min(r + step, streamed))) for c in col_tiles for r in range(0, streamed, step)]
         per_plane = [[] for _ in range(config.mxm_planes)]
         for job in sorted(jobs, key=lambda j: -(j[1][1] - j[1][0])):
@@ -120,8 +143,8 @@ class PlaneMapper:
         else:  # install A[c, k]ᵀ; stream B[k, r]ᵀ; result out[c, r]ᵀ
             weights, rows, zp_a, zp_b = transposed(p.a(c0, c1, k0, k1)), transposed(p.b(k0, k1, r0, r1)), p.zp_b, p.zp_a
             m, n = (c0, c1), (r0, r1)
-        buffer = self.buffer[plane]
-        self.buffer[plane] = (buffer + 1) % self.config.mxm_weight_buffers
+        self.tiles += 1
+        buffer = self.tiles
         self.emit(Opcode.INSTALL, [weights], [], {"buffer": buffer}, layer, plane)
         shape = (r1 - r0, c1 - c0)
         srcs = [rows] + ([sums[job]] if ki else [])

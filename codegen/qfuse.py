@@ -9,9 +9,11 @@ exactly as ONNX Runtime's QLinearConv / QLinearMatMul define it:
 
     y = saturate(rint(float32(Σ (x - zx)·(w - zw) + round(b / (sx·sw))) · sx·sw / sy) + zy)
 
-Everything else keeps the model's own definition: DEQUANTIZE, the float
-operator, QUANTIZE, on the vector unit. Depthwise convolutions become int8
-DWCONVs on the vector unit, with the same requantisation.
+Depthwise convolutions become int8 DWCONVs on the vector unit, with the same
+requantisation. A residual add between dequantised operands becomes QADD (ONNX
+Runtime's QLinearAdd), and a max pool between a dequantise and a quantise with
+the same parameters runs on the integers (exact). Everything else keeps the
+model's own definition: DEQUANTIZE, the float operator, QUANTIZE.
 """
 
 from __future__ import annotations
@@ -95,9 +97,59 @@ def _drop_dead(g: Graph) -> None:
     g.nodes[:] = kept[::-1]
 
 
+def _quantized_reader(g: Graph, tid: int):
+    """(QUANTIZE node, activation) reading ``tid``, directly or through one RELU; else (None, None)."""
+    reader = _single_reader(g, tid)
+    if reader is not None and reader.kind == "RELU":
+        after = _single_reader(g, reader.output)
+        return (after, Opcode.RELU) if after is not None and after.kind == "QUANTIZE" else (None, None)
+    return (reader, Opcode.NOP) if reader is not None and reader.kind == "QUANTIZE" else (None, None)
+
+
+def _fuse_add(g: Graph, node: Node, producers: dict) -> bool:
+    """DQ(a) + DQ(b) ─► [RELU ─►] Q becomes QADD(a, b): ONNX Runtime's QLinearAdd."""
+    if node.kind != "ADD":
+        return False
+    dequants = [producers.get(t) for t in node.inputs]
+    if any(d is None or d.kind != "DEQUANTIZE" for d in dequants):
+        return False
+    quant, act = _quantized_reader(g, node.output)
+    if quant is None:
+        return False
+    (a, b), q = dequants, quant.attrs
+    node.kind = "QADD"
+    node.inputs = [a.inputs[0], b.inputs[0]]
+    node.attrs = {"scale_a": a.attrs["scale"], "zp_a": a.attrs["zero_point"], "scale_b": b.attrs["scale"],
+                  "zp_b": b.attrs["zero_point"], "scale_out": q["scale"], "zp_out": q["zero_point"], "act": act}
+    node.output = quant.output
+    node.layer = f"{node.layer}+quantize"
+    g.nodes.remove(quant)  # a RELU in between now reads a tensor nobody writes: it is dropped as dead
+    return True
+
+
+def _fuse_maxpool(g: Graph, node: Node, producers: dict) -> bool:
+    """DQ ─► MAXPOOL ─► Q with the same scale and zero point is a MAXPOOL on the integers: max commutes
+    with a monotonic dequantisation, so it is exact."""
+    if node.kind != "MAXPOOL":
+        return False
+    dequant = producers.get(node.inputs[0])
+    quant = _single_reader(g, node.output)
+    if dequant is None or dequant.kind != "DEQUANTIZE" or quant is None or quant.kind != "QUANTIZE" \
+            or dequant.attrs != quant.attrs or g.tensors[dequant.inputs[0]].dtype != g.tensors[quant.output].dtype:
+        return False
+    node.inputs = [dequant.inputs[0]]
+    node.output = quant.output
+    g.nodes.remove(quant)
+    return True
+
+
 def fuse_int8(g: Graph) -> int:
-    """Turn every complete DQ ─► conv/matmul ─► Q into an int8 operator; return how many."""
+    """Turn every complete DQ ─► op ─► Q into an int8 operator (conv, matmul, add, max pool); return how many."""
     producers = g.producer()  # DEQUANTIZE nodes, the ones looked up, are never rewritten
-    fused = sum(_fuse_one(g, node, producers) for node in list(g.nodes))
+    fused = 0
+    for node in list(g.nodes):
+        if node in g.nodes:
+            fused += _fuse_one(g, node, producers) or _fuse_add(g, node, producers) \
+                or _fuse_maxpool(g, node, producers)
     _drop_dead(g)
     return fused

@@ -4,10 +4,11 @@ A list scheduler over the dependence graph, longest path to the end first.
 Dependences come from the program order the tiler wrote: SRAM accesses to
 overlapping bytes (a read after a write waits for the write to finish; a write
 after a read waits for the read to end; writes stay in order), and each plane's
-weight buffers (a MATMUL after the INSTALL that filled its buffer; the next
-INSTALL into it after the MATMULs that use it). A chained pair (a MATMUL
-streaming into its EPILOGUE) is placed as one: the consumer issues exactly when
-the producer's results arrive.
+weight buffers. An INSTALL, the MATMUL that uses its tile and the EPILOGUE its
+results stream into are placed as one group: the MATMUL issues when the tile is
+in, the EPILOGUE exactly when the MATMUL's results arrive; the scheduler picks
+the plane's weight buffer and the stream that carries the results, so planes
+double-buffer without the tiler fixing an order.
 
 Each instruction goes at the earliest cycle its dependences allow at which every
 resource it needs is free for as long as it needs it: its unit instance, the
@@ -25,7 +26,7 @@ import numpy as np
 
 from ..runtime_sim import ChipConfig, Instruction, Opcode, Space, TensorRef
 from ..runtime_sim.check import _stretched
-from ..runtime_sim.hazards import footprint_key
+from ..runtime_sim.hazards import footprint_key, overlaps
 from ..runtime_sim.timing import occupancy
 from .calendar import Exclusive, Shared
 
@@ -36,7 +37,7 @@ class _DepLog:
     """Earlier SRAM accesses by instruction, to find the ones a new access conflicts with."""
 
     def __init__(self, capacity: int):
-        self.keys = {"r": np.zeros((7, max(capacity, 1)), np.int64), "w": np.zeros((7, max(capacity, 1)), np.int64)}
+        self.keys = {"r": np.zeros((6, max(capacity, 1)), np.int64), "w": np.zeros((6, max(capacity, 1)), np.int64)}
         self.owner = {"r": np.zeros(max(capacity, 1), np.int64), "w": np.zeros(max(capacity, 1), np.int64)}
         self.n = {"r": 0, "w": 0}
 
@@ -44,12 +45,7 @@ class _DepLog:
         n = self.n[kind]
         if not n:
             return np.zeros(0, np.int64)
-        lo, hi, stride, row0, row1, col0, col1 = footprint_key(ref)
-        f = self.keys[kind][:, :n]
-        hit = (f[0] < hi) & (f[1] > lo)
-        if stride:
-            hit &= (f[2] != stride) | ((f[3] < row1) & (f[4] > row0) & (f[5] < col1) & (f[6] > col0))
-        return self.owner[kind][:n][hit]
+        return self.owner[kind][:n][overlaps(self.keys[kind][:, :n], footprint_key(ref))]
 
     def add(self, kind: str, ref, index: int) -> None:
         n = self.n[kind]
@@ -59,14 +55,17 @@ class _DepLog:
 
 
 def dependences(instructions: list, occ: list) -> list:
-    """``preds[i]``: ``(j, delay)`` pairs, meaning instruction i issues at least ``delay`` cycles after j."""
+    """``preds[i]``: ``(j, delay)`` pairs, meaning instruction i issues at least ``delay`` cycles after j.
+
+    These are the SRAM dependences; a MATMUL's tie to its INSTALL and a chained
+    consumer's to its producer are fixed offsets within a group (:func:`_groups`).
+    """
     preds = [dict() for _ in instructions]
 
     def need(i, j, delay):
         preds[i][j] = max(preds[i].get(j, 0), delay)
 
     log = _DepLog(sum(len(ins.srcs) + len(ins.dsts) for ins in instructions))
-    installs, readers = {}, defaultdict(list)
     for i, ins in enumerate(instructions):
         for ref in ins.srcs:
             if ref.in_sram:
@@ -85,17 +84,6 @@ def dependences(instructions: list, occ: list) -> list:
         for ref in ins.dsts:
             if ref.in_sram:
                 log.add("w", ref, i)
-        if ins.opcode in (Opcode.INSTALL, Opcode.MATMUL):
-            key = (ins.unit_index, ins.attrs["buffer"])
-            if ins.opcode == Opcode.INSTALL:
-                for j in readers.pop(key, []):
-                    need(i, j, occ[j].busy)  # the tile is in use until its MATMULs have streamed through
-                if key in installs:
-                    need(i, installs[key], occ[installs[key]].busy)
-                installs[key] = i
-            else:
-                need(i, installs[key], occ[installs[key]].finish)
-                readers[key].append(i)
     return [list(p.items()) for p in preds]
 
 
@@ -113,15 +101,20 @@ class _Resources:
         return list(range(self.config.unit_count(ins.unit.name)))
 
     def fit(self, t: int, parts: list) -> int:
-        """Earliest cycle >= t at which every part (offset, occupancy, exclusive keys) fits."""
+        """Earliest cycle >= t at which every part (offset, occupancy, exclusive keys) fits.
+
+        Parts of one node (a chained pair) overlap in time, so a shared resource
+        is checked against their combined demand, piece by piece.
+        """
+        pieces = {name: _pieces(parts, name) for name in _SHARED}
         while True:
             start = t
             for offset, occ, keys in parts:
                 for key in keys:
                     start = max(start, self.exclusive[key].earliest(start + offset, occ.busy) - offset)
-                for name in _SHARED:
-                    start = max(start, self.shared[name].earliest(start + offset, occ.busy, getattr(occ, name))
-                                - offset)
+            for name in _SHARED:
+                for lo, hi, demand in pieces[name]:
+                    start = max(start, self.shared[name].earliest(start + lo, hi - lo, demand) - lo)
             if start == t:
                 return t
             t = start
@@ -134,6 +127,17 @@ class _Resources:
                 self.shared[name].book(t + offset, occ.busy, getattr(occ, name))
 
 
+def _pieces(parts: list, name: str) -> list:
+    """``(lo, hi, demand)``: a node's combined demand of one shared resource, constant on each piece."""
+    cuts = sorted({c for offset, occ, _ in parts for c in (offset, offset + occ.busy)})
+    out = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        demand = sum(getattr(occ, name) for offset, occ, _ in parts if offset <= lo and hi <= offset + occ.busy)
+        if demand:
+            out.append((lo, hi, demand))
+    return out
+
+
 def _exclusive_keys(occ, unit_index: int) -> list:
     """The occupancy's exclusive resources, with its unit instance replaced by ``unit_index``."""
     keys = []
@@ -142,19 +146,67 @@ def _exclusive_keys(occ, unit_index: int) -> list:
     return keys
 
 
+def _groups(instructions: list, occ: list) -> tuple:
+    """Instructions placed together at fixed offsets, and the pooled resources each group needs.
+
+    A chained consumer issues when its producer's results arrive (a stream
+    number carries them); a MATMUL issues when the INSTALL that fills its
+    weight buffer has finished (a buffer of the plane holds the tile). Returns
+    ``(groups, pools)``: ``groups`` maps a root to ``[(member, offset), ...]``,
+    ``pools`` a root to ``[(pool, first member, last member), ...]``.
+    """
+    pinned, pools = {}, defaultdict(list)
+    producer, consumer = {}, {}
+    installs = {}
+    for i, ins in enumerate(instructions):
+        for ref in ins.dsts:
+            if ref.space == Space.STREAM:
+                producer[ref.addr] = i
+        for ref in ins.srcs:
+            if ref.space == Space.STREAM:
+                consumer[ref.addr] = i
+        if ins.opcode == Opcode.INSTALL:
+            installs[(ins.unit_index, ins.attrs["buffer"])] = i
+        elif ins.opcode == Opcode.MATMUL:
+            pinned[i] = (installs[(ins.unit_index, ins.attrs["buffer"])], "buffer")
+    for chain, p in producer.items():
+        if chain in consumer:
+            pinned[consumer[chain]] = (p, "stream")
+    root, offset = {}, {}
+
+    def resolve(i):
+        if i not in root:
+            if i in pinned:
+                j, kind = pinned[i]
+                resolve(j)
+                root[i] = root[j]
+                offset[i] = offset[j] + (occ[j].finish if kind == "buffer" else occ[j].latency)
+            else:
+                root[i], offset[i] = i, 0
+    for i in range(len(instructions)):
+        resolve(i)
+    groups = defaultdict(list)
+    for i in range(len(instructions)):
+        groups[root[i]].append((i, offset[i]))
+    for i, (j, kind) in pinned.items():
+        pools[root[i]].append((kind, j, i))
+    return dict(groups), pools
+
+
 def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fixed_units=None) -> tuple:
-    """Assign issue cycles, unit instances and stream numbers.
+    """Assign issue cycles, unit instances, stream numbers and weight buffers.
 
     Parameters
     ----------
     instructions : list of Instruction
-        In program order; cycles are ignored, and so are unit indexes not in ``fixed_units``.
-        A chained operand is a stream ref whose address names its chain.
+        In program order; cycles are ignored, and so are unit indexes not in
+        ``fixed_units``. A chained operand is a stream ref whose address names
+        its chain, and an INSTALL's buffer names the tile its MATMUL uses: the
+        scheduler picks the physical stream and buffer.
     config : ChipConfig
     in_order : bool
-        Issue each instruction (or chained pair) only after the previous one has
-        finished: the reference schedule that scheduling must not change the
-        results of.
+        Issue each group only after the previous one has finished: the
+        reference schedule that scheduling must not change the results of.
     fixed_units : set of int, optional
         Instructions whose unit index the tiler chose (a MATMUL's plane).
 
@@ -166,57 +218,39 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
     fixed_units = set(fixed_units or ())
     n = len(instructions)
     occ = [occupancy(ins, config) for ins in instructions]
-    producer, consumer = {}, {}
-    for i, ins in enumerate(instructions):
-        for ref in ins.dsts:
-            if ref.space == Space.STREAM:
-                producer[ref.addr] = i
-        for ref in ins.srcs:
-            if ref.space == Space.STREAM:
-                consumer[ref.addr] = i
-    chained = {producer[c]: consumer[c] for c in producer if c in consumer}
-    for p, c in chained.items():
-        if occ[p].busy > occ[c].busy:
-            occ[c] = _stretched(occ[c], occ[p].busy)
+    groups, pools = _groups(instructions, occ)
+    for root, members in groups.items():  # a chained consumer runs at its producer's pace
+        for kind, p, c in pools[root]:
+            if kind == "stream" and occ[p].busy > occ[c].busy:
+                occ[c] = _stretched(occ[c], occ[p].busy)
     preds = dependences(instructions, occ)
-    # a node is an instruction, or a chained pair placed together (the consumer at the producer's latency)
-    head = {c: p for p, c in chained.items()}
-    nodes = [i for i in range(n) if i not in head]
-    members = {i: [(i, 0)] + ([(chained[i], occ[i].latency)] if i in chained else []) for i in nodes}
-    node_of = {m: i for i in nodes for m, _ in members[i]}
+    nodes = sorted(groups)  # roots, in program order (a topological order of the groups)
+    where = {m: (root, off) for root, members in groups.items() for m, off in members}
     node_preds = {i: {} for i in nodes}
     for i in nodes:
-        for m, offset in members[i]:
+        for m, offset in groups[i]:
             for j, delay in preds[m]:
-                if node_of[j] == i:
-                    continue
-                # the member at +offset must start `delay` after j (a member of node_of[j] at j's offset)
-                key = node_of[j]
-                j_offset = dict(members[key])[j]
-                node_preds[i][key] = max(node_preds[i].get(key, -10**18), j_offset + delay - offset)
+                key, j_offset = where[j]
+                if key != i:  # member at +offset starts `delay` after j, itself at +j_offset of its group
+                    node_preds[i][key] = max(node_preds[i].get(key, -10**18), j_offset + delay - offset)
     succs = defaultdict(list)
     for i, ps in node_preds.items():
         for j, delay in ps.items():
             succs[j].append((i, delay))
-    length = {i: max(offset + occ[m].finish for m, offset in members[i]) for i in nodes}
+    length = {i: max(offset + occ[m].finish for m, offset in groups[i]) for i in nodes}
     priority = {}
-    for i in reversed(nodes):  # program order is a topological order: the longest path to the end
+    for i in reversed(nodes):  # the longest path to the end
         priority[i] = max(length[i], max((delay + priority[s] for s, delay in succs[i]), default=0))
-    resources = _Resources(config)
-    issue, unit, stream_of = {}, {}, {}
+    placer = _Placer(config, instructions, occ, fixed_units)
     waiting = {i: len(node_preds[i]) for i in nodes}
-    # in order, nodes go strictly in program order; else longest path first
-    key = (lambda i: i) if in_order else (lambda i: -priority[i])
+    key = (lambda i: i) if in_order else (lambda i: -priority[i])  # in order: strictly program order
     ready = [(key(i), i) for i in nodes if waiting[i] == 0]
     heapq.heapify(ready)
     earliest = defaultdict(int)
     horizon = 0
-    stream_calendar = [Exclusive() for _ in range(config.stream_capacity)]
     while ready:
         _, i = heapq.heappop(ready)
-        t = max(earliest[i], horizon if in_order else 0)
-        t = _place(i, t, members[i], instructions, occ, fixed_units, resources, stream_calendar, issue, unit,
-                   stream_of, chained)
+        t = placer.place(groups[i], pools[i], max(earliest[i], horizon if in_order else 0))
         if in_order:
             horizon = t + length[i]
         for s, delay in succs[i]:
@@ -224,57 +258,72 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
             waiting[s] -= 1
             if waiting[s] == 0:
                 heapq.heappush(ready, (key(s), s))
-    if len(issue) != n:
+    if len(placer.issue) != n:
         raise RuntimeError("schedule: the dependence graph has a cycle")
-    return _finish(instructions, occ, issue, unit, stream_of)
+    return placer.finish()
 
 
-def _place(i, t, group, instructions, occ, fixed_units, resources, stream_calendar, issue, unit, stream_of,
-           chained) -> int:
-    """Place node ``i`` (an instruction or a chained pair) at the earliest feasible cycle >= t."""
-    choice = []
-    for m, offset in group:
-        ins = instructions[m]
-        candidates = resources.instances(ins, m in fixed_units)
-        best = min(candidates, key=lambda k: resources.exclusive[(ins.unit.name, k)].earliest(t + offset,
-                                                                                               occ[m].busy))
-        choice.append((offset, occ[m], _exclusive_keys(occ[m], best), m, best))
-    parts = [(o, oc, keys) for o, oc, keys, _, _ in choice]
-    number = None
-    if i in chained:  # the stream carries the chain from the producer's issue to the consumer's end
-        span = group[1][1] + occ[group[1][0]].busy
+class _Placer:
+    """Places groups on the resource calendars and remembers the choices."""
+
+    def __init__(self, config, instructions, occ, fixed_units):
+        self.config, self.instructions, self.occ, self.fixed = config, instructions, occ, fixed_units
+        self.resources = _Resources(config)
+        self.issue, self.unit, self.pooled = {}, {}, {}
+        self.streams = [Exclusive() for _ in range(config.stream_capacity)]
+        self.buffers = defaultdict(Exclusive)  # (plane, buffer)
+
+    def _pool(self, kind, first, last, t, offsets):
+        """Candidates (calendar, choice) and the span [from, to) relative to the group's issue."""
+        lo = offsets[first]
+        hi = offsets[last] + self.occ[last].busy
+        if kind == "stream":
+            return [(cal, k) for k, cal in enumerate(self.streams)], lo, hi
+        plane = self.unit.get(first, self.instructions[first].unit_index)
+        return [(self.buffers[(plane, b)], b) for b in range(self.config.mxm_weight_buffers)], lo, hi
+
+    def place(self, group, pools, t) -> int:
+        """Place ``group`` at the earliest feasible cycle >= t; returns the group's issue cycle."""
+        choice, offsets = [], dict(group)
+        for m, offset in group:
+            ins, occ = self.instructions[m], self.occ[m]
+            candidates = self.resources.instances(ins, m in self.fixed)
+            best = min(candidates,
+                       key=lambda k: self.resources.exclusive[(ins.unit.name, k)].earliest(t + offset, occ.busy))
+            choice.append((offset, occ, _exclusive_keys(occ, best), m, best))
+            self.unit[m] = best
+        parts = [(o, oc, keys) for o, oc, keys, _, _ in choice]
         while True:
-            t = resources.fit(t, parts)
-            number = min(range(len(stream_calendar)), key=lambda s: stream_calendar[s].earliest(t, span))
-            free_at = stream_calendar[number].earliest(t, span)
-            if free_at == t:
+            t = self.resources.fit(t, parts)
+            picks, later = [], t
+            for kind, first, last in pools:
+                candidates, lo, hi = self._pool(kind, first, last, t, offsets)
+                cal, k = min(candidates, key=lambda c: c[0].earliest(t + lo, hi - lo))
+                later = max(later, cal.earliest(t + lo, hi - lo) - lo)
+                picks.append((kind, first, last, cal, k, lo, hi))
+            if later == t:
                 break
-            t = free_at
-        stream_calendar[number].book(t, span)
-    else:
-        t = resources.fit(t, parts)
-    resources.book(t, parts)
-    for offset, _, _, m, best in choice:
-        issue[m] = t + offset
-        unit[m] = best
-    if number is not None:
-        stream_of[(i, chained[i])] = number
-    return t
+            t = later
+        self.resources.book(t, parts)
+        for kind, first, last, cal, k, lo, hi in picks:
+            cal.book(t + lo, hi - lo)
+            self.pooled[(kind, first)] = k
+            self.pooled[(kind, last)] = k
+        for offset, _, _, m, _ in choice:
+            self.issue[m] = t + offset
+        return t
 
-
-def _finish(instructions, occ, issue, unit, stream_of) -> tuple:
-    physical = {}
-    for (p, c), number in stream_of.items():
-        for ref in instructions[p].dsts:
-            if ref.space == Space.STREAM:
-                physical[(p, ref.addr)] = number
-                physical[(c, ref.addr)] = number
-
-    def remap(i, refs):
-        return tuple(TensorRef(physical[(i, r.addr)], r.shape, r.dtype, r.strides, Space.STREAM)
-                     if r.space == Space.STREAM else r for r in refs)
-    out = [Instruction(ins.opcode, unit[i], issue[i], remap(i, ins.srcs), remap(i, ins.dsts), ins.attrs, ins.layer)
-           for i, ins in enumerate(instructions)]
-    order = sorted(range(len(out)), key=lambda i: (out[i].cycle, i))
-    makespan = max((issue[i] + occ[i].finish for i in range(len(out))), default=0)
-    return [out[i] for i in order], makespan
+    def finish(self) -> tuple:
+        out = []
+        for i, ins in enumerate(self.instructions):
+            def remap(refs):
+                return tuple(TensorRef(self.pooled[("stream", i)], r.shape, r.dtype, r.strides, Space.STREAM)
+                             if r.space == Space.STREAM else r for r in refs)
+            attrs = ins.attrs
+            if ins.opcode in (Opcode.INSTALL, Opcode.MATMUL):
+                attrs = {**attrs, "buffer": self.pooled[("buffer", i)]}
+            out.append(Instruction(ins.opcode, self.unit[i], self.issue[i], remap(ins.srcs), remap(ins.dsts), attrs,
+                                   ins.layer))
+        order = sorted(range(len(out)), key=lambda i: (out[i].cycle, i))
+        makespan = max((self.issue[i] + self.occ[i].finish for i in range(len(out))), default=0)
+        return [out[i] for i in order], makespan

@@ -25,11 +25,30 @@ from math import ceil, prod
 import numpy as np
 
 from ..runtime_sim import ChipConfig, Opcode
+from ..runtime_sim.isa import OP_TABLE, Group, make_attrs
 from .graph import Graph, Node
 from .mxm import PlaneMapper, Product
 from .views import Operand, view, whole
 
 STREAM_RING = 3  # streamed weight blocks in flight: one computing, two streaming ahead
+# a network input arrives in row bands, and vector and switch work on big NCHW tensors is cut into row bands
+# of about this many bytes (the larger operand), so a layer starts on the first rows the one before finishes
+BAND_BYTES = 64 << 10
+_BANDED_GROUPS = (Group.UNARY, Group.BINARY, Group.QUANT, Group.QBINARY)
+
+
+def row_bands(rows: int, total_bytes: int, band_bytes: int) -> list:
+    """``[(r0, r1), ...]``: ``rows`` cut into bands of about ``band_bytes`` each (at most 16 bands)."""
+    n = max(1, min(rows, 16, ceil(total_bytes / band_bytes)))
+    step = ceil(rows / n)
+    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+
+def window_rows(o0: int, o1: int, size: int, k: int, s: int, d: int, pad: int) -> tuple:
+    """Input rows ``[i0, i1)`` and the band's top and bottom padding for output rows ``[o0, o1)``."""
+    first, last = o0 * s - pad, (o1 - 1) * s - pad + (k - 1) * d
+    i0, i1 = max(first, 0), min(last + 1, size)
+    return i0, i1, i0 - first, last + 1 - i1
 
 
 @dataclass
@@ -100,8 +119,8 @@ class _Tiler:
         else:
             cols = g.add_tensor((n, groups, k, p), g.tensors[x].dtype)
             # int8 pads with the input zero point: the padded value must dequantise to 0
-            self.emit(Opcode.IM2COL, [whole(g, x)], [whole(g, cols)],
-                      {**window, "groups": groups, "pad_value": node.attrs.get("zp_in", 0)}, node.layer)
+            attrs = {**window, "groups": groups, "pad_value": node.attrs.get("zp_in", 0)}
+            self.banded_window(Opcode.IM2COL, x, cols, (n, groups, k, oh, ow), attrs, node.layer)
         zp_a, zp_b = _zero_points(node, weight_first=True)
         out, extras = node.output, node.inputs[2:]
         dtype = g.tensors[x].dtype
@@ -165,8 +184,54 @@ class _Tiler:
     # ---- everything else -------------------------------------------------
     def single(self, node: Node) -> None:
         # a single-instruction node's attributes are named as the op table names them
-        self.emit(Opcode[node.kind], [whole(self.g, t) for t in node.inputs], [whole(self.g, node.output)],
-                  dict(node.attrs), node.layer)
+        g, opcode = self.g, Opcode[node.kind]
+        out = g.tensors[node.output]
+        group = OP_TABLE[opcode].group
+        attrs = make_attrs(opcode, node.attrs)
+        if group == Group.WINDOW and len(out.shape) == 4:
+            self.banded_window(opcode, node.inputs[0], node.output, out.shape, attrs, node.layer)
+            return
+        same_shape = all(g.tensors[t].shape == out.shape for t in node.inputs)
+        if group in _BANDED_GROUPS and same_shape and len(out.shape) == 4:
+            biggest = max([out.nbytes] + [g.tensors[t].nbytes for t in node.inputs])
+            for h0, h1 in row_bands(out.shape[2], biggest, BAND_BYTES):
+                band = lambda t: view(g, t, ranges=[(0, out.shape[0]), (0, out.shape[1]), (h0, h1)])
+                self.emit(opcode, [band(t) for t in node.inputs], [band(node.output)], attrs, node.layer)
+            return
+        self.emit(opcode, [whole(g, t) for t in node.inputs], [whole(g, node.output)], attrs, node.layer)
+
+    def banded_window(self, opcode, x: int, out: int, out_shape: tuple, attrs: dict, layer: str) -> None:
+        """A window op (pooling, im2col) in bands of output rows, each reading its input rows and halo.
+
+        ``out_shape`` is ``(N, C, OH, OW)`` for pooling, ``(N, G, K, OH, OW)`` for im2col's columns.
+        """
+        g = self.g
+        n, c, h, w = g.tensors[x].shape
+        oh = out_shape[-2]
+        (kh, _), (sh, _), (dh, _) = attrs["kernel"], attrs["stride"], attrs["dilation"]
+        pt, pl, pb, pr = attrs["pad"]
+        for o0, o1 in row_bands(oh, max(g.tensors[out].nbytes, g.tensors[x].nbytes), BAND_BYTES):
+            i0, i1, top, bottom = window_rows(o0, o1, h, kh, sh, dh, pt)
+            src = view(g, x, ranges=[(0, n), (0, c), (i0, i1)])
+            dst = view(g, out, out_shape, ranges=[(0, s) for s in out_shape[:-2]] + [(o0, o1)])
+            if opcode == Opcode.IM2COL:  # the columns of those rows: [N, G, K, rows·OW]
+                dst = Operand(dst.tensor, out_shape[:3] + ((o1 - o0) * out_shape[-1],), dst.offset,
+                              None if (o0, o1) == (0, oh) else dst.strides[:3] + (1,))
+            self.emit(opcode, [src], [dst], {**attrs, "pad": (top, pl, bottom, pr)}, layer)
+
+    def load(self, index: int, tid: int) -> None:
+        """LOAD a network input; a big NCHW one in row bands per channel, so the first layer starts on the first."""
+        g = self.g
+        t = g.tensors[tid]
+        if len(t.shape) != 4:
+            self.emit(Opcode.LOAD, [], [whole(g, tid)], {"index": index}, "load")
+            return
+        n, c, h, w = t.shape
+        item = t.dtype.itemsize
+        for h0, h1 in row_bands(h, t.nbytes, BAND_BYTES):
+            for plane in range(n * c):
+                dst = view(g, tid, (n * c, h, w), (plane,), [(h0, h1)])
+                self.emit(Opcode.LOAD, [], [dst], {"index": index, "offset": (plane * h + h0) * w * item}, "load")
 
 
 def _per_row(g, tid, groups, rows, group, m0, m1, transposed) -> Operand:
@@ -225,7 +290,7 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
     """
     tiler = _Tiler(g, config)
     for i, t in enumerate(g.inputs):
-        tiler.emit(Opcode.LOAD, [], [whole(g, t)], {"index": i}, "load")
+        tiler.load(i, t)
     g.streamed = []
     budget = config.sram_bytes // 2 if resident_budget is None else resident_budget
     streamed = _weights_to_stream(g, config, budget)

@@ -42,6 +42,7 @@ def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: 
         The QDQ model (QuantizeLinear/DequantizeLinear around each quantised op).
     """
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     if activations not in ("int8", "uint8"):
         raise ValueError(f"activations must be 'int8' or 'uint8', got {activations!r}")
@@ -67,16 +68,18 @@ def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: 
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as tmp:
-        source, target = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
+        source, optimised, target = (Path(tmp) / name for name in ("fp32.onnx", "fp32_pre.onnx", "int8.onnx"))
         onnx.save(prepared, str(source))
-        # the calibration sessions log a line per unused initializer, and the quantiser advises its own
-        # pre-processing (prepare_onnx did ours) on the root logger; errors still show
+        # the calibration sessions log a line per unused initializer; errors still show
         ort.set_default_logger_severity(3)
         root = logging.getLogger()
         level = root.level
         root.setLevel(max(level, logging.ERROR))
         try:
-            quantize_static(str(source), str(target), _Reader(), quant_format=QuantFormat.QDQ,
+            # ONNX Runtime's own pre-processing: shape inference and its basic optimiser, which folds batch
+            # norm into the convolution before it, so the quantised convolution carries the folded weights
+            quant_pre_process(str(source), str(optimised), skip_symbolic_shape=True)
+            quantize_static(str(optimised), str(target), _Reader(), quant_format=QuantFormat.QDQ,
                             per_channel=per_channel, weight_type=QuantType.QInt8,
                             activation_type=QuantType.QInt8 if activations == "int8" else QuantType.QUInt8)
         finally:

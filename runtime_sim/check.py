@@ -91,7 +91,8 @@ class _Buffers:
                                 f"MATMUL before its weight installation into MXM{key[0]} buffer {key[1]} ends "
                                 f"at cycle {tile[0]}")
         k, n = tile[1]
-        if ins.srcs[0].shape[-1] != k or ins.dsts[0].shape[-1] != n or ins.srcs[0].dtype != tile[2]:
+        if ins.srcs[0].shape[-1] != k or ins.dsts[0].shape[-1] != n \
+                or ins.srcs[0].dtype.matrix_class != tile[2].matrix_class:  # int8 and uint8 mix, as in QLinearMatMul
             raise ScheduleError("weight shape", index, issue,
                                 f"MXM{key[0]} buffer {key[1]} holds {tile[2].short}[{k}x{n}], the MATMUL takes "
                                 f"{ins.srcs[0]} to {ins.dsts[0]}")
@@ -209,10 +210,14 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
 
 
 def _stretched(occ: Occupancy, busy: int) -> Occupancy:
-    """A chained consumer takes as long as its producer takes to deliver; its rates spread accordingly."""
+    """A chained consumer takes as long as its producer takes to deliver; its rates spread accordingly:
+    working at the producer's pace it needs proportionally fewer streams, ALUs and SRAM bandwidth."""
     scale = occ.busy / busy if busy else 1.0
-    return Occupancy(occ.exclusive, busy, occ.latency, occ.streams, int(np.ceil(occ.sram_read * scale)),
-                     int(np.ceil(occ.sram_write * scale)), occ.alus, occ.macs, occ.flops, occ.sram_bytes,
+
+    def spread(value):
+        return int(np.ceil(value * scale)) if value else 0
+    return Occupancy(occ.exclusive, busy, occ.latency, spread(occ.streams), spread(occ.sram_read),
+                     spread(occ.sram_write), spread(occ.alus), occ.macs, occ.flops, occ.sram_bytes,
                      occ.host_bytes, occ.bound)
 
 

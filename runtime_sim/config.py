@@ -51,6 +51,8 @@ class ChipConfig:
         Weight buffers per plane: the next tile installs while the current one computes.
     mxm_install_streams : int
         Streams one plane's weight installation draws.
+    stream_hops : int
+        Cycles a vector takes from a memory slice to a unit at the chip's edge (a plane's weight buffer).
     vxm_alus : int
         Vector ALUs of the whole chip (``lanes`` × ALUs per lane).
     sxm_vectors_per_cycle : int
@@ -79,6 +81,7 @@ class ChipConfig:
     mxm_passes: dict
     mxm_weight_buffers: int
     mxm_install_streams: int
+    stream_hops: int
     vxm_alus: int
     sxm_vectors_per_cycle: int
     host_bytes_per_s: int

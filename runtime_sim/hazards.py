@@ -17,13 +17,50 @@ import numpy as np
 
 
 def footprint_key(ref) -> tuple:
-    """(lo, hi, stride, row0, row1, col0, col1) of a ref's footprint; stride 0 marks a plain range."""
+    """``(lo, hi, stride, addr, rows, run)`` of a ref's footprint; stride 0 marks a plain range."""
     addr, rows, run, stride = ref.footprint()
     lo, hi = addr, addr + (rows - 1) * stride + run
-    col0 = addr % stride if stride else 0
-    if rows == 1 or col0 + run > stride:  # a single run, or a block whose rows wrap: use its range
-        return (lo, hi, 0, 0, 0, 0, 0)
-    return (lo, hi, stride, addr // stride, addr // stride + rows, col0, col0 + run)
+    if rows == 1:
+        return (lo, hi, 0, lo, 1, hi - lo)
+    return (lo, hi, stride, addr, rows, run)
+
+
+def _blocks_meet(ax, rx, nx, ay, ry, ny, stride):
+    """Whether two blocks of one row stride share a byte (numpy-broadcastable, exact).
+
+    With ``ay - ax = q·stride + r`` (``0 <= r < stride``), a byte of X's row ``i``
+    meets one of Y's row ``i - q`` when ``r < nx``, or of row ``i - q - 1`` when
+    ``r > stride - ny``; the rows must exist in both.
+    """
+    q, r = np.divmod(ay - ax, stride)
+    same_row = (r < nx) & (q > -ry) & (q < rx)
+    next_row = (r > stride - ny) & (q + 1 > -ry) & (q + 1 < rx)
+    return same_row | next_row
+
+
+def overlaps(keys: np.ndarray, key: tuple) -> np.ndarray:
+    """Which footprints in ``keys`` (6 × n, as :func:`footprint_key` gives) share a byte with ``key``.
+
+    Blocks of one row stride compare exactly; a plain range meets a block as
+    the block of that stride covering it (exact when it fits in a row);
+    blocks of different strides compare by their bounding ranges. Nothing that
+    overlaps is ever missed.
+    """
+    lo, hi, stride, addr, rows, run = key
+    hit = (keys[0] < hi) & (keys[1] > lo)
+    if not hit.any():
+        return hit
+    k_stride = keys[2]
+    if stride:
+        k_rows = np.where(k_stride == 0, -(-(keys[1] - keys[0]) // stride), keys[4])
+        k_run = np.where(k_stride == 0, np.minimum(keys[1] - keys[0], stride), keys[5])
+        exact = _blocks_meet(keys[3], k_rows, k_run, addr, rows, run, stride)
+        hit &= np.where((k_stride == stride) | (k_stride == 0), exact, True)
+    else:
+        safe = np.maximum(k_stride, 1)
+        exact = _blocks_meet(keys[3], keys[4], keys[5], lo, -(-(hi - lo) // safe), np.minimum(hi - lo, safe), safe)
+        hit &= np.where(k_stride != 0, exact, True)
+    return hit
 
 
 class AccessLog:
@@ -35,7 +72,7 @@ class AccessLog:
         Upper bound on the number of reads (and of writes) that will be recorded.
     """
 
-    _FIELDS = 8  # lo, hi, stride, row0, row1, col0, col1, end
+    _FIELDS = 7  # lo, hi, stride, addr, rows, run, end
 
     def __init__(self, capacity: int):
         capacity = max(capacity, 1)
@@ -43,23 +80,11 @@ class AccessLog:
         self._r = np.zeros((self._FIELDS, capacity), np.int64)
         self._nw = self._nr = 0
 
-    @staticmethod
-    def _hits(log, n, key) -> np.ndarray:
-        lo, hi, stride, row0, row1, col0, col1 = key
-        f = log[:, :n]
-        hit = (f[0] < hi) & (f[1] > lo)
-        if stride:
-            blocky = f[2] == stride
-            rows = (f[3] < row1) & (f[4] > row0)
-            cols = (f[5] < col1) & (f[6] > col0)
-            hit &= ~blocky | (rows & cols)
-        return hit
-
     def _latest(self, log, n, ref) -> int:
         if not n:
             return 0
-        hit = self._hits(log, n, footprint_key(ref))
-        return int(log[7, :n][hit].max()) if hit.any() else 0
+        hit = overlaps(log[:6, :n], footprint_key(ref))
+        return int(log[6, :n][hit].max()) if hit.any() else 0
 
     def raw(self, ref) -> int:
         """Cycle the last write to bytes of ``ref`` finishes (reads must not start before)."""
@@ -84,13 +109,13 @@ class AccessLog:
         """Note that an instruction reads ``srcs`` until ``read_end`` and writes ``dsts`` until ``write_end``."""
         for ref in srcs:
             if ref.in_sram:
-                self._r[:7, self._nr] = footprint_key(ref)
-                self._r[7, self._nr] = read_end
+                self._r[:6, self._nr] = footprint_key(ref)
+                self._r[6, self._nr] = read_end
                 self._nr += 1
         for ref in dsts:
             if ref.in_sram:
-                self._w[:7, self._nw] = footprint_key(ref)
-                self._w[7, self._nw] = write_end
+                self._w[:6, self._nw] = footprint_key(ref)
+                self._w[6, self._nw] = write_end
                 self._nw += 1
 
 

@@ -278,7 +278,7 @@ OP_TABLE = {
         "out = act(acc + bias) in the destination's float type; for an int8/uint8 destination "
         "saturate(rint(float32(acc + bias) · requant) + zp_out), ONNX Runtime's QLinearConv requantisation",
         _epilogue_attrs() + (Attr("zp_out", "int", 0, doc="output zero point (int8/uint8 only)"),), 3,
-        dtypes=frozenset({DType.F32, DType.I32})),
+        dtypes=frozenset({DType.F32, DType.I32})),  # bias, activation, store (int8: one more, see timing)
     Opcode.COPY: _unary("out = x", 1, dtypes=ANY_DTYPE),
     Opcode.RELU: _unary("max(x, 0)", 1, epilogue=True),
     Opcode.CLIP: _unary("min(max(x, lo), hi)", 2, (Attr("lo", "float", REQUIRED), Attr("hi", "float", REQUIRED)),
@@ -311,7 +311,7 @@ OP_TABLE = {
         "saturate(rint((scale_a·(a - zp_a) + scale_b·(b - zp_b)) / scale_out) + zp_out), ONNX Runtime's QLinearAdd",
         tuple(Attr(n, k, REQUIRED if k == "float" else 0) for n, k in (
             ("scale_a", "float"), ("zp_a", "int"), ("scale_b", "float"), ("zp_b", "int"), ("scale_out", "float"),
-            ("zp_out", "int"))) + (Attr("act", "opcode", 0, doc="NOP or RELU"),), 6, QUANT_DTYPES),
+            ("zp_out", "int"))) + (Attr("act", "opcode", 0, doc="NOP or RELU"),), 4, QUANT_DTYPES),  # 2 FMAs, round, saturate
     Opcode.REDUCE_SUM: OpSpec(Unit.VXM, Group.REDUCE, "sum over axes", _AXES, 1),
     Opcode.REDUCE_MEAN: OpSpec(Unit.VXM, Group.REDUCE, "mean over axes", _AXES, 1),
     Opcode.REDUCE_MAX: OpSpec(Unit.VXM, Group.REDUCE, "max over axes", _AXES, 1),
@@ -625,3 +625,35 @@ class Instruction:
     @property
     def spec(self) -> OpSpec:
         return OP_TABLE[self.opcode]
+
+
+# ---------------------------------------------------------------------------
+# the ISA reference (docs/ISA.md is this text; scripts/isa_doc.py writes it)
+# ---------------------------------------------------------------------------
+def isa_reference() -> str:
+    """The ISA reference in Markdown, generated from the op table."""
+    lines = ["# The LPX instruction set", "",
+             "Generated from `runtime_sim/isa.py` (`OP_TABLE`) by `python scripts/isa_doc.py`; a test checks it is",
+             "current. Every instruction names its unit instance, its issue cycle, its operands (SRAM views or",
+             "chained streams) and the attributes below; its timing is `runtime_sim/timing.py`, its meaning",
+             "`runtime_sim/semantics.py`.", ""]
+    for group in Group:
+        ops = [op for op, spec in OP_TABLE.items() if spec.group == group]
+        if not ops:
+            continue
+        lines += [f"## {group.value}", "", "| opcode | unit | computes | attributes | ALU ops/element | dtypes | "
+                  "epilogue |", "|---|---|---|---|---|---|---|"]
+        for op in ops:
+            spec = OP_TABLE[op]
+            attrs = "; ".join(_describe_attr(a) for a in spec.attrs) or "none"
+            dtypes = "any" if spec.dtypes == ANY_DTYPE else ", ".join(sorted(d.short for d in spec.dtypes))
+            lines.append(f"| `{op.name}` ({int(op)}) | {spec.unit.name} | {spec.doc} | {attrs} | "
+                         f"{spec.alu_ops or ''} | {dtypes} | {'yes' if spec.epilogue else ''} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _describe_attr(a: Attr) -> str:
+    kind = f"{a.kind}[{a.length}]" if a.length else a.kind
+    default = "required" if a.required else f"default {Opcode(a.default).name if a.kind == 'opcode' else a.default}"
+    return f"`{a.name}` {kind}, {default}" + (f": {a.doc}" if a.doc else "")

@@ -307,9 +307,9 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
 
     def check_ref(ref: TensorRef, where: str):
         if ref.space == Space.STREAM:
-            if ref.addr >= chip.stream_capacity:
-                raise ProgramFormatError(f"{where}: stream S{ref.addr} does not exist "
-                                         f"(the chip has {chip.stream_capacity})")
+            if ref.addr >= chip.stream_capacity or ref.nbytes > chip.sram_bytes:
+                raise ProgramFormatError(f"{where}: stream S{ref.addr} carrying {ref.nbytes} bytes does not exist "
+                                         f"(the chip has {chip.stream_capacity} streams)")
             return
         if ref.addr % ref.dtype.itemsize or ref.end > chip.sram_bytes:
             raise ProgramFormatError(f"SRAM overflow: {where}: {ref} lies outside SRAM of {chip.sram_bytes} bytes "
@@ -327,7 +327,27 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
             check_ref(ref, where)
         _validate_operands(ins, program, where)
         _validate_for_chip(ins, chip, where)
+    _validate_outputs_covered(program)
     return chip
+
+
+def _validate_outputs_covered(program: Program) -> None:
+    """Every byte of every host input is loaded, and of every host output stored (slices may split them)."""
+    for opcode, group, what in ((Opcode.LOAD, program.inputs, "loaded"), (Opcode.STORE, program.outputs, "stored")):
+        spans = {i: [] for i in range(len(group))}
+        for ins in program.instructions:
+            if ins.opcode == opcode:
+                ref = ins.dsts[0] if opcode == Opcode.LOAD else ins.srcs[0]
+                spans[ins.attrs["index"]].append((ins.attrs["offset"], ins.attrs["offset"] + ref.nbytes))
+        for index, parts in spans.items():
+            reached = 0
+            for lo, hi in sorted(parts):
+                if lo > reached:
+                    break
+                reached = max(reached, hi)
+            if reached < group[index].nbytes:
+                raise ProgramFormatError(f"{'input' if opcode == Opcode.LOAD else 'output'} {index}: bytes from "
+                                         f"{reached} on are never {what}")
 
 
 def _validate_for_chip(ins: Instruction, chip: ChipConfig, where: str) -> None:
@@ -358,8 +378,11 @@ def _validate_operands(ins: Instruction, program: Program, where: str) -> None:
             else:
                 group = program.inputs if ins.opcode == Opcode.LOAD else [w.host for w in program.streamed]
                 ref = ins.dsts[0]
-            if index >= len(group) or group[index].nbytes != ref.nbytes or group[index].dtype != ref.dtype:
-                raise ValueError(f"host tensor {index} does not match {ref}")
+            offset = ins.attrs.get("offset", 0)
+            if index >= len(group) or group[index].dtype != ref.dtype or offset % ref.dtype.itemsize \
+                    or offset + ref.nbytes > group[index].nbytes \
+                    or (ins.opcode == Opcode.STREAM and ref.nbytes != group[index].nbytes):
+                raise ValueError(f"host tensor {index} does not match {ref} at byte offset {offset}")
     except ValueError as err:
         raise ProgramFormatError(f"{where}: {err}") from None
 

@@ -60,6 +60,12 @@ def _sram_rates(ins: Instruction, busy: int) -> tuple:
     return ceil(read / span), ceil(write / span), read + write
 
 
+def _traffic(ins: Instruction) -> int:
+    """Bytes the instruction puts on streams: SRAM operands both ways, and the chained results it produces.
+    A chained operand it consumes is on the stream its producer already counted."""
+    return sum(r.nbytes for r in ins.srcs if r.in_sram) + sum(r.nbytes for r in ins.dsts)
+
+
 def _streams_for(nbytes: int, busy: int, config: ChipConfig) -> int:
     """Streams a transfer of ``nbytes`` spread over ``busy`` cycles needs (one vector per stream per cycle)."""
     return ceil(nbytes / (max(busy, 1) * config.lanes)) if nbytes else 0
@@ -82,7 +88,8 @@ def _install(ins, config):
     streams = config.mxm_install_streams
     busy = ceil(tile.nbytes / (streams * config.lanes))
     read, write, moved = _sram_rates(ins, busy)
-    return Occupancy((("MXM.load", ins.unit_index),), busy, config.latency_cycles["MXM"], streams, read, write,
+    # the tile is in the buffer when its last vector has crossed from the memory slices to the plane
+    return Occupancy((("MXM.load", ins.unit_index),), busy, config.stream_hops, streams, read, write,
                      sram_bytes=moved, bound="install")
 
 
@@ -92,7 +99,7 @@ def _matrix(ins, config):
     rows = prod(a.shape[:-1])
     busy = rows * config.mxm_passes[a.dtype.matrix_class]
     read, write, moved = _sram_rates(ins, busy)
-    traffic = sum(r.nbytes for r in ins.srcs + ins.dsts)
+    traffic = _traffic(ins)
     macs = rows * a.shape[-1] * out.shape[-1]
     return Occupancy((("MXM", ins.unit_index),), busy, config.latency_cycles["MXM"],
                      _streams_for(traffic, busy, config), read, write, macs=macs, flops=2 * macs,
@@ -106,7 +113,7 @@ def _alu_ops(ins) -> int:
         taps = kh * kw * (2 if group == Group.DEPTHWISE else 1)  # a multiply and an add per depthwise tap
         return taps + (OP_TABLE[Opcode.EPILOGUE].alu_ops if group == Group.DEPTHWISE else 0)
     if group == Group.EPILOGUE and ins.dsts[0].dtype.is_quantized:
-        return ins.spec.alu_ops + 3  # convert, scale, round and saturate on the way to int8
+        return ins.spec.alu_ops + 1  # a rounding multiply, the zero point, a saturating convert (assumed)
     return max(ins.spec.alu_ops, 1)
 
 
@@ -123,7 +130,7 @@ def _vector(ins, config):
     vectors = max(ceil(elements / config.lanes), 1)
     alu_ops = _alu_ops(ins)
     alus = config.vxm_alus_per_lane
-    traffic = sum(r.nbytes for r in ins.srcs + ins.dsts)
+    traffic = _traffic(ins)
     per_vector_streams = traffic / (vectors * config.lanes)
     by_alus = max(alus // alu_ops, 1)
     by_streams = max(int(config.streams_per_direction // max(per_vector_streams, 1e-9)), 1)
@@ -143,7 +150,7 @@ def _switch(ins, config):
     rate = min(config.sxm_vectors_per_cycle, config.streams_per_direction // 2)
     busy = ceil(vectors / rate)
     read, write, moved = _sram_rates(ins, busy)
-    traffic = sum(r.nbytes for r in ins.srcs + ins.dsts)
+    traffic = _traffic(ins)
     return Occupancy((("SXM", ins.unit_index),), busy, config.latency_cycles["SXM"],
                      _streams_for(traffic, busy, config), read, write, sram_bytes=moved, bound="switch")
 

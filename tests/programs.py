@@ -1,0 +1,46 @@
+"""Hand-built LPX programs for tests: constants placed in SRAM, instructions, a Program around them."""
+
+import numpy as np
+
+from lpx_tvm.runtime_sim import Constant, DType, Instruction, Opcode, Program, Simulator, TensorRef, load_config
+from lpx_tvm.runtime_sim.isa import HostTensor
+
+TINY = load_config("tiny")
+
+
+class Layout:
+    """Hands out SRAM addresses (64-byte aligned) and collects constants."""
+
+    def __init__(self, start: int = 0):
+        self.cursor = start
+        self.constants = []
+
+    def take(self, shape, dtype: DType) -> TensorRef:
+        ref = TensorRef(self.cursor, tuple(shape), dtype)
+        self.cursor += -(-max(ref.nbytes, 1) // 64) * 64
+        return ref
+
+    def const(self, array: np.ndarray) -> TensorRef:
+        array = np.ascontiguousarray(array)
+        ref = self.take(array.shape, DType.from_numpy(array.dtype))
+        self.constants.append(Constant(ref, array.reshape(-1).view(np.uint8)))
+        return ref
+
+
+def program(instructions, layout: Layout, inputs=(), outputs=(), streamed=(), predicted=0, chip=TINY,
+            layers=("test",)) -> Program:
+    return Program(chip.name, chip.digest, tuple(instructions), tuple(layout.constants),
+                   tuple(HostTensor(tuple(s), d) for s, d in inputs), tuple(HostTensor(tuple(s), d) for s, d in outputs),
+                   tuple(layers), predicted, streamed=tuple(streamed))
+
+
+def run_unchecked(prog: Program, inputs=()) -> Simulator:
+    """Run a program for its values only (the schedule is not what the test is about)."""
+    sim = Simulator(prog, check_schedule=False)
+    sim.run(list(inputs))
+    return sim
+
+
+def ins(opcode, srcs=(), dsts=(), cycle=0, unit_index=0, **attrs) -> Instruction:
+    return Instruction(Opcode[opcode] if isinstance(opcode, str) else opcode, unit_index, cycle, tuple(srcs),
+                       tuple(dsts), attrs)

@@ -1,0 +1,134 @@
+"""Partitioning alone, in the style of TVM's test_cublas_partition_*: what lpx takes, and what stays on the host."""
+
+import numpy as np
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+import lpx_tvm
+from lpx_tvm.patterns import CapacityWarning, Int8FallbackWarning
+from conftest import make_model, tensor_info, weights
+
+
+def _ops(func) -> list:
+    found = []
+    relax.analysis.post_order_visit(func, lambda e: found.append(e.op.name.removeprefix("relax."))
+                                    if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    return found
+
+
+def partition(model, config="tiny", dtype="fp32"):
+    """(ops inside lpx functions, ops left in the host functions, composite names)."""
+    mod = lpx_tvm.partition_for_lpx(lpx_tvm.from_onnx(model), config, dtype)
+    lpx, host, composites = [], [], []
+    for _, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        attrs = func.attrs or {}
+        if attrs.get("Codegen") == "lpx":
+            lpx += _ops(func)
+            relax.analysis.post_order_visit(func, lambda e: composites.append(str(e.attrs["Composite"]))
+                                            if isinstance(e, relax.Function) and e.attrs and "Composite" in e.attrs
+                                            else None)
+        elif attrs.get("Composite"):
+            composites.append(str(attrs["Composite"]))
+        else:
+            host += [op for op in _ops(func) if op not in ("call_dps_packed",)]
+    return lpx, host, composites
+
+
+def one_op(op_type, shape=(2, 3, 8, 8), inits=(), inputs=None, opset=17, **attrs):
+    names = ["x"] + [i.name for i in inits] if inputs is None else inputs
+    return make_model([helper.make_node(op_type, names, ["y"], **attrs)], [tensor_info("x", list(shape))],
+                      [tensor_info("y", None)], list(inits))
+
+
+def test_conv_bias_relu_is_one_fused_composite(rng):
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Relu", ["c"], ["y"])], [tensor_info("x", [1, 3, 8, 8])],
+                       [tensor_info("y", None)], [weights(rng, "w", (4, 3, 3, 3)), weights(rng, "b", (4,))])
+    lpx, host, composites = partition(model)
+    assert composites == ["lpx.conv2d_bias_relu"] and not host and set(lpx) >= {"nn.conv2d", "add", "nn.relu"}
+
+
+def test_leaky_relu_and_hard_swish_offload_and_hard_swish_is_one_operator():
+    lpx, host, composites = partition(one_op("LeakyRelu", alpha=0.3))
+    assert lpx == ["nn.leakyrelu"] and not host
+    lpx, host, composites = partition(one_op("HardSwish", opset=14))
+    assert composites == ["lpx.hard_swish"] and not host
+
+
+def test_a_hard_swish_lookalike_with_other_constants_is_not_the_idiom(rng):
+    three = numpy_helper.from_array(np.float32(2.0), "three")  # x * clip(x + 2, 0, 6) / 6 is not HardSwish
+    six = numpy_helper.from_array(np.float32(6.0), "six")
+    lo, hi = (numpy_helper.from_array(np.float32(v), n) for v, n in ((0, "lo"), (6, "hi")))
+    model = make_model([helper.make_node("Add", ["x", "three"], ["a"]), helper.make_node("Clip", ["a", "lo", "hi"], ["c"]),
+                        helper.make_node("Div", ["c", "six"], ["d"]), helper.make_node("Mul", ["x", "d"], ["y"])],
+                       [tensor_info("x", [2, 8])], [tensor_info("y", None)], [three, six, lo, hi])
+    _, host, composites = partition(model)
+    assert "lpx.hard_swish" not in composites and not host
+
+
+def test_batch_norm_in_training_mode_stays_on_the_host():
+    stats = [numpy_helper.from_array(np.ones(3, np.float32), n) for n in ("g", "b", "m", "v")]
+    model = make_model([helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y", "rm", "rv"],
+                                         training_mode=1)], [tensor_info("x", [2, 3, 4, 4])],
+                       [tensor_info("y", None), tensor_info("rm", None), tensor_info("rv", None)], stats)
+    model.opset_import[0].version = 15
+    lpx, host, _ = partition(model)
+    assert "nn.batch_norm" in host and "nn.batch_norm" not in lpx
+
+
+@pytest.mark.parametrize("op_type, attrs", [("AveragePool", {"kernel_shape": [3, 3], "ceil_mode": 1}),
+                                            ("Conv", None)])
+def test_attributes_lpx_does_not_implement_stay_on_the_host(rng, op_type, attrs):
+    if op_type == "Conv":  # a weight computed at run time is not a weight lpx can keep resident
+        model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])],
+                           [tensor_info("x", [1, 3, 8, 8]), tensor_info("w", [4, 3, 3, 3])], [tensor_info("y", None)],
+                           [])
+        lpx, host, _ = partition(model)
+        assert "nn.conv2d" in host
+        return
+    lpx, host, _ = partition(one_op(op_type, **attrs))
+    assert "nn.avg_pool2d" in host and "nn.avg_pool2d" not in lpx
+
+
+def test_an_operator_too_big_for_sram_stays_on_the_host_with_a_warning():
+    with pytest.warns(CapacityWarning, match="nn.relu with output \\[300, 2048\\] needs"):
+        lpx, host, _ = partition(one_op("Relu", shape=(300, 2048)))
+    assert host == ["nn.relu"] and not lpx
+
+
+def test_int8_ops_without_an_int8_kernel_stay_on_the_host(rng):
+    model = make_model([helper.make_node("Gemm", ["x", "w"], ["h"], transB=1),
+                        helper.make_node("Softmax", ["h"], ["y"], axis=-1)],
+                       [tensor_info("x", [4, 16])], [tensor_info("y", [4, 8])], [weights(rng, "w", (8, 16))])
+    qdq = lpx_tvm.quantize(model, [{"x": rng.standard_normal((4, 16)).astype(np.float32)}])
+    with pytest.warns(Int8FallbackWarning, match="softmax has no int8 kernel"):
+        lpx, host, _ = partition(qdq, dtype="int8")
+    assert "nn.softmax" in host and "matmul" in lpx
+
+
+def test_one_dimensional_matmul_operands_offload(rng):
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [16])],
+                       [tensor_info("y", None)], [weights(rng, "w", (3, 16, 5))])
+    lpx, host, _ = partition(model)
+    assert "matmul" in lpx and not host
+
+
+def test_dynamic_and_empty_shapes_stay_on_the_host():
+    model = one_op("Relu", shape=("N", 8))
+    lpx, host, _ = partition(model)
+    assert host == ["nn.relu"] and not lpx
+
+
+def test_a_graph_tvm_cannot_merge_is_offloaded_op_by_op_with_a_warning(rng):
+    """Reshape with allowzero=1 of a zero-size input leaves a match_cast that MergeCompositeFunctions rejects."""
+    model = make_model([helper.make_node("Reshape", ["x", "s"], ["r"], allowzero=1), helper.make_node("Relu", ["r"], ["y"])],
+                       [tensor_info("x", [0, 4])], [tensor_info("y", None)],
+                       [numpy_helper.from_array(np.array([4, 0], np.int64), "s")])
+    model.opset_import[0].version = 14
+    with pytest.warns(lpx_tvm.patterns.PartitionWarning, match="could not merge"):
+        lpx, host, _ = partition(model)
+    assert "nn.relu" in host  # a symbolic (zero-size) tensor cannot run on lpx

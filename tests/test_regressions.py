@@ -1,0 +1,142 @@
+"""The bugs an outside review found, each with the test that failed before its fix."""
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, defs, helper, numpy_helper
+
+import lpx_tvm
+from lpx_tvm import runtime
+from lpx_tvm.runtime_sim import Opcode, decode
+from lpx_tvm.runtime_sim.simulator import OverflowWarning
+from conftest import assert_close, cnn_model, make_model, mlp_model, ort_run, tensor_info, weights
+
+
+def _run_counted(compiled, *inputs):
+    before = runtime.total_offloaded_calls()
+    out = compiled(*inputs)
+    return out, runtime.total_offloaded_calls() - before
+
+
+def _within_one_step(qdq, out, ref) -> float:
+    from lpx_tvm.app.zoo import output_step
+
+    return float(np.mean(np.rint(np.abs(np.asarray(out, np.float64) - ref) / output_step(qdq)) <= 1))
+
+
+def test_uint8_activations_quantised_by_ort_run_as_ort_defines_them(rng):
+    """Was: KeyError 'uint8' in the cost model for any Gemm/MatMul quantised with QUInt8 activations."""
+    model = mlp_model()
+    qdq = lpx_tvm.quantize(model, [{"x": rng.standard_normal((4, 64)).astype(np.float32)} for _ in range(4)],
+                           activations="uint8")
+    assert any(i.data_type == TensorProto.UINT8 for i in qdq.graph.initializer)
+    compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    (out,), calls = _run_counted(compiled, x)
+    assert calls == 1 and not compiled.report.host_ops
+    assert _within_one_step(qdq, out, ort_run(qdq, {"x": x})[0]) >= 0.99
+
+
+@pytest.mark.slow
+def test_uint8_resnet50_agrees_with_ort_within_one_step():
+    from lpx_tvm.app.zoo import ZOO, seeded_inputs, without_final_softmax
+
+    model = without_final_softmax(ZOO["resnet50"].load())
+    qdq = lpx_tvm.quantize(model, [seeded_inputs(model, s) for s in range(2, 4)], activations="uint8")
+    compiled = lpx_tvm.compile(qdq, dtype="int8")
+    feeds = seeded_inputs(qdq, 11)
+    (out,), calls = _run_counted(compiled, *feeds.values())
+    ref = ort_run(qdq, feeds)[0]
+    assert calls >= 1 and _within_one_step(qdq, out, ref) >= 0.99 and out.argmax() == ref.argmax()
+
+
+def test_batch_norm_in_training_mode_runs_on_the_host_as_onnx_defines_it(rng):
+    """Was: offloaded and normalised with the stored statistics, a silent wrong answer (errors up to 6.0)."""
+    stats = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 3).astype(np.float32), n) for n in ("g", "b", "m", "v")]
+    model = make_model([helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y", "rm", "rv"],
+                                         training_mode=1)], [tensor_info("x", [2, 3, 4, 4])],
+                       [tensor_info("y", None), tensor_info("rm", None), tensor_info("rv", None)], stats)
+    model.opset_import[0].version = 15
+    compiled = lpx_tvm.compile(model, config="tiny")
+    assert compiled.report.host_ops["relax.nn.batch_norm"] == 1
+    x = (rng.standard_normal((2, 3, 4, 4)) * 3 + 1).astype(np.float32)
+    assert_close(compiled(x)[0], ort_run(model, {"x": x})[0], 1e-5)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((16,), (3, 16, 5)), ((16,), (16,)), ((2, 3, 4, 16), (16,))])
+def test_matmul_with_a_one_dimensional_operand_runs_on_lpx(rng, a_shape, b_shape):
+    """Was: IndexError in the tiler or a rejected program."""
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], [tensor_info("a", list(a_shape))],
+                       [tensor_info("y", None)], [weights(rng, "b", b_shape)])
+    compiled = lpx_tvm.compile(model, config="tiny")
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    (out,), calls = _run_counted(compiled, a)
+    assert calls == 1
+    assert_close(out, ort_run(model, {"a": a})[0], 1e-5)
+
+
+def _gelu_function_body_model(shape=(4, 8)):
+    """Gelu written out as ONNX's own function body: Constant, CastLike, Sqrt, Div, Erf, Sum, Mul."""
+    node = helper.make_node("Gelu", ["x"], ["y"])
+    body = defs.get_schema("Gelu", 20).get_context_dependent_function(
+        node.SerializeToString(), [helper.make_tensor_type_proto(TensorProto.FLOAT, list(shape)).SerializeToString()])
+    function = onnx.FunctionProto()
+    function.ParseFromString(body)
+    nodes = []
+    for n in function.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(n)
+        copy.input[:] = ["x" if i == "X" else i for i in n.input]
+        copy.output[:] = ["y" if o == "Y" else o for o in n.output]
+        nodes.append(copy)
+    model = make_model(nodes, [tensor_info("x", list(shape))], [tensor_info("y", list(shape))], [])
+    model.opset_import[0].version = 20
+    return model
+
+
+def test_gelu_written_out_as_its_onnx_function_offloads(rng):
+    """Was: "Could not convert T.float32 to a NumPy dtype" while folding its constants."""
+    model = _gelu_function_body_model()
+    compiled = lpx_tvm.compile(model, config="tiny")
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    (out,), calls = _run_counted(compiled, x)
+    assert calls == 1 and not compiled.report.host_ops, compiled.report.summary()
+    assert_close(out, ort_run(model, {"x": x})[0], 1e-5)
+
+
+def test_reshape_with_allowzero_of_an_empty_input_stays_on_the_host(rng):
+    """Was: TypeError "Invalid type: relax.expr.MatchCast" inside partition_for_lpx."""
+    model = make_model([helper.make_node("Reshape", ["x", "s"], ["r"], allowzero=1),
+                        helper.make_node("Relu", ["r"], ["y"])], [tensor_info("x", [0, 4])], [tensor_info("y", None)],
+                       [numpy_helper.from_array(np.array([4, 0], np.int64), "s")])
+    model.opset_import[0].version = 14
+    with pytest.warns(lpx_tvm.patterns.PartitionWarning):
+        compiled = lpx_tvm.compile(model, config="tiny")
+    x = np.zeros((0, 4), np.float32)
+    assert compiled(x)[0].shape == ort_run(model, {"x": x})[0].shape == (4, 0)
+
+
+def test_fp16_overflow_warns_naming_the_layer_and_the_dtype(rng):
+    """Was: silent inf (numpy's errors were all ignored)."""
+    model = make_model([helper.make_node("Mul", ["x", "k"], ["y"])], [tensor_info("x", [4, 8])],
+                       [tensor_info("y", [4, 8])], [numpy_helper.from_array(np.full((4, 8), 100, np.float32), "k")])
+    compiled = lpx_tvm.compile(model, config="tiny", dtype="fp16")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = compiled(np.full((4, 8), 10, np.float32))[0]
+    assert np.isfinite(ok).all() and not [w for w in caught if w.category is OverflowWarning]
+    with pytest.warns(OverflowWarning, match=r"layer '.*multiply.*' \(MUL\) overflowed its fp16 storage type"):
+        assert np.isinf(compiled(np.full((4, 8), 1e3, np.float32))[0]).all()
+
+
+def test_batch_norm_is_folded_once_in_the_codegen(rng):
+    """Was: folded both in the frontend (ONNX) and in lowering."""
+    mod = lpx_tvm.from_onnx(cnn_model())
+    assert "nn.batch_norm" in mod.script()  # the frontend leaves it to the codegen
+    compiled = lpx_tvm.compile(cnn_model(), config="tiny")
+    program = decode(next(iter(compiled.programs.values())))
+    assert not [i for i in program.instructions if i.opcode in (Opcode.MUL, Opcode.ADD)]  # folded into the conv
+    x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    assert_close(compiled(x)[0], ort_run(cnn_model(), {"x": x})[0], 1e-5)

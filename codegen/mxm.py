@@ -87,9 +87,11 @@ def plan(p: Product, config: ChipConfig) -> Mapping:
         for chunks in sorted({1, 2, 3, 4, 6, 8, 12, 16} & set(range(1, streamed + 1))):
             rows = ceil(streamed / chunks) * passes
             per_plane = ceil(col_tiles * chunks / config.mxm_planes)
-            step = max(per_plane * max(install, rows), rows + config.latency_cycles["MXM"])
+            step = per_plane * max(install, rows)
+            if k_tiles > 1:  # a job's next K tile waits for its partial sums unless other jobs fill the time
+                step = max(step, rows + config.latency_cycles["MXM"])
             cycles = install + k_tiles * step + config.latency_cycles["MXM"]
-            if best is None or cycles < best.cycles:
+            if best is None or cycles < best.cycles:  # ties keep fewer chunks: fewer installs
                 best = Mapping(stationary, chunks, cycles)
     return best
 

@@ -223,12 +223,13 @@ class _Tiler:
         """LOAD a network input; a big NCHW one in row bands per channel, so the first layer starts on the first."""
         g = self.g
         t = g.tensors[tid]
-        if len(t.shape) != 4:
+        bands = row_bands(t.shape[2], t.nbytes, BAND_BYTES) if len(t.shape) == 4 else []
+        if len(bands) < 2:
             self.emit(Opcode.LOAD, [], [whole(g, tid)], {"index": index}, "load")
             return
         n, c, h, w = t.shape
         item = t.dtype.itemsize
-        for h0, h1 in row_bands(h, t.nbytes, BAND_BYTES):
+        for h0, h1 in bands:
             for plane in range(n * c):
                 dst = view(g, tid, (n * c, h, w), (plane,), [(h0, h1)])
                 self.emit(Opcode.LOAD, [], [dst], {"index": index, "offset": (plane * h + h0) * w * item}, "load")
@@ -257,10 +258,11 @@ def _streamable(g: Graph, node: Node, config: ChipConfig) -> int | None:
         if not shape or shape[-1] != n or prod(shape[:-1]) != 1:
             return None
     itemsize = g.tensors[node.inputs[1]].dtype.itemsize
-    widths = [d for d in range(config.mxm_cols, n + 1, config.mxm_cols) if k * d * itemsize <= stream_tile_bytes(config)]
-    if n <= config.mxm_cols and k * n * itemsize <= stream_tile_bytes(config):
-        widths.append(n)
-    return max(widths) if widths else None
+    fits = stream_tile_bytes(config) // (k * itemsize)  # columns of one block
+    if fits < 1:
+        return None
+    # whole column tiles of the array where they fit, else as many columns as fit
+    return min(n, fits // config.mxm_cols * config.mxm_cols or fits)
 
 
 def _weights_to_stream(g: Graph, config: ChipConfig, resident_budget: int) -> dict:

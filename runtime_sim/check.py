@@ -58,8 +58,8 @@ class Timeline:
 
 
 _EXCLUSIVE_RULES = {"HOST": "host link", "MXM.load": "install port"}
-_CAPACITY = (("streams", "stream bandwidth"), ("sram_read", "SRAM read bandwidth"),
-             ("sram_write", "SRAM write bandwidth"), ("alus", "vector ALUs"))
+_CAPACITY = (("sram_read", "SRAM read bandwidth"), ("sram_write", "SRAM write bandwidth"),
+             ("streams", "stream bandwidth"), ("alus", "vector ALUs"))
 
 
 def _limits(chip: ChipConfig) -> dict:

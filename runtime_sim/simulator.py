@@ -107,10 +107,10 @@ def _layer_rows(program, timeline, chip) -> list:
     for name, r in rows.items():
         span = max(r["end"] - r["start"], 1)
         # a unit kind's busy share of the layer's span, its instances working side by side
-        shares = {u: busy / (span * chip.unit_count(u)) for u, busy in r["busy"].items()
-                  if u in _BOUND_OF_UNIT and u not in ("VXM",)}
-        if "VXM" in r["busy"]:
-            shares["VXM"] = r["busy"]["VXM"] / span
+        # instances work side by side, except that the DMA engines share the one host link (and the vector
+        # queues share the ALUs): their busy time counts against the span itself
+        shares = {u: busy / (span * (1 if u in ("MEM", "VXM") else chip.unit_count(u)))
+                  for u, busy in r["busy"].items() if u in _BOUND_OF_UNIT}
         unit, share = max(shares.items(), key=lambda kv: kv[1]) if shares else ("ICU", 0.0)
         bound = _BOUND_OF_UNIT.get(unit, "latency") if share >= 0.5 else "latency"
         if bound == "vector" and r["bounds"].get("streams", 0) > r["bounds"].get("vector", 0):
@@ -151,6 +151,7 @@ class Simulator:
             self._view(const.ref)[...] = const.data.view(const.ref.dtype.np).reshape(const.ref.shape)
         self._buffers = defaultdict(WeightBuffer)
         self._streams = {}
+        self._stable_installs = _stable_installs(program, self.order)
         self._bound = [self._bind(i) for i in self.order]
         # positions (in issue order) of instructions that store a reduced-precision float
         self._reduced_dsts = {k for k, i in enumerate(self.order) if any(
@@ -189,6 +190,8 @@ class Simulator:
             srcs = [weight.data.view(weight.host.dtype.np).reshape(weight.host.shape)]
         elif ins.opcode == Opcode.INSTALL:
             dsts = [self._buffers[(ins.unit_index, ins.attrs["buffer"])]]
+            if index in self._stable_installs:  # nothing overwrites the tile while it is installed: no copy
+                return _install_view, ins.opcode, dsts, srcs, ins.attrs
         elif ins.opcode == Opcode.MATMUL:
             srcs.insert(1, self._buffers[(ins.unit_index, ins.attrs["buffer"])])
         return SEMANTICS[ins.opcode], ins.opcode, dsts, srcs, ins.attrs
@@ -295,6 +298,37 @@ class Simulator:
             layer = self.program.layer_names[ins.layer] if ins.layer < len(self.program.layer_names) else ins.layer
             warnings.warn(f"lpx: layer {layer!r} ({ins.opcode.name}) overflowed its {ins.dsts[0].dtype.short} "
                           "storage type: the result holds inf", OverflowWarning, stacklevel=3)
+
+
+def _install_view(outs, ins, attrs):
+    outs[0].value = ins[0]
+
+
+def _stable_installs(program, order) -> set:
+    """INSTALLs whose source no instruction overwrites before the tile's last MATMUL: those can be bound
+    to a view of SRAM instead of a copy (the values are the same; the copy costs time)."""
+    from .hazards import footprint_key, overlaps
+
+    instructions = program.instructions
+    users = {}  # INSTALL index -> position (in issue order) of the last MATMUL using its tile
+    current = {}
+    for pos, i in enumerate(order):
+        ins = instructions[i]
+        if ins.opcode == Opcode.INSTALL:
+            current[(ins.unit_index, ins.attrs["buffer"])] = i
+            users[i] = pos
+        elif ins.opcode == Opcode.MATMUL:
+            installer = current.get((ins.unit_index, ins.attrs["buffer"]))
+            if installer is not None:
+                users[installer] = pos
+    position = {i: pos for pos, i in enumerate(order)}
+    stable = set()
+    for i, last in users.items():
+        source = np.array(footprint_key(instructions[i].srcs[0]), np.int64).reshape(6, 1)
+        written = [r for k in order[position[i] + 1:last + 1] for r in instructions[k].dsts if r.in_sram]
+        if not any(overlaps(source, footprint_key(r))[0] for r in written):
+            stable.add(i)
+    return stable
 
 
 def _measure_unchecked(program, chip) -> Timeline:

@@ -173,9 +173,9 @@ def test_cli_warnings_are_one_line_and_the_format_is_restored(tmp_path, rng):
 
     from conftest import make_model, tensor_info
 
-    # Relu of 9 MB in and out cannot fit the tiny chip: a CapacityWarning, then the run goes on
-    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor_info("x", [1100, 2048])],
-                       [tensor_info("y", [1100, 2048])], [])
+    # Relu of 2.5 MB in and out cannot fit the tiny chip's 4 MiB: a CapacityWarning, then the run goes on
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor_info("x", [300, 2048])],
+                       [tensor_info("y", [300, 2048])], [])
     path = tmp_path / "big_relu.onnx"
     path.write_bytes(model.SerializeToString())
     done = subprocess.run([sys.executable, "-m", "lpx_tvm.app", "run", str(path), "--config", "tiny"],

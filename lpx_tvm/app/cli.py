@@ -61,49 +61,20 @@ def cmd_run(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from tabulate import tabulate
-
     from ..runtime_sim.trace import write_trace
+    from .profile import profile, table
 
     compiled = _compile(args)
-    sims = compiled.simulators
-    rows, report = [], {"dtype": compiled.dtype, "predicted_cycles": 0, "simulated_cycles": 0, "units": {},
-                        "layers": [], "programs": {}}
-    for name, sim in sims.items():
-        stats, chip = sim.stats, sim.config
-        report["predicted_cycles"] += stats.predicted_cycles
-        report["simulated_cycles"] += stats.cycles
-        report["programs"][name] = stats.to_dict()
-        for unit, info in stats.to_dict()["units"].items():
-            total = report["units"].setdefault(unit, {"busy_cycles": 0})
-            total["busy_cycles"] += info["busy_cycles"]
-        for layer in stats.layers:
-            peak = chip.mxm_peak_macs_per_cycle(compiled.dtype) * 2 if "MXM" in layer["units"] else chip.vxm_alus
-            intensity = layer["flops"] / layer["bytes"] if layer["bytes"] else 0.0
-            pct = 100.0 * layer["flops"] / (layer["cycles_busy"] * peak) if layer["cycles_busy"] else 0.0
-            row = {"layer": layer["name"], "cycles": layer["cycles_busy"], "flops": layer["flops"],
-                   "bytes": layer["bytes"], "intensity": intensity, "pct_peak": pct, "bound": layer["bound"]}
-            report["layers"].append(row)
-            rows.append([row["layer"][-60:], row["cycles"], row["flops"], row["bytes"], f"{intensity:.1f}",
-                         f"{pct:.1f}", row["bound"]])
-    for unit, info in report["units"].items():
-        instances = sum(s.stats.unit_instances[unit] * s.stats.cycles for s in sims.values())
-        info["utilisation"] = info["busy_cycles"] / instances if instances else 0.0
-    print(tabulate(rows, headers=["layer", "cycles", "FLOPs", "bytes", "FLOP/B", "% peak", "bound"],
-                   tablefmt="github"))
-    print(f"\ntotal ({compiled.dtype}): predicted {report['predicted_cycles']} cycles, "
-          f"simulated {report['simulated_cycles']} cycles; "
-          + ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items()))
+    report = profile(compiled)
+    print(table(report, args.top))
     print(compiled.report.summary())
-    if sims and compiled.dtype == "fp32":
-        chip = next(iter(sims.values())).config
-        print(f"note: fp32 is not native on the {chip.name} matrix unit; the cost model charges each fp32 array "
-              f"pass as {chip.mxm_passes['fp32'] // chip.mxm_passes['fp16']} fp16 passes")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)
+        print(f"wrote {args.json}")
     if args.trace:
-        write_trace(args.trace, list(sims.items()))
+        write_trace(args.trace, list(compiled.simulators.items()))
+        print(f"wrote {args.trace}: open it in https://ui.perfetto.dev or chrome://tracing")
     return 0
 
 
@@ -171,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = model_command("profile", "per-layer cycles, roofline and utilisation", cmd_profile)
     p.add_argument("--trace", help="write a Chrome/Perfetto trace-event file")
     p.add_argument("--json", help="write the profile as JSON")
+    p.add_argument("--top", type=int, default=20, help="show the N slowest layers (0: all; default 20)")
     model_command("disasm", "print the LPX programs (an ONNX file or an encoded program)", cmd_disasm)
     p = sub.add_parser("zoo", help="run the model zoo against ONNX Runtime")
     p.add_argument("--models", nargs="+", help="zoo models (default: all)")

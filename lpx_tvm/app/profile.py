@@ -1,0 +1,74 @@
+"""``lpx-tvm profile``: where a compiled model's cycles go, layer by layer and unit by unit."""
+
+from __future__ import annotations
+
+import re
+
+_PREFIX = re.compile(r"^lpx\d+_[0-9a-f]+/")
+_INDEX = re.compile(r"_\d+")
+
+
+def short_name(layer: str) -> str:
+    """``lpx0_5bdf9cf1f149/conv2d_4+add_7+quantize`` ─► ``conv2d_4+add+quantize``: the op kinds and the
+    first op's index, without the function's hash."""
+    body = _PREFIX.sub("", layer)
+    head, _, tail = body.partition("+")
+    return head + ("+" + _INDEX.sub("", tail) if tail else "")
+
+
+def profile(compiled) -> dict:
+    """The profile of a compiled model as a dict (what ``--json`` writes).
+
+    Per program and in total: predicted and simulated cycles, latency in µs at
+    the preset's clock, useful-MAC utilisation (MACs ÷ peak MACs per cycle ×
+    cycles, each MATMUL at its dtype's peak), each unit's busy share and each
+    plane's; per layer its span, MACs, what it kept busy and what bound it.
+    """
+    sims = compiled.simulators
+    report = {"dtype": compiled.dtype, "predicted_cycles": 0, "simulated_cycles": 0, "microseconds": 0.0,
+              "units": {}, "layers": [], "programs": {}}
+    weighted = capacity = 0.0
+    for name, sim in sims.items():
+        stats, chip = sim.stats, sim.config
+        report["config"] = chip.name
+        report["predicted_cycles"] += stats.predicted_cycles
+        report["simulated_cycles"] += stats.cycles
+        report["microseconds"] += stats.microseconds
+        report["programs"][name] = stats.to_dict()
+        weighted += stats.peak_macs_cycles
+        capacity += stats.planes * stats.array_macs * stats.cycles
+        for unit, info in stats.to_dict()["units"].items():
+            total = report["units"].setdefault(unit, {"busy_cycles": 0, "capacity": 0})
+            total["busy_cycles"] += info["busy_cycles"]
+            total["capacity"] += info["instances"] * stats.cycles
+        for layer in stats.layers:
+            peak = chip.mxm_peak_macs_per_cycle(compiled.dtype if compiled.dtype in chip.mxm_passes else "fp32")
+            report["layers"].append({
+                "layer": short_name(layer["name"]), "program": name, "cycles": layer["cycles"],
+                "microseconds": 1e6 * layer["cycles"] / chip.clock_hz, "macs": layer["macs"], "flops": layer["flops"],
+                "bytes": layer["bytes"], "mac_utilisation": layer["macs"] / (peak * layer["cycles"]) if layer["cycles"]
+                else 0.0, "busy": layer["busy"], "bound": layer["bound"]})
+    for info in report["units"].values():
+        info["utilisation"] = info["busy_cycles"] / info["capacity"] if info["capacity"] else 0.0
+    report["mac_utilisation"] = weighted / capacity if capacity else 0.0
+    report["layers"].sort(key=lambda r: -r["cycles"])
+    return report
+
+
+def table(report: dict, top: int | None = None) -> str:
+    """The profile as text: the slowest layers first, then the totals."""
+    from tabulate import tabulate
+
+    layers = report["layers"][:top] if top else report["layers"]
+    rows = [[r["layer"][:48], r["cycles"], f"{r['microseconds']:.2f}", r["macs"],
+             f"{100 * r['mac_utilisation']:.1f}" if r["macs"] else "", r["bound"],
+             " ".join(f"{u}:{b}" for u, b in sorted(r["busy"].items()))] for r in layers]
+    text = tabulate(rows, headers=["layer", "cycles", "µs", "MACs", "% MAC peak", "bound", "busy cycles by unit"],
+                    tablefmt="github")
+    if top and len(report["layers"]) > top:
+        text += f"\n({len(report['layers']) - top} more layers; --top 0 shows all)"
+    units = ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items() if i["busy_cycles"])
+    return (f"{text}\n\ntotal ({report['dtype']} on {report.get('config', '?')}): "
+            f"{report['simulated_cycles']} cycles (predicted {report['predicted_cycles']}) = "
+            f"{report['microseconds']:.1f} µs; useful-MAC utilisation {report['mac_utilisation']:.1%}; "
+            f"busy: {units}")

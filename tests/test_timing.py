@@ -1,0 +1,210 @@
+"""The machine keeps time: hand-worked cycle counts from the presets, and programs the hardware would not run.
+
+Every expected count here is worked out from the preset's parameters in the
+test, never by calling the timing code.
+"""
+
+from math import ceil
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import lpx_tvm
+from lpx_tvm.runtime_sim import DType, Opcode, ScheduleError, Simulator, Space, TensorRef, load_config
+from conftest import make_model, ort_run, tensor_info
+from programs import Layout, TINY, ins, program
+
+TSP = load_config("tsp")
+F32 = DType.F32
+
+
+def stream_ref(number, shape, dtype=F32):
+    return TensorRef(number, tuple(shape), dtype, None, Space.STREAM)
+
+
+def transposed(ref):
+    """The same bytes seen with the last two axes swapped."""
+    rows, cols = ref.shape
+    return TensorRef(ref.addr, (cols, rows), ref.dtype, (1, cols))
+
+
+def conv_layer(chip, k, positions, channels, x_ref_layout=None, layout=None, start=0, store=True):
+    """A 1x1 convolution out[C, P] = W[C, K] @ x[K, P], weight-stationary, hand-scheduled on ``chip``.
+
+    Returns (instructions, layout, refs, the cycle every result is in SRAM), each issue cycle worked out
+    from the preset's figures.
+    """
+    layout = layout or Layout()
+    item = 4
+    w = layout.const(np.ones((k, channels), np.float32))  # Wᵀ, the stationary tile
+    bias = layout.const(np.zeros((1, channels), np.float32))
+    x = x_ref_layout or layout.take((k, positions), F32)
+    out = layout.take((channels, positions), F32)
+    code = []
+    ready = start
+    if x_ref_layout is None:  # the input crosses the host link
+        load_busy = ceil(k * positions * item / (chip.host_bytes_per_s / chip.clock_hz))
+        code.append(ins("LOAD", [], [x], cycle=start, index=0))
+        ready = start + load_busy + chip.latency_cycles["MEM"]
+    install_busy = ceil(k * channels * item / (chip.mxm_install_streams * chip.lanes))
+    installed = install_busy + chip.stream_hops
+    code.append(ins("INSTALL", [w], [], cycle=max(0, ready - installed), buffer=0))  # the weights are resident
+    matmul_at = max(ready, code[-1].cycle + installed)
+    chain = stream_ref(0, (positions, channels))
+    code.append(ins("MATMUL", [transposed(x)], [chain], cycle=matmul_at, buffer=0))
+    matmul_busy = positions * chip.mxm_passes["fp32"]  # one activation row a pass; fp32 takes 12
+    epilogue_at = matmul_at + chip.latency_cycles["MXM"]  # results arrive after the plane's latency
+    code.append(ins("EPILOGUE", [chain, bias], [transposed(out)], cycle=epilogue_at, act=Opcode.RELU))
+    # the chained epilogue runs at the plane's pace, then its results cross to SRAM
+    done = epilogue_at + matmul_busy + chip.latency_cycles["VXM"]
+    if store:
+        code.append(ins("STORE", [out], [], cycle=done, index=0))
+        done += ceil(channels * positions * item / (chip.host_bytes_per_s / chip.clock_hz)) + chip.latency_cycles["MEM"]
+    return code, layout, (x, w, out), done
+
+
+@pytest.mark.parametrize("chip", [TINY, TSP], ids=["tiny", "tsp"])
+def test_one_conv_layer_takes_the_hand_worked_cycles(chip):
+    k, positions, channels = 32, 16, 8
+    code, layout, (x, w, out), done = conv_layer(chip, k, positions, channels)
+    prog = program(code, layout, inputs=[((k, positions), F32)], outputs=[((channels, positions), F32)],
+                   predicted=done, chip=chip)
+    sim = Simulator(prog)
+    assert sim.stats.cycles == done
+    xs = np.random.default_rng(0).standard_normal((k, positions)).astype(np.float32)
+    np.testing.assert_allclose(sim.run([xs])[0], np.maximum(np.ones((channels, k)) @ xs, 0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("chip", [TINY, TSP], ids=["tiny", "tsp"])
+def test_a_two_layer_chain_with_chained_epilogues(chip):
+    """Layer 2 streams layer 1's result through its plane as soon as layer 1's epilogue has stored it."""
+    code1, layout, (x, _, y), y_ready = conv_layer(chip, 32, 16, 24, store=False)
+    code2, layout, (_, _, z), done = conv_layer(chip, 24, 16, 8, x_ref_layout=y, layout=layout, start=y_ready)
+    code2[0] = ins("INSTALL", code2[0].srcs, [], cycle=code2[0].cycle, unit_index=1, buffer=0)  # plane 1
+    code2[1] = ins("MATMUL", code2[1].srcs, [stream_ref(1, (16, 8))], cycle=code2[1].cycle, unit_index=1, buffer=0)
+    code2[2] = ins("EPILOGUE", [stream_ref(1, (16, 8))] + list(code2[2].srcs[1:]), code2[2].dsts,
+                   cycle=code2[2].cycle, unit_index=1, act=Opcode.RELU)
+    prog = program(code1 + code2, layout, inputs=[((32, 16), F32)], outputs=[((8, 16), F32)], predicted=done,
+                   chip=chip)
+    sim = Simulator(prog)
+    assert sim.stats.cycles == done
+    # layer 2's MATMUL issued the cycle layer 1's epilogue finished: the schedule is as tight as the rules allow
+    assert code2[1].cycle == y_ready
+
+
+@pytest.mark.parametrize("config", ["tiny", "tsp"])
+def test_a_host_link_bound_model_compiles_to_the_hand_worked_cycles(config):
+    """x + y for big x, y: both inputs cross the one host link in turn, then the add, then the result."""
+    chip = load_config(config)
+    rows, cols = 100, chip.lanes
+    model = make_model([helper.make_node("Add", ["x", "y"], ["z"])], [tensor_info("x", [rows, cols]),
+                                                                     tensor_info("y", [rows, cols])],
+                       [tensor_info("z", [rows, cols])], [])
+    compiled = lpx_tvm.compile(model, config=config)
+    (sim,) = compiled.simulators.values()
+    host = chip.host_bytes_per_s / chip.clock_hz
+    nbytes = rows * cols * 4
+    transfer = ceil(nbytes / host)
+    # the add: one vector (a row of `lanes` floats) of each operand and of the result per step; 12 bytes an
+    # element need 12 streams a vector, more than one direction's, so each vector takes 2 cycles on tiny
+    streams_per_vector = 12
+    step = max(1, ceil(streams_per_vector / chip.streams_per_direction))
+    rate = max(1, min(chip.vxm_alus_per_lane, chip.streams_per_direction // streams_per_vector))
+    add = ceil(rows / rate) * step
+    expected = 2 * transfer + chip.latency_cycles["MEM"] + add + chip.latency_cycles["VXM"] + transfer + \
+        chip.latency_cycles["MEM"]
+    assert sim.stats.cycles == sim.program.predicted_cycles == expected
+    assert sim.stats.layers and min(r["bound"] for r in sim.stats.layers if r["name"] == "load") == "host link"
+    x, y = (np.random.default_rng(i).standard_normal((rows, cols)).astype(np.float32) for i in range(2))
+    np.testing.assert_array_equal(compiled(x, y)[0], ort_run(model, {"x": x, "y": y})[0])
+
+
+# ---------------------------------------------------------------------------
+# programs the hardware would not run
+# ---------------------------------------------------------------------------
+def _rejected(prog, rule):
+    with pytest.raises(ScheduleError, match=rule) as err:
+        Simulator(prog)
+    return err.value
+
+
+def test_two_host_transfers_overlapping_on_the_one_link():
+    layout = Layout()
+    a, b = layout.take((32, 32), F32), layout.take((32, 32), F32)
+    code = [ins("LOAD", [], [a], cycle=0, unit_index=0, index=0),
+            ins("LOAD", [], [b], cycle=0, unit_index=1, index=1)]  # two DMA engines, one PCIe link
+    err = _rejected(program(code, layout, inputs=[((32, 32), F32)] * 2, chip=TSP), "host link")
+    assert err.index == 1 and err.cycle == 0
+
+
+def test_a_matmul_before_its_weight_installation_ends():
+    layout = Layout()
+    w, a = layout.const(np.ones((32, 32), np.float32)), layout.const(np.ones((4, 32), np.float32))
+    out = layout.take((4, 32), F32)
+    installed = ceil(32 * 32 * 4 / (TINY.mxm_install_streams * TINY.lanes)) + TINY.stream_hops
+    code = [ins("INSTALL", [w], []), ins("MATMUL", [a], [out], cycle=installed - 1)]
+    _rejected(program(code, layout), "install not finished")
+
+
+def test_a_consumer_reading_a_chained_stream_before_it_arrives():
+    layout = Layout()
+    w, a = layout.const(np.ones((32, 32), np.float32)), layout.const(np.ones((4, 32), np.float32))
+    out = layout.take((4, 32), F32)
+    matmul_at = 100
+    code = [ins("INSTALL", [w], []), ins("MATMUL", [a], [stream_ref(3, (4, 32))], cycle=matmul_at),
+            ins("EPILOGUE", [stream_ref(3, (4, 32))], [out], cycle=matmul_at + TINY.latency_cycles["MXM"] - 1)]
+    _rejected(program(code, layout), "before instruction 1's result arrives")
+    late = code[:2] + [ins("EPILOGUE", [stream_ref(3, (4, 32))], [out], cycle=matmul_at + TINY.latency_cycles["MXM"] + 1)]
+    _rejected(program(late, layout), "has flowed past")
+
+
+def test_oversubscribed_sram_bandwidth():
+    """Two reductions on two vector queues, each reading as fast as the slices can serve one."""
+    layout = Layout()
+    x, y = layout.const(np.ones((64, 32), np.float16)), layout.const(np.ones((64, 32), np.float16))
+    s1, s2 = layout.take((1, 1), DType.F16), layout.take((1, 1), DType.F16)
+    code = [ins("REDUCE_SUM", [x], [s1], unit_index=0, axes=(0, 1)),
+            ins("REDUCE_SUM", [y], [s2], unit_index=1, axes=(0, 1))]
+    # fp16 vectors take 2 streams each: one direction's 8 streams carry 3 a cycle, 3 x 32 lanes x 2 bytes read;
+    # two of them want more than the 8 slices serve (one 32-byte vector each a cycle)
+    assert 2 * 3 * TINY.lanes * 2 > TINY.sram_slices * TINY.lanes
+    _rejected(program(code, layout), "SRAM read bandwidth")
+
+
+def test_read_before_write():
+    layout = Layout()
+    x, y = layout.take((4, 32), F32), layout.take((4, 32), F32)  # nothing ever wrote x
+    _rejected(program([ins("RELU", [x], [y])], layout), "read before write")
+
+
+def test_a_live_weight_overwritten():
+    layout = Layout()
+    x, w = layout.const(np.ones((4, 32), np.float32)), layout.const(np.ones((4, 32), np.float32))
+    _rejected(program([ins("RELU", [x], [w])], layout), "live constant overwritten")
+
+
+def test_a_wrong_predicted_cycles_header():
+    code, layout, _, done = conv_layer(TINY, 32, 16, 8)
+    prog = program(code, layout, inputs=[((32, 16), F32)], outputs=[((8, 16), F32)], predicted=done + 1)
+    err = _rejected(prog, "predicted cycles")
+    assert f"takes {done}" in str(err)
+
+
+def test_unit_overlap_and_sram_hazards_are_rejected():
+    layout = Layout()
+    x = layout.const(np.ones((4, 32), np.float32))
+    y, z = layout.take((4, 32), F32), layout.take((4, 32), F32)
+    _rejected(program([ins("RELU", [x], [y]), ins("NEG", [x], [z], cycle=1)], layout), "unit overlap")
+    _rejected(program([ins("RELU", [x], [y]), ins("NEG", [y], [z], cycle=1, unit_index=1)], layout), "RAW hazard")
+    _rejected(program([ins("RELU", [x], [y]), ins("NEG", [x], [y], cycle=1, unit_index=1)], layout), "WAW hazard")
+
+
+def test_weights_replaced_while_a_matmul_streams_through_them():
+    layout = Layout()
+    w, a = layout.const(np.ones((32, 32), np.float32)), layout.const(np.ones((8, 32), np.float32))
+    out = layout.take((8, 32), F32)
+    installed = ceil(32 * 32 * 4 / (TINY.mxm_install_streams * TINY.lanes)) + TINY.stream_hops
+    code = [ins("INSTALL", [w], []), ins("MATMUL", [a], [out], cycle=installed),
+            ins("INSTALL", [w], [], cycle=installed + 1)]
+    _rejected(program(code, layout), "weights in use")

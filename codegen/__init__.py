@@ -16,6 +16,7 @@ runs them in order and, with ``dump_dir``, writes each one's result to
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,8 @@ from typing import Callable
 
 from ..runtime_sim import ChipConfig, Program, disassemble, load_config
 from ..runtime_sim.isa import STORAGE_DTYPES
-from .alloc import CapacityError, allocate
+from ..runtime_sim.program import SramPlan
+from .alloc import CapacityError, allocate, resident_bytes
 from .emit import emit, resolve
 from .fuse import fuse_epilogues
 from .graph import Graph
@@ -92,6 +94,11 @@ class Compilation:
     layers: tuple = ()
     makespan: int = 0
     program: Program | None = None
+    # the model's SRAM plan: this program's resident-weight budget and range, and where activations start
+    resident_budget: int | None = None
+    const_base: int = 0
+    activation_base: int | None = None
+    plan: SramPlan = field(default_factory=SramPlan)
 
     @property
     def chip(self) -> ChipConfig:
@@ -125,17 +132,18 @@ def _precision(c: Compilation) -> None:
 
 
 def _tile(c: Compilation) -> None:
-    c.ops = tile(c.graph, c.chip)
+    c.ops = tile(c.graph, c.chip, resident_budget=c.resident_budget)
 
 
 def _alloc(c: Compilation) -> None:
     """Allocate; when activations do not fit beside the weights, stream more weights (re-tile) and retry."""
     chip = c.chip
-    for budget in [None] + [chip.sram_bytes // 4 >> k for k in range(3)] + [0]:
+    first = c.resident_budget if c.resident_budget is not None else chip.sram_bytes // 2
+    for budget in [None] + [min(first, chip.sram_bytes // 4 >> k) for k in range(3)] + [0]:
         if budget is not None:
             c.ops = tile(c.graph, chip, resident_budget=budget)
         try:
-            c.addr = allocate(c.graph, c.ops, chip)
+            c.addr = allocate(c.graph, c.ops, chip, c.const_base, c.activation_base)
             return
         except CapacityError:
             if budget == 0:  # every weight that can stream does: final
@@ -148,7 +156,7 @@ def _schedule(c: Compilation) -> None:
 
 
 def _emit(c: Compilation) -> None:
-    c.program = emit(c.graph, c.addr, c.instructions, c.layers, c.makespan, c.chip)
+    c.program = emit(c.graph, c.addr, c.instructions, c.layers, c.makespan, c.chip, c.plan)
 
 
 def _describe_graph(c: Compilation) -> str:
@@ -188,18 +196,71 @@ def stages(options: CodegenOptions) -> list:
             ("emit", _emit, _describe_program)]
 
 
-def run_stages(c: Compilation, start: str = "lower") -> Program:
-    """Run the stages from ``start`` on, dumping each result when the options ask for it."""
+def run_stages(c: Compilation, start: str = "lower", stop: str = "emit") -> Program | None:
+    """Run the stages from ``start`` to ``stop`` (both included), dumping each result when asked."""
     dump = Path(c.options.dump_dir) if c.options.dump_dir else None
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
     table = stages(c.options)
     names = [name for name, _, _ in table]
-    for k, (name, run, describe) in enumerate(table[names.index(start):], names.index(start) + 1):
+    first, last = names.index(start), names.index(stop)
+    for k, (name, run, describe) in enumerate(table[first:last + 1], first + 1):
         run(c)
         if dump:
             (dump / f"{c.name}.{k}_{name}.txt").write_text(describe(c))
     return c.program
+
+
+def _content_hash(func) -> int:
+    import tvm_ffi  # only a Relax function gets here, so TVM is loaded already
+
+    return tvm_ffi.structural_hash(func)
+
+
+def compile_model(functions: dict, options: CodegenOptions | None = None) -> dict:
+    """Compile every lpx function of one model, with one SRAM plan for the chip they share.
+
+    Each program's resident weights get a range of their own, one after the
+    other; the activations of all of them go above. When the weights together
+    exceed the budget (half of SRAM), each program's share of it is in
+    proportion to its weights and the largest of its weights stream instead.
+
+    Parameters
+    ----------
+    functions : dict
+        Name (the global symbol) -> Relax function.
+
+    Returns
+    -------
+    dict
+        Name -> Program.
+    """
+    options = options or CodegenOptions()
+    chip = options.chip
+    comps = {name: Compilation(name, options, source=func) for name, func in functions.items()}
+    for c in comps.values():
+        run_stages(c, "lower", "precision" if options.dtype != "int8" else "qfuse")
+    weights = {name: sum(t.nbytes for t in c.graph.tensors if t.data is not None) for name, c in comps.items()}
+    budget, total = chip.sram_bytes // 2, sum(weights.values())
+    base = 0
+    for name, c in comps.items():
+        if total > budget:
+            c.resident_budget = budget * weights[name] // total
+        run_stages(c, "tile", "tile")
+        c.const_base = base
+        base += resident_bytes(c.graph, c.ops)
+    for c in comps.values():
+        c.activation_base = base
+        run_stages(c, "alloc", "alloc")
+    # the plan's id: what was compiled, and how (another model, or this one in another dtype, is another plan)
+    model = hashlib.blake2b(repr((sorted((name, _content_hash(f)) for name, f in functions.items()),
+                                  options.config, options.dtype, options.in_order)).encode(), digest_size=8).digest()
+    plan = SramPlan(model, max(c.addr["high_water"] for c in comps.values()) if comps else 0, base)
+    programs = {}
+    for name, c in comps.items():
+        c.plan = plan
+        programs[name] = run_stages(c, "schedule", "emit")
+    return programs
 
 
 def compile_graph(g: Graph, options: CodegenOptions, name: str = "lpx") -> Program:
@@ -221,5 +282,5 @@ def compile_function(func, options: CodegenOptions | None = None, name: str = "l
     return run_stages(Compilation(name, options or CodegenOptions(), source=func))
 
 
-__all__ = ["CodegenOptions", "CapacityError", "Compilation", "compile_function", "compile_graph", "stages",
-           "run_stages", "DTYPES"]
+__all__ = ["CodegenOptions", "CapacityError", "Compilation", "compile_function", "compile_graph", "compile_model",
+           "stages", "run_stages", "DTYPES"]

@@ -76,15 +76,25 @@ def _peak_live(g: Graph, first: dict, last: dict, n_ops: int) -> int:
     return peak
 
 
-def allocate(g: Graph, ops: list, config: ChipConfig) -> dict:
+def resident_bytes(g: Graph, ops: list) -> int:
+    """SRAM the constants ``ops`` use take, aligned as :func:`allocate` places them."""
+    bases = {g.base(o.tensor) for op in ops for o in op.srcs + op.dsts if o.tensor is not None}
+    return sum(_align(g.tensors[b].nbytes) for b in bases if g.tensors[b].data is not None)
+
+
+def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activation_base: int | None = None) -> dict:
     """SRAM address of every base tensor used by ``ops``.
+
+    Constants go from ``const_base`` up; activations from ``activation_base``
+    (default: right above the constants). A model's programs share one chip: each
+    gets its own constant range, and all put their activations above every one.
 
     Returns
     -------
     dict
         tensor id -> byte address, plus ``"high_water"``: the top of used SRAM.
     """
-    addr, cursor = {}, 0
+    addr, cursor = {}, _align(const_base)
     first, last = {}, {}
     for i, op in enumerate(ops):
         for operand in op.dsts + op.srcs:
@@ -98,6 +108,11 @@ def allocate(g: Graph, ops: list, config: ChipConfig) -> dict:
                 continue
             first.setdefault(base, i)
             last[base] = i
+    if activation_base is not None:
+        if cursor > activation_base:
+            raise CapacityError(f"weights need {cursor - const_base} bytes, more than the plan's "
+                                f"{activation_base - const_base}")
+        cursor = activation_base
     if cursor > config.sram_bytes:
         raise CapacityError(f"weights need {cursor} bytes of SRAM; chip {config.name!r} has {config.sram_bytes}")
     peak = _peak_live(g, first, last, len(ops))

@@ -32,7 +32,8 @@ def resolve(g: Graph, ops: list, addr: dict) -> tuple:
     return instructions, tuple(layers), fixed
 
 
-def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int, config: ChipConfig) -> Program:
+def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int, config: ChipConfig,
+         plan=None) -> Program:
     """Assemble the Program: constants at their addresses, host signature, schedule."""
     constants = []
     for tid, where in addr.items():
@@ -45,4 +46,4 @@ def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int,
     streamed = tuple(StreamedWeight(HostTensor(w.shape, DType.from_numpy(w.dtype)), w.reshape(-1).view(np.uint8))
                      for w in g.streamed)
     return Program(config.name, config.digest, tuple(instructions), tuple(constants),
-                   host(g.inputs), host(g.outputs), layers, makespan, streamed=streamed)
+                   host(g.inputs), host(g.outputs), layers, makespan, streamed=streamed, plan=plan)

@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .codegen import CodegenOptions, compile_function
+from .codegen import CodegenOptions, compile_model
 from .patterns import partition_for_lpx
 from .registration import original_default_pipeline
 from .runtime_sim import encode
@@ -31,9 +31,9 @@ class NothingOffloadedWarning(UserWarning):
 def relax_ext_lpx(functions, options, constant_names):
     """BYOC hook called by ``relax.transform.RunCodegen``: compile each function to a program."""
     opts = CodegenOptions.from_dict(dict(options) if options else None)
-    for func in functions:
-        symbol = str(func.attrs["global_symbol"])
-        _EXTERN_PROGRAMS[symbol] = encode(compile_function(func, opts, symbol))
+    programs = compile_model({str(func.attrs["global_symbol"]): func for func in functions}, opts)
+    for symbol, program in programs.items():
+        _EXTERN_PROGRAMS[symbol] = encode(program)
     return []
 
 
@@ -85,12 +85,13 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
         The rewritten module and the number of offloaded call sites.
     """
     programs = dict(_EXTERN_PROGRAMS)
-    for gvar, func in mod.functions.items():
-        if _is_lpx_function(func):
-            symbol = str(func.attrs["global_symbol"])
-            programs[gvar.name_hint] = encode(compile_function(func, options, symbol))
-            if programs_out is not None:
-                programs_out[symbol] = programs[gvar.name_hint]
+    functions = {gvar.name_hint: func for gvar, func in mod.functions.items() if _is_lpx_function(func)}
+    compiled = compile_model({str(f.attrs["global_symbol"]): f for f in functions.values()}, options)
+    for name, func in functions.items():
+        symbol = str(func.attrs["global_symbol"])
+        programs[name] = encode(compiled[symbol])
+        if programs_out is not None:
+            programs_out[symbol] = programs[name]
     rewriter = _CallRewriter(mod, programs)
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and not _is_lpx_function(func) and not (

@@ -14,23 +14,35 @@ from collections import Counter
 import numpy as np
 import tvm_ffi
 
-from .runtime_sim import Simulator
+from .runtime_sim import Simulator, decode
+from .runtime_sim.chip import Chip
 from .runtime_sim.program import read_digest
 
 _SIMULATORS: dict = {}
+_CHIPS: dict = {}  # SRAM plan id -> the chip its programs share
 _LOCK = threading.Lock()
 _CALLS: Counter = Counter()
 
 
 def load_program(blob) -> Simulator:
-    """The simulator for an encoded program, decoded and verified on first use."""
+    """The simulator for an encoded program, decoded and verified on first use.
+
+    A program of a model's SRAM plan is loaded onto the chip the model's other
+    programs share (their weights resident side by side); one alone gets its own.
+    """
     key = (read_digest(blob), len(blob))
     sim = _SIMULATORS.get(key)
     if sim is None:
         with _LOCK:
             sim = _SIMULATORS.get(key)
             if sim is None:
-                sim = Simulator(bytes(memoryview(blob).cast("B")))
+                program = decode(memoryview(blob).cast("B"))  # views of the executable's bytes, no copy
+                if program.plan.model:
+                    chip = _CHIPS.setdefault((program.plan.model, program.config_digest),
+                                             Chip(program.plan.sram_bytes))
+                    sim = chip.load(program)
+                else:
+                    sim = Simulator(program)
                 _SIMULATORS[key] = sim
     return sim
 

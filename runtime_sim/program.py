@@ -3,7 +3,7 @@
 Layout (little endian)::
 
     header   magic b"LPXPROG\\0" | u16 version | u16 reserved | u64 body length | 16-byte blake2b of body
-    body     config name, config digest, predicted cycles
+    body     config name, config digest, SRAM plan (model id, bytes, activation base), predicted cycles
              layer names | host inputs | host outputs | instructions | constants | streamed weights
 
 Decoding verifies the header, the checksum, every opcode, every field range, every
@@ -26,7 +26,7 @@ from .isa import (MAX_RANK, UNIT_OF, DType, Group, HostTensor, Instruction, Opco
 from .shapes import check_operands
 
 MAGIC = b"LPXPROG\0"
-VERSION = 4  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views, plane buffers
+VERSION = 5  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan
 _HEADER = struct.Struct("<8sHHQ16s")
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
 MAX_DIM = 1 << 31
@@ -55,6 +55,19 @@ class StreamedWeight:
 
 
 @dataclass(frozen=True)
+class SramPlan:
+    """One model's programs share a chip's SRAM: resident weights below ``activation_base``, each program's
+    in its own range, and the activations above, reused by whichever program runs.
+
+    ``model`` names the plan (8 bytes; empty for a program alone), ``sram_bytes`` is what all of them need.
+    """
+
+    model: bytes = b""
+    sram_bytes: int = 0
+    activation_base: int = 0
+
+
+@dataclass(frozen=True)
 class Program:
     """A statically scheduled LPX program.
 
@@ -75,6 +88,8 @@ class Program:
         The makespan the compiler's scheduler computed.
     streamed : tuple of StreamedWeight
         Weights too big to stay resident; STREAM k copies streamed[k] into SRAM.
+    plan : SramPlan
+        Where this program sits among the other programs of its model on one chip.
     """
 
     config_name: str
@@ -87,6 +102,11 @@ class Program:
     predicted_cycles: int = 0
     digest: bytes = field(default=b"", compare=False)
     streamed: tuple = ()
+    plan: "SramPlan" = None
+
+    def __post_init__(self):
+        if self.plan is None:
+            object.__setattr__(self, "plan", SramPlan())
 
 
 # ---------------------------------------------------------------------------
@@ -109,7 +129,9 @@ def _pack_ref(ref: TensorRef) -> bytes:
 
 def encode(program: Program) -> bytes:
     """Serialize a program to bytes (see the module docstring for the layout)."""
+    plan = program.plan
     parts = [_pack_str(program.config_name), program.config_digest,
+             struct.pack("<8sQQ", plan.model.ljust(8, b"\0"), plan.sram_bytes, plan.activation_base),
              struct.pack("<QI", program.predicted_cycles, len(program.layer_names))]
     parts += [_pack_str(name[:MAX_NAME]) for name in program.layer_names]
     for group in (program.inputs, program.outputs):
@@ -243,6 +265,8 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
 def _parse_body(r: _Reader, digest: bytes) -> Program:
     config_name = r.string("config name")
     config_digest = bytes(r.take(8, "config digest"))
+    model, plan_bytes, activation_base = r.unpack("8sQQ", "SRAM plan")
+    plan = SramPlan(b"" if model == bytes(8) else model, plan_bytes, activation_base)
     predicted, n_layers = r.unpack("QI", "program header")
     if n_layers * 2 > len(r.buf) - r.pos:
         raise ProgramFormatError(f"layer count {n_layers} does not fit in the program")
@@ -288,7 +312,7 @@ def _parse_body(r: _Reader, digest: bytes) -> Program:
     if r.pos != len(r.buf):
         raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the streamed weights")
     return Program(config_name, config_digest, tuple(instructions), tuple(constants), sigs[0], sigs[1],
-                   layers, predicted, digest, tuple(streamed))
+                   layers, predicted, digest, tuple(streamed), plan)
 
 
 def validate(program: Program, config: ChipConfig | str | None = None) -> ChipConfig:
@@ -317,6 +341,11 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
 
     for const in program.constants:
         check_ref(const.ref, "constant")
+        if program.plan.activation_base and const.ref.end > program.plan.activation_base:
+            raise ProgramFormatError(f"constant {const.ref} lies above the plan's activation base "
+                                     f"{program.plan.activation_base}")
+    if program.plan.sram_bytes > chip.sram_bytes or program.plan.activation_base > chip.sram_bytes:
+        raise ProgramFormatError(f"SRAM plan of {program.plan.sram_bytes} bytes exceeds the chip's {chip.sram_bytes}")
     for index, ins in enumerate(program.instructions):
         where = f"instruction {index} ({ins.opcode.name})"
         if ins.cycle >= MAX_CYCLE:

@@ -135,18 +135,20 @@ class Simulator:
         are still measured with the machine's rules, but nothing is enforced.
     """
 
-    def __init__(self, program, config: ChipConfig | str | None = None, check_schedule: bool = True):
+    def __init__(self, program, config: ChipConfig | str | None = None, check_schedule: bool = True, chip=None):
         if not isinstance(program, Program):
             program = decode(program, config)  # validates too
-        chip = validate(program, config)
-        self.program, self.config = program, chip
+        config = validate(program, config)
+        self.program, self.config = program, config
         self.sram_size = max([c.ref.end for c in program.constants]
                              + [r.end for i in program.instructions for r in i.srcs + i.dsts if r.in_sram] + [1])
-        self.timeline: Timeline = check_timing(program, chip, [c.ref for c in program.constants], self.sram_size) \
-            if check_schedule else _measure_unchecked(program, chip)
+        # the plan's resident weights (this program's and its siblings') are never written
+        protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
+        self.timeline: Timeline = check_timing(program, config, [c.ref for c in program.constants], self.sram_size,
+                                               protected) if check_schedule else _measure_unchecked(program, config)
         self.order = self.timeline.order
         self.stats = self._stats()
-        self._sram = np.zeros(self.sram_size, np.uint8)
+        self._sram = chip.sram if chip is not None else np.zeros(self.sram_size, np.uint8)
         for const in program.constants:
             self._view(const.ref)[...] = const.data.view(const.ref.dtype.np).reshape(const.ref.shape)
         self._buffers = defaultdict(WeightBuffer)
@@ -156,7 +158,7 @@ class Simulator:
         # positions (in issue order) of instructions that store a reduced-precision float
         self._reduced_dsts = {k for k, i in enumerate(self.order) if any(
             r.dtype in (DType.F16, DType.BF16) for r in program.instructions[i].dsts)}
-        self._lock = threading.Lock()
+        self._lock = chip.lock if chip is not None else threading.Lock()  # programs of a chip run one at a time
 
     @property
     def costs(self) -> tuple:

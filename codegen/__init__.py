@@ -136,7 +136,14 @@ def _tile(c: Compilation) -> None:
 
 
 def _alloc(c: Compilation) -> None:
-    """Allocate; when activations do not fit beside the weights, stream more weights (re-tile) and retry."""
+    """Allocate; when activations do not fit beside the weights, stream more weights (re-tile) and retry.
+
+    Within a model's SRAM plan (``activation_base`` set) the weights' ranges are
+    fixed: a failure goes back to :func:`compile_model`, which re-plans.
+    """
+    if c.activation_base is not None:
+        c.addr = allocate(c.graph, c.ops, c.chip, c.const_base, c.activation_base)
+        return
     chip = c.chip
     first = c.resident_budget if c.resident_budget is not None else chip.sram_bytes // 2
     for budget in [None] + [min(first, chip.sram_bytes // 4 >> k) for k in range(3)] + [0]:
@@ -241,17 +248,23 @@ def compile_model(functions: dict, options: CodegenOptions | None = None) -> dic
     for c in comps.values():
         run_stages(c, "lower", "precision" if options.dtype != "int8" else "qfuse")
     weights = {name: sum(t.nbytes for t in c.graph.tensors if t.data is not None) for name, c in comps.items()}
-    budget, total = chip.sram_bytes // 2, sum(weights.values())
-    base = 0
-    for name, c in comps.items():
-        if total > budget:
-            c.resident_budget = budget * weights[name] // total
-        run_stages(c, "tile", "tile")
-        c.const_base = base
-        base += resident_bytes(c.graph, c.ops)
-    for c in comps.values():
-        c.activation_base = base
-        run_stages(c, "alloc", "alloc")
+    total = sum(weights.values())
+    for budget in [chip.sram_bytes // 2 >> k for k in range(4)] + [0]:
+        base = 0
+        for name, c in comps.items():
+            c.resident_budget = budget * weights[name] // total if total > budget else None
+            c.activation_base = None
+            run_stages(c, "tile", "tile")
+            c.const_base = base
+            base += resident_bytes(c.graph, c.ops)
+        try:
+            for c in comps.values():
+                c.activation_base = base
+                run_stages(c, "alloc", "alloc")
+            break
+        except CapacityError:  # the activations do not fit beside the weights: stream more of them
+            if budget == 0:
+                raise
     # the plan's id: what was compiled, and how (another model, or this one in another dtype, is another plan)
     model = hashlib.blake2b(repr((sorted((name, _content_hash(f)) for name, f in functions.items()),
                                   options.config, options.dtype, options.in_order)).encode(), digest_size=8).digest()

@@ -98,3 +98,42 @@ def bench_table(records: list) -> str:
                      f"{r['sim_peak_rss_mb']:.0f}", f"{r['ort_peak_rss_mb']:.0f}"])
     return tabulate(rows, headers=["model", "sim ms", "ORT ms", "sim/ORT", "lpx compile s", "llvm compile s",
                                    "compile/llvm", "sim RSS MB", "ORT RSS MB"], tablefmt="github")
+
+
+SCHEDULE_DTYPES = ("int8", "fp16", "fp32")
+
+
+def schedule_bench(model: str = "resnet50", config: str = "tsp", dtypes=SCHEDULE_DTYPES) -> list:
+    """How well the static schedule uses the chip, per dtype: cycles, µs, useful-MAC utilisation, plane shares.
+
+    Useful-MAC utilisation is MACs ÷ (peak MACs per cycle at the dtype × cycles);
+    each plane's share is the fraction of the cycles its array streamed.
+    """
+    from .. import compile as lpx_compile
+    from .zoo import ZOO, quantized_for_zoo
+
+    entry = ZOO[model]
+    float_model = entry.load()
+    records = []
+    for dtype in dtypes:
+        source = quantized_for_zoo(entry, float_model) if dtype == "int8" else float_model
+        compiled = lpx_compile(source, config=config, input_shapes=entry.input_shapes, dtype=dtype)
+        stats = [sim.stats for sim in compiled.simulators.values()]
+        cycles = sum(s.cycles for s in stats)
+        planes = [sum(s.plane_busy[p] for s in stats) / cycles for p in range(len(stats[0].plane_busy))]
+        weighted = sum(s.peak_macs_cycles for s in stats)
+        records.append({"model": model, "dtype": dtype, "config": config, "cycles": cycles,
+                        "microseconds": sum(s.microseconds for s in stats), "macs": sum(s.macs for s in stats),
+                        "mac_utilisation": weighted / sum(s.planes * s.array_macs * s.cycles for s in stats),
+                        "plane_busy_share": planes, "instructions": sum(len(sim.program.instructions)
+                                                                       for sim in compiled.simulators.values())})
+    return records
+
+
+def schedule_table(records: list) -> str:
+    from tabulate import tabulate
+
+    rows = [[r["model"], r["dtype"], r["cycles"], f"{r['microseconds']:.1f}", f"{100 * r['mac_utilisation']:.1f}",
+             " ".join(f"{100 * p:.0f}" for p in r["plane_busy_share"]), r["instructions"]] for r in records]
+    return tabulate(rows, headers=["model", "dtype", "cycles", "µs", "useful-MAC util %", "plane busy %",
+                                   "instructions"], tablefmt="github")

@@ -99,11 +99,15 @@ def cmd_bench(args) -> int:
     from .bench import bench_table, run_bench
     from .zoo import check_names
 
+    from .bench import schedule_bench, schedule_table
+
     records = run_bench(check_names(args.models), args.repeat)
     print(bench_table(records))
+    schedule = schedule_bench()
+    print("\nResNet-50 on tsp, the static schedule:\n" + schedule_table(schedule))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(records, fh, indent=1)
+            json.dump({"speed": records, "schedule": schedule}, fh, indent=1)
     return 0 if all("error" not in r for r in records) else 1
 
 

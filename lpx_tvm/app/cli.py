@@ -78,6 +78,19 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from .compare import compare, table
+
+    report = compare(args.model, config=args.config, dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
+                     min_cosine=args.min_cosine)
+    print(table(report))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_zoo(args) -> int:
     from .zoo import run_zoo, table
 
@@ -148,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the profile as JSON")
     p.add_argument("--top", type=int, default=20, help="show the N slowest layers (0: all; default 20)")
     model_command("disasm", "print the LPX programs (an ONNX file or an encoded program)", cmd_disasm)
+    p = model_command("compare", "compare every layer's output with ONNX Runtime's", cmd_compare)
+    p.add_argument("--min-cosine", type=float, default=0.999, help="a layer below this parts ways (default 0.999)")
+    p.add_argument("--json", help="write the per-layer comparison as JSON")
     p = sub.add_parser("zoo", help="run the model zoo against ONNX Runtime")
     p.add_argument("--models", nargs="+", help="zoo models (default: all)")
     p.add_argument("--config", default="tsp")

@@ -158,12 +158,33 @@ def requantize(out, acc, requant, act: Opcode, zp_out: int) -> None:
 
 
 class WeightBuffer:
-    """One of a matrix plane's weight buffers: the tile the last INSTALL into it put there."""
+    """One of a matrix plane's weight buffers: the tile the last INSTALL into it put there.
 
-    __slots__ = ("value",)
+    It also keeps the tile converted for the arithmetic (fp32, or shifted by a
+    zero point), made once per install rather than once per MATMUL.
+    """
+
+    __slots__ = ("_value", "_converted")
 
     def __init__(self):
-        self.value = None
+        self._value, self._converted = None, {}
+
+    @property
+    def value(self):
+        return self._value
+
+    @value.setter
+    def value(self, tile):
+        self._value, self._converted = tile, {}
+
+    def converted(self, dtype, zero_point: int = 0) -> np.ndarray:
+        if self._value.dtype == dtype and not zero_point:
+            return self._value
+        key = (np.dtype(dtype), zero_point)
+        if key not in self._converted:
+            tile = self._value.astype(dtype)
+            self._converted[key] = tile - dtype(zero_point) if zero_point else tile
+        return self._converted[key]
 
 
 def _install(outs, ins, attrs):
@@ -171,19 +192,39 @@ def _install(outs, ins, attrs):
     outs[0].value = np.array(ins[0])
 
 
+def exact_in_fp32(a_dtype, zp_a: int, b_dtype, zp_b: int, k: int) -> bool:
+    """Whether every int32 sum of ``k`` products of shifted integers is exact in fp32 (below 2**24)."""
+    def largest(dtype, zp):
+        lo, hi = _INT_RANGES.get(np.dtype(dtype), (-128, 255))
+        return max(hi - zp, zp - lo)
+    return largest(a_dtype, zp_a) * largest(b_dtype, zp_b) * k < 2 ** 24
+
+
 def _matmul(outs, ins, attrs):
-    """out = [acc +] (a - zp_a) @ (W - zp_b): exact int32 sums for int8/uint8 (float64 BLAS), else fp32."""
-    a, weights, out = ins[0], ins[1].value, outs[0]
+    """out = [acc +] (a - zp_a) @ (W - zp_b): exact int32 sums for int8/uint8, fp32 sums for floats."""
+    a, buffer, out = ins[0], ins[1], outs[0]
     if out.dtype == np.int32:
-        acc = np.matmul(a.astype(np.float64) - attrs["zp_a"], weights.astype(np.float64) - attrs["zp_b"])
+        # a tile's K is at most the array's rows: in fp32 the sums are exact for the usual zero points
+        exact = exact_in_fp32(a.dtype, attrs["zp_a"], buffer.value.dtype, attrs["zp_b"], a.shape[-1])
+        wide = F32 if exact else np.float64
+        shifted = a.astype(wide)
+        if attrs["zp_a"]:
+            shifted -= wide(attrs["zp_a"])
+        acc = np.matmul(shifted, buffer.converted(wide, attrs["zp_b"]))
         if len(ins) == 3:
             acc += ins[2]
         np.copyto(out, acc, casting="unsafe")
         return
-    acc = np.matmul(_f32(a), _f32(weights))
+    weights = buffer.converted(F32)
+    if out.dtype == F32 and out.flags.c_contiguous and (len(ins) == 2 or not np.shares_memory(out, ins[2])):
+        np.matmul(_f32(a), weights, out=out)  # straight into the destination: one pass fewer
+        if len(ins) == 3:
+            out += ins[2]
+        return
+    product = np.matmul(_f32(a), weights)
     if len(ins) == 3:
-        acc += ins[2]
-    _store(out, acc)
+        product += ins[2]
+    _store(out, product)
 
 
 def _epilogue(outs, ins, attrs):

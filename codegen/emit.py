@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..runtime_sim import ChipConfig, Constant, DType, Instruction, Program, Space, StreamedWeight, TensorRef
 from ..runtime_sim.isa import HostTensor
 from .graph import Graph
@@ -40,10 +38,9 @@ def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int,
         if tid == "high_water" or g.tensors[tid].data is None:
             continue
         t = g.tensors[tid]
-        data = np.ascontiguousarray(t.data).reshape(-1).view(np.uint8)
-        constants.append(Constant(TensorRef(where, t.shape, DType.from_numpy(t.dtype)), data))
+        # the weight itself, not a copy: encode writes its bytes straight into the program
+        constants.append(Constant(TensorRef(where, t.shape, DType.from_numpy(t.dtype)), t.data))
     host = lambda ids: tuple(HostTensor(g.tensors[t].shape, DType.from_numpy(g.tensors[t].dtype)) for t in ids)
-    streamed = tuple(StreamedWeight(HostTensor(w.shape, DType.from_numpy(w.dtype)), w.reshape(-1).view(np.uint8))
-                     for w in g.streamed)
+    streamed = tuple(StreamedWeight(HostTensor(w.shape, DType.from_numpy(w.dtype)), w) for w in g.streamed)
     return Program(config.name, config.digest, tuple(instructions), tuple(constants),
                    host(g.inputs), host(g.outputs), layers, makespan, streamed=streamed, plan=plan)

@@ -172,7 +172,7 @@ class _Tiler:
         for block, c0 in enumerate(range(0, n, width)):
             c1 = min(c0 + width, n)
             slot = ring[block % len(ring)]
-            g.streamed.append(np.ascontiguousarray(weight[:, c0:c1]))
+            g.streamed.append(weight[:, c0:c1])  # a view: encode writes the block's bytes, in C order
             self.emit(Opcode.STREAM, [], [view(g, slot, ranges=[(0, k), (0, c1 - c0)])],
                       {"index": len(g.streamed) - 1}, node.layer)
             bv = lambda k0, k1, n0, n1, s=slot: view(g, s, ranges=[(k0, k1), (n0, n1)])

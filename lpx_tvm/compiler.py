@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 import numpy as np
 import tvm
@@ -27,7 +28,8 @@ class CompiledModel:
     executable : tvm.relax.Executable
     report : OffloadReport
     programs : dict
-        Offloaded function name -> encoded LPX program.
+        Offloaded function name -> encoded LPX program (the executable's own copy of it: reading one gives
+        its bytes).
     params : list of relax.Var
         The model's inputs.
     dtype : str
@@ -38,7 +40,8 @@ class CompiledModel:
         self.executable = executable
         self.dtype = dtype
         self.report = report
-        self.programs = programs
+        self._programs = programs  # name -> uint8 array, shared with the executable's constants
+        self.programs = _ProgramBytes(programs)
         self._local = threading.local()
         # a symbolic dimension (dynamic shape left unpinned) is None: any size is accepted there
         self.input_signature = [(str(p.name), tuple(_static_dim(d) for d in p.ty.shape.values), str(p.ty.dtype))
@@ -55,7 +58,7 @@ class CompiledModel:
     @property
     def simulators(self) -> dict:
         """Offloaded function name -> loaded (verified) simulator of its program."""
-        return {name: load_program(blob) for name, blob in self.programs.items()}
+        return {name: load_program(blob) for name, blob in self._programs.items()}
 
     def _check(self, inputs) -> list:
         sig = self.input_signature
@@ -85,6 +88,22 @@ class CompiledModel:
     def export_library(self, path) -> None:
         """Write a shared library that ``tvm.runtime.load_module`` reloads (import lpx_tvm first)."""
         self.executable.export_library(str(path))
+
+
+class _ProgramBytes(Mapping):
+    """A compiled model's programs as bytes, read from the arrays the executable shares (copied on access)."""
+
+    def __init__(self, arrays: dict):
+        self._arrays = arrays
+
+    def __getitem__(self, name):
+        return bytes(memoryview(self._arrays[name]))
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self):
+        return len(self._arrays)
 
 
 def _has_quantize(mod) -> bool:

@@ -18,7 +18,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from .codegen import CodegenOptions, compile_model
 from .patterns import partition_for_lpx
 from .registration import original_default_pipeline
-from .runtime_sim import encode
+from .runtime_sim.program import aligned_array, encode, encode_array
 
 EXECUTE = "lpx.runtime.execute"
 _EXTERN_PROGRAMS: dict = {}  # symbol -> encoded program, filled by relax.ext.lpx (the BYOC path)
@@ -49,7 +49,12 @@ class _CallRewriter(PyExprMutator):
         self.count = 0
 
     def _execute(self, blob: bytes, args, out_ty):
-        program = relax.const(np.frombuffer(blob, np.uint8))
+        # the executable's constant shares the program's memory (DLPack): a program is mostly weights
+        if not isinstance(blob, np.ndarray):  # a program from RunCodegen: bytes
+            copy = aligned_array(len(blob))
+            copy[:] = np.frombuffer(blob, np.uint8)
+            blob = copy
+        program = relax.const(tvm.runtime.from_dlpack(blob))
         self.count += 1
         outs = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else out_ty
         return relax.call_dps_packed(relax.ExternFunc(EXECUTE), relax.Tuple([program, *args]), outs)
@@ -89,7 +94,7 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
     compiled = compile_model({str(f.attrs["global_symbol"]): f for f in functions.values()}, options)
     for name, func in functions.items():
         symbol = str(func.attrs["global_symbol"])
-        programs[name] = encode(compiled[symbol])
+        programs[name] = encode_array(compiled[symbol])
         if programs_out is not None:
             programs_out[symbol] = programs[name]
     rewriter = _CallRewriter(mod, programs)

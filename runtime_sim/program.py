@@ -43,7 +43,7 @@ class Constant:
     """Resident data (weights) placed in SRAM when the program is loaded."""
 
     ref: TensorRef
-    data: np.ndarray  # 1-D uint8, exactly ref.nbytes long
+    data: np.ndarray  # its bytes in C order are the value: 1-D uint8 once decoded, any array when emitted
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class StreamedWeight:
     """A weight kept in host memory and brought into SRAM by STREAM each time it is used."""
 
     host: HostTensor
-    data: np.ndarray  # 1-D uint8, exactly host.nbytes long
+    data: np.ndarray  # its bytes in C order are the value: 1-D uint8 once decoded, any array when emitted
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,24 @@ def _pack_ref(ref: TensorRef) -> bytes:
             + struct.pack(f"<B{len(strides)}I", 1 if ref.strides is not None else 0, *strides))
 
 
-def encode(program: Program) -> bytes:
-    """Serialize a program to bytes (see the module docstring for the layout)."""
+def encode(program: Program) -> bytearray:
+    """Serialize a program (see the module docstring for the layout)."""
+    return _encode(program, bytearray)
+
+
+def aligned_array(size: int) -> np.ndarray:
+    """An uninitialised uint8 array whose data starts on a 64-byte boundary (as DLPack consumers want)."""
+    raw = np.empty(size + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + size]
+
+
+def encode_array(program: Program) -> np.ndarray:
+    """Serialize a program into a 64-byte aligned uint8 array (TVM takes it as a tensor without a copy)."""
+    return _encode(program, aligned_array)
+
+
+def _encode(program: Program, allocate):
     plan = program.plan
     parts = [_pack_str(program.config_name), program.config_digest,
              struct.pack("<8sQQ", plan.model.ljust(8, b"\0"), plan.sram_bytes, plan.activation_base),
@@ -147,14 +163,24 @@ def encode(program: Program) -> bytes:
     parts.append(struct.pack("<I", len(program.constants)))
     for const in program.constants:
         parts.append(_pack_ref(const.ref))
-        parts.append(memoryview(np.ascontiguousarray(const.data)).cast("B"))
+        parts.append(const.data)
     parts.append(struct.pack("<I", len(program.streamed)))
     for weight in program.streamed:
         parts.append(_pack_dims(weight.host.dtype, weight.host.shape))
-        parts.append(memoryview(np.ascontiguousarray(weight.data)).cast("B"))
-    body = b"".join(parts)
-    digest = hashlib.blake2b(body, digest_size=16).digest()
-    return _HEADER.pack(MAGIC, VERSION, 0, len(body), digest) + body
+        parts.append(weight.data)
+    # one buffer, written in place: weights are most of a program, and each copy of them costs their size
+    sizes = [p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts]
+    blob = allocate(_HEADER.size + sum(sizes))
+    view, at = memoryview(blob).cast("B"), _HEADER.size
+    for part, size in zip(parts, sizes):
+        if isinstance(part, np.ndarray):  # a weight, in any layout: its bytes in C order
+            np.copyto(np.frombuffer(view[at:at + size], part.dtype).reshape(part.shape), part)
+        else:
+            view[at:at + size] = part
+        at += size
+    body = view[_HEADER.size:]
+    _HEADER.pack_into(view, 0, MAGIC, VERSION, 0, len(body), hashlib.blake2b(body, digest_size=16).digest())
+    return blob
 
 
 # ---------------------------------------------------------------------------

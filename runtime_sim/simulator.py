@@ -21,7 +21,7 @@ import numpy as np
 from .check import ScheduleError, Timeline, check_timing
 from .config import ChipConfig
 from .isa import DType, Opcode, Space, Unit
-from .program import Program, decode, validate
+from .program import Program, aligned_array, decode, validate
 from .semantics import SEMANTICS, WeightBuffer
 
 __all__ = ["Simulator", "RunStats", "ScheduleError", "CallError", "OverflowWarning"]
@@ -152,7 +152,7 @@ class Simulator:
         for const in program.constants:
             self._view(const.ref)[...] = const.data.view(const.ref.dtype.np).reshape(const.ref.shape)
         self._buffers = defaultdict(WeightBuffer)
-        self._streams = {}
+        self._streams, self._stream_bytes = {}, {}
         self._stable_installs = _stable_installs(program, self.order)
         self._bound = [self._bind(i) for i in self.order]
         # positions (in issue order) of instructions that store a reduced-precision float
@@ -179,8 +179,13 @@ class Simulator:
     def _operand(self, ref, producing: bool):
         if ref.space == Space.SRAM:
             return self._view(ref)
-        if producing:  # a chained result: the producer writes a buffer its consumer reads
-            self._streams[ref.addr] = np.empty(ref.shape, ref.dtype.np)
+        # a chained result: the producer writes a buffer its consumer reads. A stream carries one chain at a time
+        # (the schedule check makes sure), so each stream number needs one buffer, as big as its largest chain
+        if producing:
+            flat = self._stream_bytes.get(ref.addr)
+            if flat is None or flat.size < ref.nbytes:
+                flat = self._stream_bytes[ref.addr] = aligned_array(max(ref.nbytes, 1 << 16))
+            self._streams[ref.addr] = flat[:ref.nbytes].view(ref.dtype.np).reshape(ref.shape)
         return self._streams[ref.addr]
 
     def _bind(self, index: int):

@@ -20,7 +20,6 @@ import hashlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..runtime_sim import ChipConfig, Program, disassemble, load_config
 from ..runtime_sim.isa import STORAGE_DTYPES

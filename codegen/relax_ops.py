@@ -35,8 +35,13 @@ class LoweringError(ValueError):
 
 
 def constant_value(expr) -> np.ndarray:
-    """The numpy data of a Relax constant."""
-    return expr.value.numpy()
+    """The numpy data of a Relax constant: a read-only view of the constant's memory (weights are large)."""
+    try:
+        array = np.from_dlpack(expr.value)
+    except (TypeError, BufferError, RuntimeError):  # a dtype DLPack cannot carry to numpy (bfloat16, say)
+        return expr.value.numpy()
+    array.flags.writeable = False
+    return array
 
 
 def shape_of(expr) -> tuple:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Mapping
 
 import numpy as np
@@ -11,12 +12,13 @@ from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
 from .codegen import CodegenOptions
+from .diagnostics import native_output_to_log
 from .frontend import from_onnx
 from .patterns import partition_for_lpx
 from .pipeline import lower_lpx_calls
 from .registration import original_default_pipeline
 from .report import OffloadReport, offload_report
-from .runtime import load_program
+from .runtime import load_program, program_key, release
 from .runtime_sim.simulator import CallError
 
 
@@ -43,6 +45,8 @@ class CompiledModel:
         self._programs = programs  # name -> uint8 array, shared with the executable's constants
         self.programs = _ProgramBytes(programs)
         self._local = threading.local()
+        # the loaded simulators (and their SRAM image) go when the model does
+        weakref.finalize(self, release, [program_key(blob) for blob in programs.values()])
         # a symbolic dimension (dynamic shape left unpinned) is None: any size is accepted there
         self.input_signature = [(str(p.name), tuple(_static_dim(d) for d in p.ty.shape.values), str(p.ty.dtype))
                                 for p in params]
@@ -52,7 +56,7 @@ class CompiledModel:
         """This thread's VM over the shared executable (a VM's frames are not thread-safe)."""
         vm = getattr(self._local, "vm", None)
         if vm is None:
-            vm = self._local.vm = relax.VirtualMachine(self.executable, tvm.cpu())
+            vm = self._local.vm = relax.VirtualMachine(_runnable(self.executable), tvm.cpu())
         return vm
 
     @property
@@ -106,6 +110,19 @@ class _ProgramBytes(Mapping):
         return len(self._arrays)
 
 
+def _runnable(executable):
+    """The executable's module, run in place when nothing in it needs compiling.
+
+    ``Executable.jit`` exports and reloads the library whenever the import tree holds C source, even the
+    empty placeholder (``;``) that a model with no host kernels gets: that round trip copies every
+    constant, and a program's constant is mostly weights.
+    """
+    pending = executable.mod._collect_from_import_tree(lambda m: m.kind in ("c", "static_library"))
+    if all(m.kind == "c" and m.inspect_source().strip() in ("", ";") for m in pending):
+        return executable.mod
+    return executable
+
+
 def _has_quantize(mod) -> bool:
     found = []
     for _, func in mod.functions.items():
@@ -156,11 +173,13 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
         raise ValueError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
                          "conv/matmul); make one with lpx_tvm.quantize(model, calibration_inputs)")
     params = list(mod["main"].params)
-    partitioned = partition_for_lpx(mod, options.config, dtype)
-    report = offload_report(partitioned)
-    programs = {}
-    lowered, _ = lower_lpx_calls(partitioned, options, programs_out=programs)
-    executable = tvm.compile(lowered, target="lpx", relax_pipeline=original_default_pipeline()())
+    with native_output_to_log("TVM"):
+        partitioned = partition_for_lpx(mod, options.config, dtype)
+        del mod  # once lowering drops the lpx functions, their weights live only in the programs
+        report = offload_report(partitioned)
+        programs = {}
+        lowered, _ = lower_lpx_calls(partitioned, options, programs_out=programs)
+        executable = tvm.compile(lowered, target="lpx", relax_pipeline=original_default_pipeline()())
     return CompiledModel(executable, report, programs, params, dtype)
 
 

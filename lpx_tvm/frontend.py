@@ -6,8 +6,14 @@ builds anything with LLVM (``FoldConstant`` would, once per constant).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
+import io
+import logging
 import re
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +24,12 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .diagnostics import native_output_to_log
+from .runtime_sim.program import aligned_array
 from .codegen.relax_ops import PRIM_TYPES, Constant, constant_value, quantize_array
+
+
+_LOG = logging.getLogger(__name__)
 
 
 class FrontendError(ValueError):
@@ -53,7 +64,8 @@ def load_onnx(model) -> onnx.ModelProto:
     return proto
 
 
-def _set_shape(value_info, dims) -> None:
+def set_shape(value_info, dims) -> None:
+    """Give an ONNX value (a graph input) the static shape ``dims``, in place."""
     shape = value_info.type.tensor_type.shape
     del shape.dim[:]
     for d in dims:
@@ -61,23 +73,53 @@ def _set_shape(value_info, dims) -> None:
 
 
 def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> onnx.ModelProto:
-    """Normalise an ONNX model for import.
+    """Normalise an ONNX model for import (a copy; the caller's model is left as it was).
 
     - graph inputs that are really initializers are dropped (old IR versions
       list them, and the importer would then duplicate the weights);
     - ``Sum`` becomes a chain of ``Add`` (the importer's stack+sum hides the adds);
     - ``Dropout`` becomes ``Identity`` (inference);
+    - ``input_shapes`` (name -> dims) pins dynamic input dimensions;
+    - with every input static, shape computations are folded to constants.
 
     Batch norm is folded into the convolution before it once, in the codegen
     (lowering makes it a per-channel scale and shift, ``fuse`` folds those).
-    - ``input_shapes`` (name -> dims) pins dynamic input dimensions.
     """
     model = copy.deepcopy(model)
-    graph = model.graph
+    inputs, nodes = _prepared_inputs(model.graph, input_shapes), _prepared_nodes(model.graph)
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.ir_version = max(model.ir_version, 4)
+    if _needs_shape_folding(model.graph):
+        model = _fold_shape_computations(model)
+    return model
+
+
+def _prepared_inputs(graph, input_shapes: dict | None) -> list:
+    """The graph's real inputs (initializers dropped), copies with ``input_shapes`` pinned."""
     init_names = {i.name for i in graph.initializer}
-    real_inputs = [i for i in graph.input if i.name not in init_names]
-    del graph.input[:]
-    graph.input.extend(real_inputs)
+    inputs = [i for i in graph.input if i.name not in init_names]
+    for name in input_shapes or {}:
+        if name not in {i.name for i in inputs}:
+            raise FrontendError(f"--input-shape names {name!r}, but the model's inputs are "
+                                f"{[i.name for i in inputs]}")
+    pinned = []
+    for value_info in inputs:
+        declared = value_info.type.tensor_type.shape.dim
+        given = (input_shapes or {}).get(value_info.name)
+        if given is not None and len(declared) and len(given) != len(declared):
+            raise FrontendError(f"--input-shape {value_info.name}={','.join(str(d) for d in given)} has "
+                                f"{len(given)} dims, but input {value_info.name!r} has {len(declared)}")
+        if value_info.name in (input_shapes or {}):
+            value_info = copy.deepcopy(value_info)
+            set_shape(value_info, input_shapes[value_info.name])
+        pinned.append(value_info)
+    return pinned
+
+
+def _prepared_nodes(graph) -> list:
     nodes = []
     for node in graph.node:
         if node.op_type == "Dropout":  # identity at inference; its mask output is never used by a model
@@ -90,19 +132,40 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
                 acc = out
         else:
             nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    for name, dims in (input_shapes or {}).items():
-        match = [i for i in graph.input if i.name == name]
-        if not match:
-            raise FrontendError(f"--input-shape names {name!r}, but the model's inputs are "
-                                f"{[i.name for i in graph.input]}")
-        _set_shape(match[0], dims)
-    if model.ir_version < 4:
-        model.ir_version = 4
-    if any(node.op_type == "Shape" for node in graph.node) and _all_inputs_static(graph):
-        model = _fold_shape_computations(model)
-    return model
+    return nodes
+
+
+def _needs_shape_folding(graph) -> bool:
+    return any(node.op_type == "Shape" for node in graph.node) and _all_inputs_static(graph)
+
+
+class _GraphView:
+    """A prepared graph as TVM's importer reads it (``node``, ``input``, ``output``, ``initializer``), sharing
+    the model's initializers: a deep copy of the model would be one more copy of every weight."""
+
+    def __init__(self, graph, input_shapes: dict | None):
+        self._graph = graph
+        self.input = _prepared_inputs(graph, input_shapes)
+        self.node = _prepared_nodes(graph)
+
+    def __getattr__(self, name):
+        return getattr(self._graph, name)
+
+
+def _import_view(model: onnx.ModelProto, input_shapes: dict | None):
+    """What TVM's importer needs of ``model`` after :func:`prepare_onnx`, without copying the weights
+    (shape folding runs ONNX Runtime on a serialised copy, so it takes the copying route)."""
+    view = _GraphView(model.graph, input_shapes)
+    if _needs_shape_folding(view):
+        return prepare_onnx(model, input_shapes)
+    return _ModelView(graph=view, opset_import=model.opset_import, ir_version=max(model.ir_version, 4))
+
+
+@dataclass(frozen=True)
+class _ModelView:
+    graph: _GraphView
+    opset_import: object
+    ir_version: int
 
 
 def _all_inputs_static(graph) -> bool:
@@ -130,7 +193,7 @@ def _fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
         try:
             ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         except Exception as err:  # ORT rejects models it cannot run; say so rather than import a half-folded graph
-            raise FrontendError(f"{model.graph.name or 'model'}: cannot fold its shape computations "
+            raise FrontendError("cannot fold its shape computations "
                                 f"({str(err).strip().splitlines()[0]})") from None
         return onnx.load(options.optimized_model_filepath)
 
@@ -140,6 +203,16 @@ _NUMPY_ELEMENTWISE = {
     "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative, "relax.add": np.add,
     "relax.subtract": np.subtract, "relax.multiply": np.multiply, "relax.divide": np.divide, "relax.power": np.power,
 }
+
+
+def _owned_const(array: np.ndarray) -> relax.Constant:
+    """A Relax constant over one fresh copy of ``array`` (``relax.const`` of a numpy array copies it again:
+    a folded weight would exist three times at once)."""
+    if array.dtype.kind not in "iuf" or array.size == 0:
+        return relax.const(np.ascontiguousarray(array))
+    owned = aligned_array(array.nbytes).view(array.dtype).reshape(array.shape)
+    np.copyto(owned, array)
+    return relax.const(tvm.runtime.from_dlpack(owned))
 
 
 @mutator
@@ -173,12 +246,12 @@ class _FoldConstantShapes(PyExprMutator):
             return call
         value = constant_value(consts[0])
         if name == "relax.reshape":
-            return relax.const(value.reshape([int(d) for d in call.ty.shape.values]))
+            return _owned_const(value.reshape([int(d) for d in call.ty.shape.values]))
         if name == "relax.permute_dims":
             axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
-            return relax.const(np.ascontiguousarray(value.transpose(axes)))
+            return _owned_const(value.transpose(axes))
         if name == "relax.astype":
-            return relax.const(value.astype(str(call.ty.dtype)))
+            return _owned_const(value.astype(str(call.ty.dtype), copy=False))
         if name == "relax.quantize" and all(c is not None for c in consts):
             return relax.const(quantize_array(value, *(constant_value(c) for c in consts[1:]),
                                               int(call.attrs.axis), str(call.ty.dtype)))
@@ -241,11 +314,80 @@ def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
         Naming the file and the problem (unreadable file, unsupported opset or op).
     """
     name = model if isinstance(model, (str, Path)) else getattr(model, "name", "") or "model"
-    proto = prepare_onnx(load_onnx(model), input_shapes)
+    proto = load_onnx(model)
+    try:
+        view = _import_view(proto, input_shapes)
+    except FrontendError as err:
+        raise FrontendError(f"{name}: {err}") from None
+    dynamic = dynamic_inputs(view.graph)
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
-    try:
-        mod = tvm_from_onnx(proto, keep_params_in_input=False)
-    except Exception as err:  # the importer raises assorted types; name the model and the reason
-        raise FrontendError(f"{name}: TVM's ONNX importer failed: {str(err).strip().splitlines()[-1]}") from None
-    return fold_constant_shapes(mod)
+    failure = None
+    with warnings.catch_warnings(record=True) as caught, native_output_to_log("TVM's ONNX importer"):
+        # the importer's warnings (onnx's checker, which cannot read the view and would otherwise serialise
+        # every weight, and its own notes) and what it prints are for --debug, not for the user
+        warnings.simplefilter("always")
+        try:
+            with contextlib.redirect_stdout(_DebugLog("TVM's ONNX importer")):
+                mod = fold_constant_shapes(tvm_from_onnx(view, keep_params_in_input=False))
+        except Exception as err:  # the importer raises assorted types; name the model and the reason
+            failure = _last_line(err)
+            del err
+            gc.collect()  # the importer's half-built blocks complain as they go: let them go while captured
+    for warning in caught:
+        _LOG.debug("TVM's ONNX importer: %s", warning.message)
+    if failure is not None:
+        if dynamic:  # the usual cause: a shape computation the importer cannot follow symbolically
+            raise FrontendError(f"{name}: {pin_advice(dynamic)}")
+        raise FrontendError(f"{name}: TVM's ONNX importer failed: {failure}")
+    if dynamic:
+        warnings.warn(f"{name}: {pin_advice(dynamic)}; until then what depends on them runs on the host",
+                      DynamicShapeWarning, stacklevel=2)
+    return mod
+
+
+class DynamicShapeWarning(UserWarning):
+    """A model input has symbolic dimensions: lpx compiles static shapes only."""
+
+
+def dynamic_inputs(graph) -> dict:
+    """``{input name: [dim, ...]}`` for graph inputs with a symbolic or unknown dimension (a dim is its int
+    size, its symbol's name, or ``"?"``); initializers listed as inputs are not inputs."""
+    inits = {i.name for i in graph.initializer}
+    found = {}
+    for value_info in graph.input:
+        if value_info.name in inits:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                for d in value_info.type.tensor_type.shape.dim]
+        if any(isinstance(d, str) for d in dims):
+            found[value_info.name] = dims
+    return found
+
+
+def pin_advice(dynamic: dict) -> str:
+    """One line naming each dynamic input, its symbolic dims and the ``--input-shape`` to add."""
+    parts = []
+    for name, dims in dynamic.items():
+        symbols = [d for d in dims if isinstance(d, str)]
+        parts.append(f"input {name!r} has symbolic dims {symbols} "
+                     f"(add --input-shape {name}={','.join(str(d) for d in dims)} with numbers for them)")
+    return "; ".join(parts)
+
+
+class _DebugLog(io.TextIOBase):
+    """A text stream whose lines go to the debug log (for libraries that ``print``)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if line.strip():
+                _LOG.debug("%s: %s", self.what, line)
+        return len(text)
+
+
+def _last_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__

@@ -24,13 +24,40 @@ _LOCK = threading.Lock()
 _CALLS: Counter = Counter()
 
 
+def program_key(blob) -> tuple:
+    """The cache key of an encoded program: its verified digest and length."""
+    return read_digest(blob), len(blob)
+
+
+def release(keys) -> None:
+    """Forget the loaded simulators of these programs (:func:`program_key`), and a chip once none of its
+    programs is loaded: a compiled model frees them when it is collected, so a sweep over many models does
+    not keep every model's SRAM image."""
+    with _LOCK:
+        for key in keys:
+            sim = _SIMULATORS.pop(key, None)
+            chip = getattr(sim, "chip", None)
+            if chip is not None:
+                chip.resident.pop(sim.program.digest, None)
+                if not chip.resident:
+                    for chip_key in [k for k, c in _CHIPS.items() if c is chip]:
+                        del _CHIPS[chip_key]
+
+
+def clear() -> None:
+    """Forget every loaded program and chip (they are loaded again, and verified, on their next call)."""
+    with _LOCK:
+        _SIMULATORS.clear()
+        _CHIPS.clear()
+
+
 def load_program(blob) -> Simulator:
     """The simulator for an encoded program, decoded and verified on first use.
 
     A program of a model's SRAM plan is loaded onto the chip the model's other
     programs share (their weights resident side by side); one alone gets its own.
     """
-    key = (read_digest(blob), len(blob))
+    key = program_key(blob)
     sim = _SIMULATORS.get(key)
     if sim is None:
         with _LOCK:

@@ -139,7 +139,7 @@ class Simulator:
         if not isinstance(program, Program):
             program = decode(program, config)  # validates too
         config = validate(program, config)
-        self.program, self.config = program, config
+        self.program, self.config, self.chip = program, config, chip
         self.sram_size = max([c.ref.end for c in program.constants]
                              + [r.end for i in program.instructions for r in i.srcs + i.dsts if r.in_sram] + [1])
         # the plan's resident weights (this program's and its siblings') are never written

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tvm
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from tvm import relax
 
 import lpx_tvm

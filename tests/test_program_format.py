@@ -81,7 +81,6 @@ def test_int8_zero_points_outside_the_int8_range_are_rejected():
     import dataclasses
 
     from lpx_tvm.runtime_sim import DType, Instruction, Opcode, Program, TensorRef, validate
-    from lpx_tvm.runtime_sim.isa import HostTensor
 
     chip = load_config("tiny")
     x = TensorRef(0, (4, 8), DType.F32)

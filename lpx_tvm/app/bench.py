@@ -47,11 +47,9 @@ def bench_model(model: str, repeat: int = 10) -> dict:
         ``tvm_llvm_compile_s``, ``compile_over_tvm``, ``sim_peak_rss_mb``, ``ort_peak_rss_mb``.
     """
     import onnxruntime as ort
-    import tvm
 
     from .. import compile as lpx_compile
-    from ..frontend import from_onnx
-    from .zoo import ZOO, timed
+    from .zoo import ZOO, llvm_build, timed
 
     entry = ZOO[model]
     onnx_model = entry.load()
@@ -60,7 +58,7 @@ def bench_model(model: str, repeat: int = 10) -> dict:
     compiled = lpx_compile(onnx_model, config="tsp", input_shapes=entry.input_shapes)
     lpx_compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    tvm.compile(from_onnx(onnx_model, entry.input_shapes), target="llvm")
+    llvm_build(onnx_model, entry.input_shapes)
     llvm_compile_s = time.perf_counter() - start
     args = [feeds[n] for n, _, _ in compiled.input_signature]
     sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -72,8 +70,9 @@ def bench_model(model: str, repeat: int = 10) -> dict:
             "sim_peak_rss_mb": _child_peak_rss_mb(model, "lpx"), "ort_peak_rss_mb": _child_peak_rss_mb(model, "ort")}
 
 
-def run_bench(models=DEFAULT_BENCH_MODELS, repeat: int = 10, progress=sys.stderr) -> list:
+def run_bench(models=DEFAULT_BENCH_MODELS, repeat: int = 10, progress=None) -> list:
     """Benchmark several models; a model that fails gets a record with its error and the run goes on."""
+    progress = progress or sys.stderr  # looked up per call: a stream bound at import may be closed by now
     records = []
     for model in models:
         print(f"bench {model} ...", file=progress, flush=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
+import os
 import sys
 import warnings
 
@@ -34,18 +36,45 @@ def _compile(args):
 
 
 def cmd_compile(args) -> int:
+    if not args.output and not args.emit_program:
+        raise ValueError("say what to write: -o MODEL.so (the library) and/or --emit-program PROGRAM.bin")
     compiled = _compile(args)
-    compiled.export_library(args.output)
-    print(f"{args.output}: {compiled.report.summary()}")
+    if args.output:
+        compiled.export_library(args.output)
+        print(f"wrote {args.output}: {compiled.report.summary()}")
+    if args.emit_program:
+        for path in emit_programs(compiled, args.emit_program):
+            print(f"wrote {path} (read it with: lpx-tvm disasm {path})")
     return 0
 
 
-def cmd_run(args) -> int:
-    from ..frontend import load_onnx, prepare_onnx
-    from .zoo import seeded_inputs, compare
+def emit_programs(compiled, path) -> list:
+    """Write a compiled model's encoded LPX programs: ``path`` for one, ``<stem>.<k><suffix>`` for several."""
+    from pathlib import Path
 
-    compiled = _compile(args)
+    path = Path(path)
+    programs = list(compiled.programs.values())
+    if not programs:
+        raise ValueError("nothing was offloaded to lpx, so there is no program to write")
+    paths = [path] if len(programs) == 1 else [path.with_name(f"{path.stem}.{k}{path.suffix}")
+                                               for k in range(len(programs))]
+    for target, blob in zip(paths, programs):
+        target.write_bytes(blob)
+    return [str(p) for p in paths]
+
+
+def cmd_run(args) -> int:
+    from ..frontend import dynamic_inputs, load_onnx, pin_advice, prepare_onnx
+    from .zoo import compare, constant_weights, seeded_inputs
+
     model = prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape))
+    if dynamic_inputs(model.graph):  # seeded inputs need every size
+        raise ValueError(f"{args.model}: {pin_advice(dynamic_inputs(model.graph))}")
+    if constant_weights(model):
+        warnings.warn(f"{args.model}: every weight is one constant value, so agreeing with ONNX Runtime proves "
+                      "little (lpx-tvm zoo --save DIR writes the zoo's models with seeded random weights)",
+                      UserWarning, stacklevel=1)
+    compiled = _compile(args)
     feeds = seeded_inputs(model)
     outputs = compiled(*[feeds[name] for name, _, _ in compiled.input_signature])
     print(compiled.report.summary())
@@ -92,15 +121,24 @@ def cmd_compare(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    from .zoo import run_zoo, table
+    from ..runtime_sim import load_config
+    from .zoo import COLUMNS, DEFAULT_MODELS, check_names, run_zoo, save, summary, table
 
-    records = run_zoo(args.models, config=args.config, llvm=not args.skip_llvm, dtype=args.dtype)
+    names = check_names(args.models or DEFAULT_MODELS)
+    if args.save:
+        for name in names:
+            print(f"wrote {save(name, args.save, 'int8' if args.dtype == 'int8' else 'fp32')}")
+        return 0
+    load_config(args.config)  # a bad --config fails once, before any model
+    records = run_zoo(names, config=args.config, llvm=not args.skip_llvm, dtype=args.dtype)
     print(table(records))
+    print(summary(records))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(records, fh, indent=1)
-    if args.csv:
-        keys = sorted({k for r in records for k in r})
+    if args.csv:  # the table's columns in its order, then the rest of each record
+        shown = [key for key, _ in COLUMNS]
+        keys = shown + sorted({k for r in records for k in r} - set(shown))
         with open(args.csv, "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=keys)
             writer.writeheader()
@@ -140,21 +178,37 @@ def cmd_disasm(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from ..codegen import DTYPES
 
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ..runtime_sim import available_configs
+    from .zoo import ZOO
+
+    try:
+        release = version("lpx-tvm")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        release = "unknown (not installed)"
     parser = argparse.ArgumentParser(prog="lpx-tvm", description="Compile and run ONNX models on the LPX simulator.")
-    parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"lpx-tvm {release}")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks and TVM's own log on errors")
+    # --debug is accepted after the subcommand too; SUPPRESS keeps a subcommand from resetting the top-level one
+    debug_anywhere = argparse.ArgumentParser(add_help=False)
+    debug_anywhere.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                help="show Python tracebacks and TVM's own log on errors")
     sub = parser.add_subparsers(dest="command", required=True)
+    config_help = f"chip preset ({', '.join(available_configs())}) or a JSON preset file (default tsp)"
 
     def model_command(name, help_text, func):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, parents=[debug_anywhere])
         p.add_argument("model", help="an ONNX file")
-        p.add_argument("--config", default="tsp", help="chip preset (tsp, tiny) or a JSON preset file")
+        p.add_argument("--config", default="tsp", help=config_help)
         p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
         p.add_argument("--dtype", default="fp32", choices=DTYPES, help="storage type on lpx (default fp32)")
         p.set_defaults(func=func)
         return p
 
-    model_command("compile", "compile to a shared library", cmd_compile).add_argument(
-        "-o", "--output", required=True, help="the .so to write")
+    p = model_command("compile", "compile to a shared library and/or write the LPX program", cmd_compile)
+    p.add_argument("-o", "--output", help="the .so to write (tvm.runtime.load_module reloads it)")
+    p.add_argument("--emit-program", metavar="PROGRAM.bin", help="write the encoded LPX program (lpx-tvm disasm reads it)")
     model_command("run", "run on seeded inputs and compare with ONNX Runtime", cmd_run)
     p = model_command("profile", "per-layer cycles, roofline and utilisation", cmd_profile)
     p.add_argument("--trace", help="write a Chrome/Perfetto trace-event file")
@@ -164,9 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = model_command("compare", "compare every layer's output with ONNX Runtime's", cmd_compare)
     p.add_argument("--min-cosine", type=float, default=0.999, help="a layer below this parts ways (default 0.999)")
     p.add_argument("--json", help="write the per-layer comparison as JSON")
-    p = sub.add_parser("zoo", help="run the model zoo against ONNX Runtime")
-    p.add_argument("--models", nargs="+", help="zoo models (default: all)")
-    p.add_argument("--config", default="tsp")
+    p = sub.add_parser("zoo", help="run the model zoo against ONNX Runtime", parents=[debug_anywhere])
+    p.add_argument("--models", nargs="+", metavar="NAME", help=f"zoo models (default: all): {', '.join(ZOO)}")
+    p.add_argument("--config", default="tsp", help=config_help)
+    p.add_argument("--save", metavar="DIR", help="write the models as ONNX files with their seeded weights (int8 "
+                   "with --dtype int8) instead of running them")
     p.add_argument("--json", help="write one record per model")
     p.add_argument("--csv", help="write the table as CSV")
     p.add_argument("--skip-llvm", action="store_true", help="do not time TVM's llvm-only build")
@@ -175,8 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_zoo)
     from .bench import DEFAULT_BENCH_MODELS
 
-    p = sub.add_parser("bench", help="time the flow itself: simulator vs ORT, compile vs TVM llvm, peak RSS")
-    p.add_argument("--models", nargs="+", default=list(DEFAULT_BENCH_MODELS))
+    p = sub.add_parser("bench", help="time the flow itself: simulator vs ORT, compile vs TVM llvm, peak RSS",
+                       parents=[debug_anywhere])
+    p.add_argument("--models", nargs="+", metavar="NAME", default=list(DEFAULT_BENCH_MODELS),
+                   help=f"zoo models (default: {' '.join(DEFAULT_BENCH_MODELS)})")
     p.add_argument("--repeat", type=int, default=10, help="timed calls per engine (median)")
     p.add_argument("--json", help="write one record per model")
     p.set_defaults(func=cmd_bench)
@@ -190,6 +248,9 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 def main(argv=None) -> int:
     """Entry point of the ``lpx-tvm`` command."""
     args = build_parser().parse_args(argv)
+    if args.debug:  # TVM's native log lines (kept from the user otherwise) and lpx's own, as they happen
+        logging.basicConfig(format="lpx-tvm: debug: %(name)s: %(message)s")
+        logging.getLogger("lpx_tvm").setLevel(logging.DEBUG)
     previous_format = warnings.formatwarning
     if not args.debug:  # warnings as one line each, without the source line they were raised from
         warnings.formatwarning = _one_line_warning
@@ -197,6 +258,9 @@ def main(argv=None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `lpx-tvm disasm ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as err:  # the CLI's contract: one line, no traceback unless --debug
         if args.debug:
             raise

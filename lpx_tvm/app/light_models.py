@@ -48,22 +48,22 @@ def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     for node in graph.node:
         for pos, name in enumerate(node.input):
             uses.setdefault(name, (node.op_type, pos))
-    keep, new_inits = [], []
+    keep = []
     for node in graph.node:
         if node.op_type == "ConstantOfShape" and node.input and node.input[0] in inits:
             shape = numpy_helper.to_array(inits[node.input[0]])
             op_type, pos = uses.get(node.output[0], ("", 0))
             role = pos - 1 if op_type == "BatchNormalization" and 1 <= pos <= 4 else None
-            new_inits.append(numpy_helper.from_array(_weight(rng, shape, op_type, pos, role), node.output[0]))
+            # added one at a time: a list of them all, then copied into the graph, would hold every weight twice
+            graph.initializer.add().CopyFrom(numpy_helper.from_array(_weight(rng, shape, op_type, pos, role),
+                                                                     node.output[0]))
         else:
             keep.append(node)
     del graph.node[:]
     graph.node.extend(keep)
-    graph.initializer.extend(new_inits)
     used = {n for node in graph.node for n in node.input}
-    kept_inits = [i for i in graph.initializer if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept_inits)
+    for index in reversed([k for k, init in enumerate(graph.initializer) if init.name not in used]):
+        del graph.initializer[index]
     init_names = {i.name for i in graph.initializer}
     real_inputs = [i for i in graph.input if i.name not in init_names and i.name in used]
     del graph.input[:]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -100,19 +102,28 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
     from tvm import relax
 
     from .. import compile as lpx_compile
-    from ..frontend import from_onnx
     from ..runtime import total_offloaded_calls
 
     record = {"model": entry.name, "family": entry.family, "ok": False, "config": config, "dtype": dtype}
-    model = entry.load()
-    feeds = entry.feeds(model)
-    if dtype == "int8":  # the reference is ONNX Runtime running the same QDQ model
-        model = quantized_for_zoo(entry, model)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    references = sess.run(None, feeds)
-    start = time.perf_counter()
-    compiled = lpx_compile(model, config=config, input_shapes=entry.input_shapes, dtype=dtype)
-    record["compile_s"] = time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="lpx-zoo-") as tmp:
+        # one phase at a time, each freed before the next, reading the model from a file: a large model's
+        # weights would otherwise sit in the ONNX model, its serialised bytes, ONNX Runtime's session, TVM's
+        # llvm build and lpx's programs all at once
+        path, feeds, step = _saved_for_run(entry, dtype, Path(tmp))
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        references = sess.run(None, feeds)
+        record["ort_s"] = timed(lambda: sess.run(None, feeds), repeat)
+        sess = None  # its weights go before the next phase
+        record["tvm_llvm_s"] = None
+        if llvm:
+            ex = llvm_build(path)
+            vm = relax.VirtualMachine(ex, tvm.cpu())
+            tensors = [tvm.runtime.tensor(value) for value in feeds.values()]
+            record["tvm_llvm_s"] = timed(lambda: vm["main"](*tensors), 1)
+            del ex, vm, tensors
+        start = time.perf_counter()
+        compiled = lpx_compile(path, config=config, dtype=dtype)
+        record["compile_s"] = time.perf_counter() - start
     args = [feeds[name] for name, _, _ in compiled.input_signature]
     calls_before = total_offloaded_calls()
     outputs = compiled(*args)
@@ -123,21 +134,13 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
     record["gflops"] = compiled.report.flops_total / 1e9
     record["host_ops"] = sorted(op.removeprefix("relax.") for op in compiled.report.host_ops)
     record["sim_s"] = timed(lambda: compiled(*args), repeat)
-    record["ort_s"] = timed(lambda: sess.run(None, feeds), repeat)
-    record["tvm_llvm_s"] = None
-    if llvm:
-        ex = tvm.compile(from_onnx(model, entry.input_shapes), target="llvm")
-        vm = relax.VirtualMachine(ex, tvm.cpu())
-        tensors = [tvm.runtime.tensor(a) for a in args]
-        record["tvm_llvm_s"] = timed(lambda: vm["main"](*tensors), 1)
     stats = [sim.stats for sim in compiled.simulators.values()]
     record["predicted_cycles"] = sum(s.cycles for s in stats)
     record["predicted_latency_s"] = sum(s.seconds for s in stats)
     record["throughput_per_s"] = 1.0 / record["predicted_latency_s"] if record["predicted_latency_s"] else None
     if dtype == "fp32":
         record["ok"] = record["max_rel_err"] <= entry.rtol and record["cosine"] >= entry.min_cosine
-    elif dtype == "int8" and output_step(model) is not None:
-        step = output_step(model)
+    elif dtype == "int8" and step is not None:
         # outputs are dequantised integers, so a difference in steps is a whole number up to float rounding
         steps = np.rint(np.abs(np.asarray(outputs[0], np.float64) - references[0]) / step)
         record["within_one_step_pct"] = 100.0 * float(np.mean(steps <= 1))
@@ -151,6 +154,108 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
         record["error"] = (f"outside tolerance (rel {record['max_rel_err']:.2e}, cosine {record['cosine']:.6f}, "
                            f"{dtype})")
     return record
+
+
+def llvm_build(model, input_shapes: dict | None = None):
+    """TVM's own llvm build of an ONNX model (the host-only baseline), its native log lines kept for --debug."""
+    import tvm
+
+    from ..diagnostics import native_output_to_log
+    from ..frontend import from_onnx
+
+    mod = from_onnx(model, input_shapes)
+    with native_output_to_log("TVM llvm build"):
+        return tvm.compile(mod, target="llvm")
+
+
+def summary(records: list) -> str:
+    """The line under the table: how many passed, and the process's peak memory over the run."""
+    passed = sum(bool(r["ok"]) for r in records)
+    peaks = [r["peak_rss_mb"] for r in records if r.get("peak_rss_mb")]
+    memory = f"; peak memory {max(peaks):.0f} MB (model {max(records, key=lambda r: r.get('peak_rss_mb') or 0)['model']})" \
+        if peaks else ""
+    return f"{passed}/{len(records)} ok{memory}"
+
+
+def _reset_peak_rss() -> None:
+    """Start the process's peak-RSS count afresh (Linux; elsewhere the peak is the process's so far)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mb() -> float | None:
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM"))
+    except (OSError, StopIteration):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
+
+
+def constant_weights(model: onnx.ModelProto) -> bool:
+    """Whether every matrix weight (a Conv, Gemm or MatMul's second input) is one value repeated: made by
+    ``ConstantOfShape`` (onnx's light models) or an initializer holding a single value."""
+    inits = {i.name: i for i in model.graph.initializer}
+    made_constant = {n.output[0] for n in model.graph.node if n.op_type == "ConstantOfShape"}
+    weights = [n.input[1] for n in model.graph.node if n.op_type in ("Conv", "Gemm", "MatMul") and len(n.input) > 1]
+    weights = [w for w in weights if w in inits or w in made_constant]
+    if not weights:
+        return False
+    for name in weights:
+        if name in inits:
+            values = onnx.numpy_helper.to_array(inits[name])
+            if values.size and not np.all(values == values.flat[0]):
+                return False
+    return True
+
+
+def _saved_for_run(entry: ZooModel, dtype: str, directory: Path) -> tuple:
+    """Write the model a run compares (quantised for int8) to ``directory``; its path, feeds and, for int8,
+    its output's quantisation step. Only the file holds the weights afterwards."""
+    model = entry.load()
+    feeds = entry.feeds(model)
+    if dtype == "int8":  # the reference is ONNX Runtime running the same QDQ model
+        model = quantized_for_zoo(entry, model)
+    from ..frontend import set_shape
+
+    for value_info in model.graph.input:  # the shapes it is compared at: `lpx-tvm run FILE` needs no flags
+        if value_info.name in feeds:
+            set_shape(value_info, feeds[value_info.name].shape)
+    path = directory / f"{entry.name}{'_int8' if dtype == 'int8' else ''}.onnx"
+    onnx.save(model, str(path))
+    return path, feeds, output_step(model) if dtype == "int8" else None
+
+
+def save(name: str, path, dtype: str = "fp32") -> Path:
+    """Write zoo model ``name`` as an ONNX file with its seeded weights and the input shapes the zoo runs it
+    with (``dtype="int8"``: the QDQ model the int8 zoo compares). Returns the file's path.
+
+    Parameters
+    ----------
+    name : str
+        A zoo model (``lpx-tvm zoo --help`` lists them).
+    path : str or Path
+        A file, or an existing directory to write ``<name>.onnx`` (``<name>_int8.onnx``) into.
+    dtype : str
+        ``"fp32"`` (the model itself) or ``"int8"`` (quantised).
+    """
+    check_names([name])
+    if dtype not in ("fp32", "int8"):
+        raise ValueError(f"zoo models are saved as fp32 or int8 (other dtypes are a compile option), not {dtype!r}")
+    path = Path(path)
+    directory = path if path.is_dir() else path.parent
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such directory")
+    written, _, _ = _saved_for_run(ZOO[name], dtype, directory)
+    if not path.is_dir() and written != path:
+        written.replace(path)
+        written = path
+    return written
 
 
 def without_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -196,18 +301,21 @@ def check_names(names) -> list:
     return list(names)
 
 
-def run_zoo(names=None, config: str = "tsp", llvm: bool = True, progress=sys.stderr, dtype: str = "fp32") -> list:
+def run_zoo(names=None, config: str = "tsp", llvm: bool = True, progress=None, dtype: str = "fp32") -> list:
     """Run several zoo models; a model that fails gets a record saying why and the run goes on."""
+    progress = progress or sys.stderr  # looked up per call: a stream bound at import may be closed by now
     names = check_names(names or DEFAULT_MODELS)
     records = []
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] {name} ...", file=progress, flush=True)
         start = time.perf_counter()
+        _reset_peak_rss()
         try:
             record = run_model(ZOO[name], config, llvm, dtype=dtype)
         except Exception as err:  # one model's failure must not stop the sweep
             record = {"model": name, "family": ZOO[name].family, "ok": False, "config": config, "dtype": dtype,
                       "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"}
+        record["peak_rss_mb"] = _peak_rss_mb()
         print(f"[{i}/{len(names)}] {name}: {'ok' if record['ok'] else 'FAILED'} "
               f"({time.perf_counter() - start:.1f} s)", file=progress, flush=True)
         records.append(record)
@@ -219,7 +327,8 @@ COLUMNS = [("model", "model"), ("dtype", "dtype"), ("ok", "ok"), ("lpx_subgraphs
            ("max_abs_err", "max abs err"), ("max_rel_err", "max rel err"), ("cosine", "cosine"),
            ("compile_s", "compile s"), ("sim_s", "sim s"), ("ort_s", "ORT s"), ("tvm_llvm_s", "TVM llvm s"),
            ("predicted_latency_s", "LPX latency s"), ("throughput_per_s", "LPX inf/s"),
-           ("within_one_step_pct", "% within 1 step"), ("top1_agree", "top-1 agrees")]
+           ("within_one_step_pct", "% within 1 step"), ("top1_agree", "top-1 agrees"),
+           ("peak_rss_mb", "peak MB")]
 
 
 def table(records: list) -> str:
@@ -234,7 +343,7 @@ def table(records: list) -> str:
             value = r.get(key)
             if isinstance(value, float):
                 value = (f"{value:.6f}" if key == "cosine" else f"{value:.2f}" if key == "flops_offloaded_pct"
-                         else f"{value:.0f}" if key == "throughput_per_s" else f"{value:.3g}")
+                         else f"{value:.0f}" if key in ("throughput_per_s", "peak_rss_mb") else f"{value:.3g}")
             row.append("" if value is None else value)
         rows.append(row)
     text = tabulate(rows, headers=[h for _, h in columns], tablefmt="github", disable_numparse=True)

@@ -1,0 +1,159 @@
+"""A newcomer's frictions, one test each: the zoo as files, errors that name the fix, quiet TVM, CLI polish."""
+
+import csv
+import logging
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import cnn_model, make_model, tensor_info
+from lpx_tvm.app.cli import build_parser, main
+from lpx_tvm.runtime import total_offloaded_calls
+
+
+def test_version_is_the_installed_one(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"lpx-tvm {version('lpx-tvm')}"
+
+
+@pytest.mark.parametrize("argv, expected", [(["zoo"], False), (["--debug", "zoo"], True), (["zoo", "--debug"], True),
+                                            (["run", "m.onnx", "--debug"], True)])
+def test_debug_is_accepted_before_or_after_the_subcommand(argv, expected):
+    assert build_parser().parse_args(argv).debug is expected
+
+
+def test_zoo_help_lists_the_models_and_the_presets(capsys):
+    with pytest.raises(SystemExit):
+        main(["zoo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "squeezenet" in text and "ppocr_rec" in text and "tsp" in text and "tiny" in text
+
+
+def test_a_config_path_that_does_not_exist_says_so_once(capsys):
+    assert main(["zoo", "--models", "squeezenet", "--config", "nothere.json"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothere.json" in err and "no such file" in err
+
+
+def test_saved_zoo_model_has_seeded_weights_static_inputs_and_runs_on_lpx(tmp_path, capsys):
+    from lpx_tvm.app.zoo import constant_weights, save
+
+    path = save("squeezenet", tmp_path)
+    assert path == tmp_path / "squeezenet.onnx"
+    model = onnx.load(str(path))
+    assert not constant_weights(model)
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 3, 224, 224]
+    conv_weight = numpy_helper.to_array(next(i for i in model.graph.initializer if i.dims[0] == 64 and len(i.dims) == 4))
+    assert conv_weight.std() > 0.01
+    calls = total_offloaded_calls()
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "100.00% of" in out and "cosine 1" in out  # every FLOP on lpx, and ORT agrees
+    assert total_offloaded_calls() > calls
+    assert ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()[0].shape == dims
+
+
+def test_run_warns_when_every_weight_is_one_constant(tmp_path):
+    shape = numpy_helper.from_array(np.array([8, 3, 3, 3], np.int64), "wshape")
+    nodes = [helper.make_node("ConstantOfShape", ["wshape"], ["w"],
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.1])),
+             helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])]
+    path = tmp_path / "constant.onnx"
+    onnx.save(make_model(nodes, [tensor_info("x", [1, 3, 8, 8])], [tensor_info("y", [1, 8, 8, 8])], [shape]),
+              str(path))
+    with pytest.warns(UserWarning, match="every weight is one constant value.*zoo --save"):
+        assert main(["run", str(path), "--config", "tiny"]) == 0
+
+
+def _dynamic_reshape_model(tmp_path):
+    """x[N, 6] ─► Reshape to Shape(x)[0] × 2 × 3 (a shape computed at run time) ─► Relu."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Concat", ["n", "tail"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([2, 3], np.int64), "tail")]
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(make_model(nodes, [tensor_info("x", ["N", 6])], [tensor_info("y", ["N", 2, 3])], inits), str(path))
+    return path
+
+
+def test_a_dynamic_input_without_a_shape_names_it_and_the_flag_to_add(tmp_path, capsys):
+    path = _dynamic_reshape_model(tmp_path)
+    assert main(["run", str(path), "--config", "tiny"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "input 'x' has symbolic dims ['N']" in err and "--input-shape x=N,6" in err
+    assert main(["run", str(path), "--config", "tiny", "--input-shape", "x=4,6"]) == 0
+
+
+def test_importer_failure_is_one_line_and_tvm_prints_nothing(tmp_path, capfd):
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn_model(), str(path))
+    assert main(["run", str(path), "--config", "tiny", "--input-shape", "x=1,4,32,32"]) == 1
+    out, err = capfd.readouterr()
+    assert err.count("\n") == 1 and "TVM's ONNX importer failed" in err and "channel" in err
+    for noise in ("Metadata omitted", "BlockBuilder", "Error converting operator", "Traceback"):
+        assert noise not in out + err
+
+
+def test_a_wrong_rank_says_so(tmp_path, capsys):
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn_model(), str(path))
+    assert main(["compile", str(path), "--config", "tiny", "--input-shape", "x=1,3,32", "-o", "m.so"]) == 1
+    assert "--input-shape x=1,3,32 has 3 dims, but input 'x' has 4" in capsys.readouterr().err
+
+
+def test_native_output_is_kept_from_the_user_unless_debugging(capfd):
+    import sys
+
+    from lpx_tvm.diagnostics import native_output_to_log
+
+    logger = logging.getLogger("lpx_tvm")
+    for level, shown in ((logging.WARNING, False), (logging.DEBUG, True)):
+        logger.setLevel(level)
+        try:
+            with native_output_to_log("native"):
+                os.write(2, b"[12:00:00] Warning: Fast mode segfaults\n")
+                print("lpx's own line", file=sys.stderr)  # Python's stderr still reaches the user
+        finally:
+            logger.setLevel(logging.NOTSET)
+        err = capfd.readouterr().err
+        assert ("Fast mode segfaults" in err) is shown
+        assert "lpx's own line" in err
+
+
+def test_compile_emits_the_program_and_disasm_names_the_attributes(tmp_path, capsys):
+    from lpx_tvm.runtime_sim import decode
+
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn_model(), str(path))
+    program = tmp_path / "cnn.bin"
+    assert main(["compile", str(path), "--config", "tiny", "--emit-program", str(program)]) == 0
+    assert decode(program.read_bytes()).inputs[0].shape == (1, 3, 32, 32)
+    capsys.readouterr()
+    assert main(["disasm", str(program)]) == 0
+    text = capsys.readouterr().out
+    assert "MATMUL" in text and "buffer=" in text and "index=" in text
+
+
+@pytest.mark.slow
+def test_zoo_csv_follows_the_table_and_a_summary_line_counts(tmp_path, capsys):
+    from lpx_tvm.app.zoo import COLUMNS
+
+    table = tmp_path / "zoo.csv"
+    assert main(["zoo", "--models", "squeezenet", "--skip-llvm", "--csv", str(table)]) == 0
+    out = capsys.readouterr().out
+    assert "1/1 ok; peak memory" in out and "peak MB" in out
+    header = next(csv.reader(table.open()))
+    assert header[:len(COLUMNS)] == [key for key, _ in COLUMNS]

@@ -19,6 +19,7 @@ from .pipeline import lower_lpx_calls
 from .registration import original_default_pipeline
 from .report import OffloadReport, offload_report
 from .runtime import load_program, program_key, release
+from .runtime_sim.config import ChipConfig, register_config
 from .runtime_sim.simulator import CallError
 
 
@@ -150,8 +151,9 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
     Parameters
     ----------
     model : str, Path, bytes, onnx.ModelProto or tvm.IRModule
-    config : str
-        Chip preset (``"tsp"``, ``"tiny"``) or path to a JSON preset.
+    config : str or ChipConfig
+        Chip preset (``"tsp"``, ``"tiny"``), path to a JSON preset, or a config (a design variant from
+        ``lpx_tvm.runtime_sim.derive_config``, say).
     input_shapes : dict, optional
         ``{input name: dims}`` to pin dynamic input shapes.
     in_order : bool
@@ -167,7 +169,11 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
     -------
     CompiledModel
     """
-    options = CodegenOptions(config=str(config), in_order=in_order, dump_dir=dump_dir, dtype=dtype)
+    if isinstance(config, ChipConfig):  # a design variant: the runtime finds it by name when a program loads
+        register_config(config)
+    else:
+        config = str(config)
+    options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype)
     mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes)
     if dtype == "int8" and not _has_quantize(mod):
         raise ValueError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "

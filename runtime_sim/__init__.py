@@ -5,7 +5,7 @@ definition of the ISA: what it computes and how many cycles it counts is what an
 LPX program means.
 """
 
-from .config import ChipConfig, load_config, available_configs
+from .config import ChipConfig, available_configs, derive_config, load_config, register_config
 from .isa import DType, Opcode, Unit, Space, TensorRef, Instruction, OP_TABLE
 from .program import Program, Constant, StreamedWeight, ProgramFormatError, encode, decode, disassemble, validate
 from .check import ScheduleError, check_timing
@@ -13,7 +13,7 @@ from .timing import Occupancy, occupancy
 from .simulator import Simulator, RunStats, CallError
 
 __all__ = [
-    "ChipConfig", "load_config", "available_configs",
+    "ChipConfig", "load_config", "available_configs", "derive_config", "register_config",
     "DType", "Opcode", "Unit", "Space", "TensorRef", "Instruction", "OP_TABLE",
     "Program", "Constant", "StreamedWeight", "ProgramFormatError", "encode", "decode", "disassemble", "validate",
     "ScheduleError", "check_timing", "Occupancy", "occupancy", "Simulator", "RunStats", "CallError",

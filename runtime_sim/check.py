@@ -189,6 +189,7 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
                 raise ScheduleError(rule, index, issue, f"{used} > {limits[key]} ({key.replace('_', ' ')}) with "
                                     f"{len(active)} instructions running")
         active.append((issue + occ.busy, occ))
+        log.forget_ended_by(issue)  # instructions come in issue order: only accesses still in flight matter
         _check_sram(index, ins, issue, log, written, fixed)
         log.record(ins.srcs, ins.dsts, issue + occ.busy, issue + occ.finish)
         if ins.opcode == Opcode.INSTALL:

@@ -203,6 +203,60 @@ def config_from_dict(data: dict) -> ChipConfig:
         raise ConfigError(f"chip config: {err}") from None
 
 
+_REGISTERED: dict = {}  # name -> a config made in this process (a design variant): found by name like a preset
+
+
+def register_config(config: ChipConfig) -> ChipConfig:
+    """Make ``config`` loadable by its name in this process (so its programs load through the runtime)."""
+    known = _REGISTERED.get(config.name)
+    if known is not None and known.digest != config.digest:
+        raise ConfigError(f"chip config {config.name!r} is already registered with other parameters")
+    if config.name in available_configs() and _load_preset(config.name).digest != config.digest:
+        raise ConfigError(f"chip config {config.name!r} is a preset's name; give the variant its own")
+    _REGISTERED[config.name] = config
+    return config
+
+
+def derive_config(base: "str | ChipConfig", overrides: dict, name: str | None = None) -> ChipConfig:
+    """A variant of ``base`` with some parameters changed, validated and registered.
+
+    Parameters
+    ----------
+    base : str or ChipConfig
+        The preset it starts from.
+    overrides : dict
+        Parameter name ─► new value (a dict parameter such as ``latency_cycles`` is merged key by key).
+    name : str, optional
+        Default: the base's name and the changes, e.g. ``tsp[sram_bytes=346030080]``.
+
+    Raises
+    ------
+    ConfigError
+        Naming an unknown parameter or a bad value.
+    """
+    base = load_config(base)
+    known = {f.name for f in fields(ChipConfig)} - set(_NOT_PARAMETERS)
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f"chip config {base.name!r} has no parameter {', '.join(unknown)} "
+                          f"(parameters: {', '.join(sorted(known))})")
+    data = asdict(base)
+    sources = dict(base.sources)
+    for key, value in overrides.items():
+        data[key] = {**data[key], **value} if isinstance(data[key], dict) and isinstance(value, dict) else value
+        sources[key] = f"assumed: a design variant of {base.name} (there {getattr(base, key)!r})"
+    changes = ",".join(f"{k}={_short(v)}" for k, v in sorted(overrides.items()))
+    data.update(name=name or f"{base.name}[{changes}]", sources=sources,
+                description=f"{base.name} with {changes}" if changes else base.description)
+    return register_config(config_from_dict(data))
+
+
+def _short(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{v}" for k, v in sorted(value.items())) + "}"
+    return str(value)
+
+
 def load_config(config: "str | Path | ChipConfig") -> ChipConfig:
     """Return a chip config from a preset name, a JSON file path, or a config.
 
@@ -214,6 +268,8 @@ def load_config(config: "str | Path | ChipConfig") -> ChipConfig:
     if isinstance(config, ChipConfig):
         return config
     text = str(config)
+    if text in _REGISTERED:
+        return _REGISTERED[text]
     if text in available_configs():
         return _load_preset(text)
     path = Path(text)

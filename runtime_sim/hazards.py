@@ -86,6 +86,16 @@ class AccessLog:
         hit = overlaps(log[:6, :n], footprint_key(ref))
         return int(log[6, :n][hit].max()) if hit.any() else 0
 
+    def forget_ended_by(self, cycle: int) -> None:
+        """Drop accesses that end by ``cycle``. Only for a caller that asks in non-decreasing cycle order (the
+        checker walks the program in issue order): such an access can never delay a later instruction."""
+        for name in ("_w", "_r"):
+            log, n = getattr(self, name), getattr(self, "_n" + name[1])
+            live = np.flatnonzero(log[6, :n] > cycle)
+            if len(live) < n:
+                log[:, :len(live)] = log[:, live]
+                setattr(self, "_n" + name[1], len(live))
+
     def raw(self, ref) -> int:
         """Cycle the last write to bytes of ``ref`` finishes (reads must not start before)."""
         return self._latest(self._w, self._nw, ref)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
+from functools import cached_property
 from math import prod
 
 import ml_dtypes
@@ -530,7 +531,7 @@ class TensorRef:
             step *= d
         return tuple(reversed(out))
 
-    @property
+    @cached_property  # a frozen ref's derived values are asked for once per rule checked: compute them once
     def end(self) -> int:
         """One past the last byte the view touches."""
         if self.size == 0:
@@ -543,6 +544,11 @@ class TensorRef:
         return self.space == Space.SRAM
 
     def footprint(self) -> tuple:
+        """The bytes the view touches as a 2-D block ``(addr, rows, run, row_stride)``."""
+        return self._footprint
+
+    @cached_property
+    def _footprint(self) -> tuple:
         """The bytes the view touches as a 2-D block ``(addr, rows, run, row_stride)``.
 
         ``rows`` runs of ``run`` contiguous bytes, ``row_stride`` bytes apart. A

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .check import ScheduleError, Timeline, check_timing
-from .config import ChipConfig
+from .config import ChipConfig, load_config
 from .isa import DType, Opcode, Space, Unit
 from .program import Program, aligned_array, decode, validate
 from .semantics import SEMANTICS, WeightBuffer
@@ -133,12 +133,19 @@ class Simulator:
     check_schedule : bool
         Verify the static schedule at load (default). Off, the program's cycles
         are still measured with the machine's rules, but nothing is enforced.
+    timing_only : bool
+        Verify the schedule and measure its cycles, but set up no arithmetic: no
+        SRAM image, no weights placed, nothing bound (what a design sweep needs).
+        The cycles are the same as a full simulator's; :meth:`run` is refused.
     """
 
-    def __init__(self, program, config: ChipConfig | str | None = None, check_schedule: bool = True, chip=None):
-        if not isinstance(program, Program):
-            program = decode(program, config)  # validates too
-        config = validate(program, config)
+    def __init__(self, program, config: ChipConfig | str | None = None, check_schedule: bool = True, chip=None,
+                 timing_only: bool = False):
+        if isinstance(program, Program):
+            config = validate(program, config)
+        else:
+            program = decode(program, config)  # validated against the config there
+            config = load_config(config if config is not None else program.config_name)
         self.program, self.config, self.chip = program, config, chip
         self.sram_size = max([c.ref.end for c in program.constants]
                              + [r.end for i in program.instructions for r in i.srcs + i.dsts if r.in_sram] + [1])
@@ -148,6 +155,9 @@ class Simulator:
                                                protected) if check_schedule else _measure_unchecked(program, config)
         self.order = self.timeline.order
         self.stats = self._stats()
+        self.timing_only = timing_only
+        if timing_only:
+            return
         self._sram = chip.sram if chip is not None else np.zeros(self.sram_size, np.uint8)
         for const in program.constants:
             self._view(const.ref)[...] = const.data.view(const.ref.dtype.np).reshape(const.ref.shape)
@@ -277,6 +287,9 @@ class Simulator:
         list of numpy.ndarray
             The outputs.
         """
+        if self.timing_only:
+            raise CallError("a timing-only simulator measures cycles and runs no arithmetic; "
+                            "load the program without timing_only to run it")
         host_in = self._check_inputs(inputs)
         host_out = self._check_outputs(outputs)
         overflowed = set()

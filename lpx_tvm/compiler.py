@@ -35,11 +35,14 @@ class CompiledModel:
         its bytes).
     params : list of relax.Var
         The model's inputs.
+    input_names : list of str, optional
+        Their names as the model gives them (an ONNX file's, before the importer made them identifiers).
     dtype : str
         The storage type on lpx the programs were compiled for.
     """
 
-    def __init__(self, executable, report: OffloadReport, programs: dict, params, dtype: str = "fp32"):
+    def __init__(self, executable, report: OffloadReport, programs: dict, params, dtype: str = "fp32",
+                 input_names=None):
         self.executable = executable
         self.dtype = dtype
         self.report = report
@@ -49,8 +52,9 @@ class CompiledModel:
         # the loaded simulators (and their SRAM image) go when the model does
         weakref.finalize(self, release, [program_key(blob) for blob in programs.values()])
         # a symbolic dimension (dynamic shape left unpinned) is None: any size is accepted there
-        self.input_signature = [(str(p.name), tuple(_static_dim(d) for d in p.ty.shape.values), str(p.ty.dtype))
-                                for p in params]
+        names = [str(p.name) for p in params] if input_names is None else list(input_names)
+        self.input_signature = [(name, tuple(_static_dim(d) for d in p.ty.shape.values), str(p.ty.dtype))
+                                for name, p in zip(names, params)]
 
     @property
     def vm(self) -> relax.VirtualMachine:
@@ -179,6 +183,8 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
         raise ValueError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
                          "conv/matmul); make one with lpx_tvm.quantize(model, calibration_inputs)")
     params = list(mod["main"].params)
+    input_names = (mod["main"].attrs or {}).get("onnx_input_names")
+    input_names = [str(n) for n in input_names] if input_names is not None else None
     with native_output_to_log("TVM"):
         partitioned = partition_for_lpx(mod, options.config, dtype)
         del mod  # once lowering drops the lpx functions, their weights live only in the programs
@@ -186,6 +192,6 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
         programs = {}
         lowered, _ = lower_lpx_calls(partitioned, options, programs_out=programs)
         executable = tvm.compile(lowered, target="lpx", relax_pipeline=original_default_pipeline()())
-    return CompiledModel(executable, report, programs, params, dtype)
+    return CompiledModel(executable, report, programs, params, dtype, input_names)
 
 

@@ -343,6 +343,11 @@ def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
     if dynamic:
         warnings.warn(f"{name}: {pin_advice(dynamic)}; until then what depends on them runs on the host",
                       DynamicShapeWarning, stacklevel=2)
+    # the importer makes input names identifiers (past_key_values.0.key ─► past_key_values_0_key); keep the
+    # model's own, so a compiled model is called with the names its ONNX file gives
+    names = [i.name for i in view.graph.input]
+    if len(names) == len(mod["main"].params):
+        mod["main"] = mod["main"].with_attr("onnx_input_names", names)
     return mod
 
 

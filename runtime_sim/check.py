@@ -29,12 +29,14 @@ the rule:
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import ChipConfig
-from .hazards import AccessLog, block_view
+from .hazards import AccessLog, block_view, footprint_key, overlaps
 from .isa import Opcode, Space
 from .program import ProgramFormatError
 from .timing import Occupancy, occupancy
@@ -158,17 +160,13 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
     """
     instructions = program.instructions
     size = sram_size or chip.sram_bytes
-    written = np.zeros(size, np.bool_)
-    fixed = np.zeros(size, np.bool_)
-    for ref in constants:
-        block_view(written, ref)[...] = True
-        block_view(fixed, ref)[...] = True
-    for lo, hi in protected:
-        fixed[lo:min(hi, size)] = True
+    written = np.zeros(size, np.bool_)  # bytes instructions wrote (untouched pages cost nothing)
+    resident = _Resident(constants, protected)
     order = sorted(range(len(instructions)), key=lambda i: (instructions[i].cycle, i))
     log = AccessLog(sum(len(i.srcs) + len(i.dsts) for i in instructions))
     limits = _limits(chip)
-    free, active = {}, []
+    free = {}
+    running = _Running([key for key, _ in _CAPACITY])
     buffers, streams = _Buffers(), _Streams()
     occupancies = [None] * len(instructions)
     makespan = 0
@@ -182,15 +180,15 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
                 if producer_busy > occ.busy:
                     occ = _stretched(occ, producer_busy)
         _check_exclusive(index, issue, occ, free)
-        active = [a for a in active if a[0] > issue]
+        running.finish_by(issue)
         for key, rule in _CAPACITY:
-            used = sum(getattr(a[1], key) for a in active) + getattr(occ, key)
+            used = running.total[key] + getattr(occ, key)
             if used > limits[key]:
                 raise ScheduleError(rule, index, issue, f"{used} > {limits[key]} ({key.replace('_', ' ')}) with "
-                                    f"{len(active)} instructions running")
-        active.append((issue + occ.busy, occ))
-        log.forget_ended_by(issue)  # instructions come in issue order: only accesses still in flight matter
-        _check_sram(index, ins, issue, log, written, fixed)
+                                    f"{len(running)} instructions running")
+        running.start(issue + occ.busy, index, occ)
+        log.forget_ended_by(issue)  # instructions come in issue order: only accesses still in flight can matter
+        _check_sram(index, ins, issue, log, written, resident)
         log.record(ins.srcs, ins.dsts, issue + occ.busy, issue + occ.finish)
         if ins.opcode == Opcode.INSTALL:
             buffers.install(index, ins, issue, occ)
@@ -208,6 +206,28 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
         raise ScheduleError("predicted cycles", len(instructions), makespan,
                             f"the header predicts {program.predicted_cycles} cycles, the schedule takes {makespan}")
     return Timeline(tuple(occupancies), tuple(order), makespan)
+
+
+class _Running:
+    """Instructions still busy, and what they use of each shared resource together (kept as running sums:
+    a program has thousands of instructions and dozens in flight)."""
+
+    def __init__(self, keys):
+        self.keys, self.total, self._ends = keys, dict.fromkeys(keys, 0), []
+
+    def __len__(self):
+        return len(self._ends)
+
+    def start(self, end: int, index: int, occ: Occupancy) -> None:
+        heapq.heappush(self._ends, (end, index, occ))
+        for key in self.keys:
+            self.total[key] += getattr(occ, key)
+
+    def finish_by(self, cycle: int) -> None:
+        while self._ends and self._ends[0][0] <= cycle:
+            occ = heapq.heappop(self._ends)[2]
+            for key in self.keys:
+                self.total[key] -= getattr(occ, key)
 
 
 def _stretched(occ: Occupancy, busy: int) -> Occupancy:
@@ -233,24 +253,45 @@ def _check_exclusive(index, issue, occ, free) -> None:
         free[res] = (issue + occ.busy, index)
 
 
-def _check_sram(index, ins, issue, log, written, fixed) -> None:
+class _Resident:
+    """What is in SRAM from the load on: the constants (readable, never written) and the byte ranges of other
+    programs' weights (never written). Kept as footprints, not a byte map: weights are most of a chip's SRAM."""
+
+    def __init__(self, constants, protected):
+        self.constant_ranges = sorted((ref.addr, ref.end) for ref in constants)
+        self._starts = [lo for lo, _ in self.constant_ranges]
+        keys = [footprint_key(ref) for ref in constants] + [(lo, hi, 0, lo, 1, hi - lo) for lo, hi in protected]
+        self.keys = np.array(keys, np.int64).T.reshape(6, len(keys))
+
+    def holds(self, ref) -> bool:
+        """Whether ``ref`` lies within one constant (read from the load on)."""
+        k = bisect.bisect_right(self._starts, ref.addr) - 1
+        return k >= 0 and ref.end <= self.constant_ranges[k][1]
+
+    def overwritten_by(self, ref) -> bool:
+        return bool(self.keys.shape[1]) and bool(overlaps(self.keys, footprint_key(ref)).any())
+
+
+def _check_sram(index, ins, issue, log, written, resident) -> None:
     for ref in ins.srcs:
         if not ref.in_sram:
             continue
-        if log.raw(ref) > issue:
-            raise ScheduleError("RAW hazard", index, issue,
-                                f"reads {ref} before its producer finishes at cycle {log.raw(ref)}")
-        if not block_view(written, ref).all():
+        produced = log.raw(ref)
+        if produced > issue:
+            raise ScheduleError("RAW hazard", index, issue, f"reads {ref} before its producer finishes at cycle {produced}")
+        if not resident.holds(ref) and not block_view(written, ref).all():
             raise ScheduleError("read before write", index, issue, f"reads {ref}, which nothing has written")
     for ref in ins.dsts:
         if not ref.in_sram:
             continue
-        if log.war(ref) > issue:
+        read_until = log.war(ref)
+        if read_until > issue:
             raise ScheduleError("WAR hazard", index, issue,
-                                f"overwrites {ref} while a reader reads it until cycle {log.war(ref)}")
-        if log.raw(ref) > issue:
+                                f"overwrites {ref} while a reader reads it until cycle {read_until}")
+        written_at = log.raw(ref)
+        if written_at > issue:
             raise ScheduleError("WAW hazard", index, issue,
-                                f"writes {ref} before an earlier write finishes at cycle {log.raw(ref)}")
-        if block_view(fixed, ref).any():
+                                f"writes {ref} before an earlier write finishes at cycle {written_at}")
+        if resident.overwritten_by(ref):
             raise ScheduleError("live constant overwritten", index, issue, f"writes {ref} over resident weights")
         block_view(written, ref)[...] = True

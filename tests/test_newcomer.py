@@ -157,3 +157,20 @@ def test_zoo_csv_follows_the_table_and_a_summary_line_counts(tmp_path, capsys):
     assert "1/1 ok; peak memory" in out and "peak MB" in out
     header = next(csv.reader(table.open()))
     assert header[:len(COLUMNS)] == [key for key, _ in COLUMNS]
+
+
+def test_a_compiled_model_is_called_with_the_onnx_input_names(rng):
+    from conftest import weights
+
+    nodes = [helper.make_node("MatMul", ["past_key_values.0.key", "w"], ["y"])]
+    model = make_model(nodes, [tensor_info("past_key_values.0.key", [4, 16])], [tensor_info("y", [4, 8])],
+                       [weights(rng, "w", (16, 8))])
+    import lpx_tvm
+
+    compiled = lpx_tvm.compile(model, config="tiny")
+    assert [name for name, _, _ in compiled.input_signature] == ["past_key_values.0.key"]
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    calls = total_offloaded_calls()
+    (y,) = compiled(**{"past_key_values.0.key": x})
+    assert total_offloaded_calls() == calls + 1
+    np.testing.assert_allclose(y, x @ numpy_helper.to_array(model.graph.initializer[0]), rtol=1e-5, atol=1e-5)

@@ -15,7 +15,7 @@ import importlib
 from .registration import register_when_tvm_loads
 
 _API = {
-    "compile": "compiler", "CompiledModel": "compiler",
+    "compile": "compiler", "CompiledModel": "compiler", "compile_programs": "compiler",
     "from_onnx": "frontend", "FrontendError": "frontend",
     "partition_for_lpx": "patterns", "pattern_table": "patterns",
     "lpx_pipeline": "pipeline", "NothingOffloadedWarning": "pipeline",

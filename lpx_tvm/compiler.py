@@ -173,15 +173,7 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
     -------
     CompiledModel
     """
-    if isinstance(config, ChipConfig):  # a design variant: the runtime finds it by name when a program loads
-        register_config(config)
-    else:
-        config = str(config)
-    options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype)
-    mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes)
-    if dtype == "int8" and not _has_quantize(mod):
-        raise ValueError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
-                         "conv/matmul); make one with lpx_tvm.quantize(model, calibration_inputs)")
+    options, mod = _prepared(model, config, input_shapes, in_order, dump_dir, dtype)
     params = list(mod["main"].params)
     input_names = (mod["main"].attrs or {}).get("onnx_input_names")
     input_names = [str(n) for n in input_names] if input_names is not None else None
@@ -195,3 +187,38 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
     return CompiledModel(executable, report, programs, params, dtype, input_names)
 
 
+def compile_programs(model, config: str = "tsp", input_shapes: dict | None = None,
+                     dtype: str = "fp32") -> tuple:
+    """A model's LPX programs, without building its host part: what a design sweep or a planner measures.
+
+    Parameters are those of :func:`compile`.
+
+    Returns
+    -------
+    (dict, OffloadReport)
+        Offloaded function name ─► :class:`~lpx_tvm.runtime_sim.Program`, and what was offloaded.
+    """
+    from .codegen import compile_model
+
+    options, mod = _prepared(model, config, input_shapes, False, None, dtype)
+    with native_output_to_log("TVM"):
+        partitioned = partition_for_lpx(mod, options.config, dtype)
+        del mod
+        report = offload_report(partitioned)
+        functions = {str(f.attrs["global_symbol"]): f for _, f in partitioned.functions.items()
+                     if isinstance(f, relax.Function) and f.attrs is not None and f.attrs.get("Codegen") == "lpx"}
+        return compile_model(functions, options), report
+
+
+def _prepared(model, config, input_shapes, in_order, dump_dir, dtype) -> tuple:
+    """Options (a config object registered, so its programs load by name) and the imported module."""
+    if isinstance(config, ChipConfig):
+        register_config(config)
+    else:
+        config = str(config)
+    options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype)
+    mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes)
+    if dtype == "int8" and not _has_quantize(mod):
+        raise ValueError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
+                         "conv/matmul); make one with lpx_tvm.quantize(model, calibration_inputs)")
+    return options, mod

@@ -1,4 +1,4 @@
-"""The ``lpx-tvm`` command: compile, run, profile, zoo, bench, disasm.
+"""The ``lpx-tvm`` command: compile, run, profile, compare, disasm, zoo, sweep, bench.
 
 Every error becomes one line on stderr and exit status 1 (``--debug`` shows the
 traceback).
@@ -104,6 +104,11 @@ def cmd_profile(args) -> int:
     if args.trace:
         write_trace(args.trace, list(compiled.simulators.items()))
         print(f"wrote {args.trace}: open it in https://ui.perfetto.dev or chrome://tracing")
+    if args.plot:
+        from .plots import roofline
+
+        report["model"] = args.model
+        print(f"wrote {roofline(report, args.plot)} (the layers' roofline)")
     return 0
 
 
@@ -162,6 +167,24 @@ def cmd_bench(args) -> int:
     return 0 if all("error" not in r for r in records) else 1
 
 
+def cmd_sweep(args) -> int:
+    from .sweep import load_spec, run_sweep, store_path, table, write_results
+
+    spec = load_spec(args.spec)
+    out = args.out or str(args.spec).rsplit(".", 1)[0] + ".csv"
+    records = run_sweep(spec, store_path(out), workers=args.workers, address=args.address,
+                        progress=not args.no_progress)
+    print(table(records, spec.metrics))
+    ok = sum(bool(r.get("ok")) for r in records)
+    print(f"{ok}/{len(records)} points ok; wrote {write_results(records, out)} (every point also in "
+          f"{store_path(out)}: a re-run skips what is there)")
+    if args.plot:
+        from .plots import pareto
+
+        print(f"wrote {pareto(records, args.plot)} (latency against the die-area proxy; Pareto fronts in red)")
+    return 0 if ok == len(records) else 1
+
+
 def cmd_disasm(args) -> int:
     from ..runtime_sim import decode, disassemble
 
@@ -214,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="write a Chrome/Perfetto trace-event file")
     p.add_argument("--json", help="write the profile as JSON")
     p.add_argument("--top", type=int, default=20, help="show the N slowest layers (0: all; default 20)")
+    p.add_argument("--plot", metavar="ROOFLINE.png", help="draw the layers' roofline (needs lpx-tvm[plot])")
     model_command("disasm", "print the LPX programs (an ONNX file or an encoded program)", cmd_disasm)
     p = model_command("compare", "compare every layer's output with ONNX Runtime's", cmd_compare)
     p.add_argument("--min-cosine", type=float, default=0.999, help="a layer below this parts ways (default 0.999)")
@@ -229,6 +253,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp32", choices=DTYPES,
                    help="storage type on lpx; int8 quantises each model with lpx_tvm.quantize first")
     p.set_defaults(func=cmd_zoo)
+    p = sub.add_parser("sweep", help="chip variants × models × dtypes: compiled, timed, Pareto fronts (on Ray)",
+                       parents=[debug_anywhere])
+    p.add_argument("spec", help="a sweep spec (.json, .toml or .yaml): base, grid/variants, models, dtypes")
+    p.add_argument("--address", help="a Ray cluster to join (ray://HOST:PORT); default: a local Ray")
+    p.add_argument("--workers", type=int, help="Ray worker processes (default: the cores; 0: no Ray, here)")
+    p.add_argument("--out", help="results .csv or .parquet (default: beside the spec); the .jsonl beside it "
+                   "keeps every point, so a re-run resumes")
+    p.add_argument("--plot", metavar="PARETO.png", help="draw the Pareto fronts (needs lpx-tvm[plot])")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_sweep)
     from .bench import DEFAULT_BENCH_MODELS
 
     p = sub.add_parser("bench", help="time the flow itself: simulator vs ORT, compile vs TVM llvm, peak RSS",

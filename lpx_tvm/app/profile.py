@@ -31,6 +31,9 @@ def profile(compiled) -> dict:
     for name, sim in sims.items():
         stats, chip = sim.stats, sim.config
         report["config"] = chip.name
+        peak_dtype = compiled.dtype if compiled.dtype in chip.mxm_passes else "fp32"
+        report["chip"] = {"name": chip.name, "peak_flops": chip.peak_ops_per_s(peak_dtype),
+                          "sram_bytes_per_s": chip.sram_bytes_per_cycle * chip.clock_hz}
         report["predicted_cycles"] += stats.predicted_cycles
         report["simulated_cycles"] += stats.cycles
         report["microseconds"] += stats.microseconds
@@ -45,7 +48,7 @@ def profile(compiled) -> dict:
             peak = chip.mxm_peak_macs_per_cycle(compiled.dtype if compiled.dtype in chip.mxm_passes else "fp32")
             report["layers"].append({
                 "layer": short_name(layer["name"]), "program": name, "cycles": layer["cycles"],
-                "microseconds": 1e6 * layer["cycles"] / chip.clock_hz, "macs": layer["macs"], "flops": layer["flops"],
+                "microseconds": 1e6 * layer["cycles"] / chip.clock_hz, "seconds": layer["cycles"] / chip.clock_hz, "macs": layer["macs"], "flops": layer["flops"],
                 "bytes": layer["bytes"], "mac_utilisation": layer["macs"] / (peak * layer["cycles"]) if layer["cycles"]
                 else 0.0, "busy": layer["busy"], "bound": layer["bound"]})
     for info in report["units"].values():

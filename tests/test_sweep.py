@@ -1,0 +1,147 @@
+"""Design sweeps: specs validated up front, points keyed by content, resumed after an interruption, failures
+recorded, the same figures on Ray as in-process, and the cost proxy and Pareto fronts worked by hand."""
+
+import csv
+import json
+
+import onnx
+import pytest
+
+from conftest import cnn_model, mlp_model
+from lpx_tvm.app import sweep
+from lpx_tvm.app.cli import main
+from lpx_tvm.app.cost import TSP_DIE_MM2, AreaModel, pareto_front
+from lpx_tvm.runtime_sim import derive_config, load_config
+
+
+@pytest.fixture
+def model_files(tmp_path):
+    paths = []
+    for name, model in (("cnn", cnn_model()), ("mlp", mlp_model())):
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(model, str(path))
+        paths.append(str(path))
+    return paths
+
+
+def _spec(models, **extra):
+    return sweep.spec_from_dict({"base": "tiny", "models": models, "grid": {"mxm_planes": [1, 2]}, **extra})
+
+
+@pytest.mark.parametrize("data, named", [
+    ({"models": ["squeezenet"], "colour": 1}, "unknown key colour"),
+    ({"models": ["squeezenet"], "grid": {"lanes": [0]}}, "lanes must be a positive integer"),
+    ({"models": ["squeezenet"], "grid": {"sram_size": [1]}}, "no parameter sram_size"),
+    ({"models": ["squeezenet"], "grid": {"mxm_passes": ["2x"]}}, "mxm_passes = '2x': only an integer"),
+    ({"models": ["squeezenet"], "metrics": ["joules"]}, "unknown metric joules"),
+    ({"models": ["no_such_model"]}, "'no_such_model' is neither a zoo model"),
+    ({"models": ["squeezenet"], "dtypes": ["fp8"]}, "has no fp8 matrix unit"),
+    ({"models": ["squeezenet"], "base": "tpu"}, "unknown chip config 'tpu'"),
+])
+def test_a_bad_spec_is_rejected_before_anything_runs_naming_the_field(data, named):
+    with pytest.raises(sweep.SpecError, match=named):
+        sweep.spec_from_dict(data)
+
+
+def test_multiples_of_the_base_and_the_grid_expand_to_every_combination():
+    spec = sweep.spec_from_dict({"base": "tiny", "models": ["squeezenet"], "dtypes": ["fp32", "int8"],
+                                 "grid": {"sram_bytes": ["1x", "1.5x"], "mxm_planes": [1, 2]},
+                                 "variants": [{"mxm_rows": 64, "mxm_cols": 64}]})
+    tiny = load_config("tiny")
+    assert len(spec.variants) == 2 * 2 + 1
+    assert {v.get("sram_bytes") for v in spec.variants[:4]} == {tiny.sram_bytes, tiny.sram_bytes * 3 // 2}
+    assert len(sweep.plan_tasks(spec)) == 5 * 1 * 2
+
+
+def test_point_keys_follow_content_not_names(model_files, tmp_path):
+    tiny = load_config("tiny")
+    same = derive_config("tiny", {"mxm_planes": tiny.mxm_planes}, name="tiny-renamed")
+    assert sweep.point_key(tiny, model_files[0], "fp32") == sweep.point_key(same, model_files[0], "fp32")
+    assert sweep.point_key(tiny, model_files[0], "fp32") != sweep.point_key(tiny, model_files[0], "int8")
+    assert sweep.point_key(tiny, model_files[0], "fp32") != sweep.point_key(tiny, model_files[0], "fp32", "9.9")
+    copy = tmp_path / "copy.onnx"
+    copy.write_bytes(open(model_files[0], "rb").read())
+    assert sweep.point_key(tiny, model_files[0], "fp32") == sweep.point_key(tiny, str(copy), "fp32")
+    assert sweep.point_key(tiny, model_files[0], "fp32") != sweep.point_key(tiny, model_files[1], "fp32")
+
+
+def test_an_interrupted_sweep_resumes_without_redoing_finished_points(model_files, tmp_path, monkeypatch):
+    spec = _spec(model_files)
+    store = tmp_path / "results.jsonl"
+    real_run, calls = sweep.run_task, []
+
+    def interrupted_after_two(task):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(task)
+        return real_run(task)
+
+    monkeypatch.setattr(sweep, "run_task", interrupted_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(spec, store, workers=0, progress=False)
+    first = [json.loads(line) for line in store.read_text().splitlines()]
+    assert len(first) == 2 and all(r["ok"] for r in first)
+
+    rerun = []
+    monkeypatch.setattr(sweep, "run_task", lambda task: rerun.append(task) or real_run(task))
+    records = sweep.run_sweep(spec, store, workers=0, progress=False)
+    assert len(rerun) == 2 and len(records) == 4 and all(r["ok"] for r in records)
+    assert {(t["model"], t["points"][0]["variant"]) for t in rerun}.isdisjoint(
+        {(t["model"], t["points"][0]["variant"]) for t in calls})
+    kept = {r["key"]: r for r in records}
+    assert all(kept[r["key"]]["task_s"] == r["task_s"] for r in first)  # read back, not run again
+    assert sweep.plan_tasks(spec, sweep.ResultStore(store).done) == []
+
+
+def test_a_failing_point_is_recorded_and_the_sweep_goes_on(model_files, tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not an onnx model")
+    records = sweep.run_sweep(_spec([model_files[1], str(broken)]), tmp_path / "r.jsonl", workers=0, progress=False)
+    assert [r["ok"] for r in records] == [True, False, True, False]
+    assert all("not a readable ONNX model" in r["error"] for r in records if not r["ok"])
+    assert "failed points:" in sweep.table(records)
+
+
+def test_each_point_is_timed_on_its_own_chip(model_files, tmp_path):
+    records = sweep.run_sweep(_spec(model_files[:1]), tmp_path / "r.jsonl", workers=0, progress=False)
+    one, two = records
+    assert one["variant"] == "tiny[mxm_planes=1]" and two["variant"] == "tiny[mxm_planes=2]"
+    assert one["cycles"] > 0 and two["cycles"] > 0 and one["fits"] and two["fits"]
+    assert one["area_mm2"] < two["area_mm2"]
+
+
+@pytest.mark.slow
+def test_two_ray_workers_give_the_in_process_figures(model_files, tmp_path):
+    pytest.importorskip("ray", reason="the sweep extra (ray) is not installed")
+    spec = _spec(model_files)
+    here = sweep.run_sweep(spec, tmp_path / "here.jsonl", workers=0, progress=False)
+    on_ray = sweep.run_sweep(spec, tmp_path / "ray.jsonl", workers=2, progress=False)
+    assert [(r["key"], r["cycles"]) for r in on_ray] == [(r["key"], r["cycles"]) for r in here]
+
+
+def test_the_cli_writes_the_table_columns_first_and_resumes(model_files, tmp_path, capsys):
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"base": "tiny", "models": model_files[1:], "grid": {"mxm_planes": [1, 2]}}))
+    out = tmp_path / "results.csv"
+    assert main(["sweep", str(spec_file), "--workers", "0", "--out", str(out), "--no-progress"]) == 0
+    assert "2/2 points ok" in capsys.readouterr().out
+    header = next(csv.reader(out.open()))
+    assert header[:len(sweep.COLUMNS)] == [k for k, _ in sweep.COLUMNS]
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
+    assert main(["sweep", str(spec_file), "--workers", "0", "--out", str(out), "--no-progress"]) == 0
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2  # nothing ran twice
+
+
+def test_the_area_proxy_by_hand():
+    area = AreaModel.from_tsp()
+    assert area.area_mm2(load_config("tsp")) == pytest.approx(TSP_DIE_MM2)
+    tsp = load_config("tsp")
+    # twice the SRAM adds the SRAM block's assumed 40 % of the die again; six planes instead of four add half
+    # the matrix block's 27 %
+    bigger = derive_config("tsp", {"sram_bytes": 2 * tsp.sram_bytes, "mxm_planes": 6})
+    assert area.area_mm2(bigger) == pytest.approx(725 + 0.40 * 725 + 0.27 * 725 / 2)
+
+
+def test_pareto_front_by_hand():
+    points = [{"c": 1, "v": 9}, {"c": 2, "v": 5}, {"c": 3, "v": 6}, {"c": 4, "v": 1}, {"c": 2, "v": 7}]
+    assert pareto_front(points, "c", "v") == [0, 1, 3]

@@ -62,7 +62,8 @@ class ChipConfig:
     c2c_links, c2c_bytes_per_s_per_link : int
         Chip-to-chip links.
     unit_counts : dict
-        Independent instances of each unit besides the MXM planes (DMA engines, vector queues, ...).
+        Independent instances of each unit besides the MXM planes and the C2C ports (one per link): DMA
+        engines, vector queues, ...
     latency_cycles : dict
         Pipeline and stream-hop latency of each unit's results.
     sources : dict
@@ -110,7 +111,8 @@ class ChipConfig:
         if 2 * self.mxm_install_streams > self.stream_capacity:
             raise ConfigError(f"chip config {self.name!r}: mxm_install_streams exceeds the streams")
         for unit in UNIT_NAMES:
-            if unit != "MXM" and (not isinstance(self.unit_counts.get(unit), int) or self.unit_counts[unit] < 1):
+            if unit not in ("MXM", "C2C") and (not isinstance(self.unit_counts.get(unit), int)
+                                               or self.unit_counts[unit] < 1):
                 raise ConfigError(f"chip config {self.name!r}: unit_counts[{unit!r}] must be an integer >= 1")
             if not isinstance(self.latency_cycles.get(unit), int) or self.latency_cycles[unit] < 0:
                 raise ConfigError(f"chip config {self.name!r}: latency_cycles[{unit!r}] must be an integer >= 0")
@@ -130,8 +132,10 @@ class ChipConfig:
                              f"(it runs {', '.join(sorted(self.mxm_passes))})")
 
     def unit_count(self, unit_name: str) -> int:
-        """Number of independent instances of a unit."""
-        return self.mxm_planes if unit_name == "MXM" else self.unit_counts[unit_name]
+        """Number of independent instances of a unit (the C2C unit's are the chip's link ports)."""
+        if unit_name == "MXM":
+            return self.mxm_planes
+        return self.c2c_links if unit_name == "C2C" else self.unit_counts[unit_name]
 
     @property
     def stream_capacity(self) -> int:
@@ -154,6 +158,11 @@ class ChipConfig:
     @property
     def host_bytes_per_cycle(self) -> float:
         return self.host_bytes_per_s / self.clock_hz
+
+    @property
+    def c2c_bytes_per_cycle(self) -> float:
+        """One chip-to-chip link's rate, each direction."""
+        return self.c2c_bytes_per_s_per_link / self.clock_hz
 
     def mxm_peak_macs_per_cycle(self, dtype: str) -> float:
         """MACs per cycle of all planes together for a storage dtype."""

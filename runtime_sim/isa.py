@@ -247,6 +247,8 @@ class Opcode(IntEnum):
     IM2COL = 61
     CONCAT = 62
     SLICE = 63
+    SEND = 70
+    RECV = 71
 
 
 def _unary(doc, alu_ops, attrs=(), epilogue=False, dtypes=FLOAT_DTYPES) -> OpSpec:
@@ -258,6 +260,8 @@ def _binary(doc, alu_ops=1) -> OpSpec:
 
 
 _AXES = (Attr("axes", "ints", REQUIRED, doc="axes reduced (kept as size 1)"),)
+_LINK = (Attr("peer", "int", REQUIRED, doc="the chip at the other end of the transfer (its index in the system)"),
+         Attr("tag", "int", REQUIRED, doc="pairs a SEND with its RECV"))
 
 OP_TABLE = {
     Opcode.NOP: OpSpec(Unit.ICU, Group.CONTROL, "wait", (Attr("cycles", "int", 0),)),
@@ -335,6 +339,10 @@ OP_TABLE = {
                           dtypes=ANY_DTYPE),
     Opcode.CONCAT: OpSpec(Unit.SXM, Group.MOVE, "join along axis", (Attr("axis", "int", REQUIRED),),
                           dtypes=ANY_DTYPE),
+    Opcode.SEND: OpSpec(Unit.C2C, Group.LINK, "SRAM ─► a chip-to-chip link (the unit index is the port), to peer",
+                        _LINK, dtypes=ANY_DTYPE),
+    Opcode.RECV: OpSpec(Unit.C2C, Group.LINK, "a chip-to-chip link ─► SRAM, as the data arrives from peer",
+                        _LINK, dtypes=ANY_DTYPE),
     Opcode.SLICE: OpSpec(Unit.SXM, Group.MOVE, "strided slice: begin and step per axis, the size is the dst's",
                          (Attr("begin", "ints", REQUIRED), Attr("step", "ints", REQUIRED)), dtypes=ANY_DTYPE),
 }

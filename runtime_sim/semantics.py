@@ -405,6 +405,9 @@ SEMANTICS = {
     Opcode.DWCONV: _dwconv,
     Opcode.CONCAT: _concat,
     Opcode.SLICE: _slice,
+    # a transfer's data moves between chips: the system simulator carries it (one chip alone has no peer)
+    Opcode.SEND: lambda outs, ins, attrs: None,
+    Opcode.RECV: lambda outs, ins, attrs: None,
 }
 assert set(SEMANTICS) == set(OP_TABLE), f"opcodes without semantics: {set(OP_TABLE) - set(SEMANTICS)}"
 assert set(UNARY_FUNCS) >= {op for op, spec in OP_TABLE.items() if spec.epilogue}, "epilogues need a function"

@@ -66,6 +66,12 @@ def _rule_host(op, srcs, dsts, attrs):
     return None  # the host tensor it names decides the shape (checked against the program's signature)
 
 
+def _rule_link(op, srcs, dsts, attrs):
+    _count(srcs, dsts, 1 if op == Opcode.SEND else 0, 0 if op == Opcode.SEND else 1, op)
+    _check(attrs["peer"] >= 0 and attrs["tag"] >= 0, f"{op.name} peer and tag must be >= 0")
+    return None  # a transfer moves its operand as it is; the system checks that both ends agree
+
+
 def _rule_control(op, srcs, dsts, attrs):
     _count(srcs, dsts, 0, 0, op)
     _check(attrs["cycles"] >= 0, "NOP cycles must be >= 0")
@@ -266,7 +272,7 @@ RULES = {
     Group.HOST: _rule_host, Group.CONTROL: _rule_control, Group.INSTALL: _rule_install, Group.MATRIX: _rule_matrix,
     Group.EPILOGUE: _rule_epilogue, Group.QBINARY: _rule_qbinary, Group.UNARY: _rule_unary,
     Group.BINARY: _rule_binary, Group.QUANT: _rule_quant, Group.REDUCE: _rule_reduce, Group.NORM: _rule_norm,
-    Group.WINDOW: _rule_window, Group.DEPTHWISE: _rule_depthwise, Group.MOVE: _rule_move,
+    Group.WINDOW: _rule_window, Group.DEPTHWISE: _rule_depthwise, Group.MOVE: _rule_move, Group.LINK: _rule_link,
 }
 # the destination may be a reshaped view of these groups' results (same element count)
 RESHAPING = frozenset({Group.REDUCE, Group.MOVE})

@@ -294,23 +294,37 @@ class Simulator:
         host_out = self._check_outputs(outputs)
         overflowed = set()
         current = [0]
-        instructions = self.program.instructions
         # IEEE specials propagate silently, as on the hardware; a result too big for a reduced-precision
         # storage type is reported (numpy flags the overflowing cast, so this costs nothing otherwise)
         watch = dict(over="call", call=lambda *_: overflowed.add(current[0])) if self._reduced_dsts else {}
         with np.errstate(all="ignore", **watch), self._lock:
             for k, (fn, op, outs, ins, attrs) in enumerate(self._bound):
                 current[0] = k
-                if op == Opcode.LOAD:
-                    ref = instructions[self.order[k]].dsts[0]
-                    np.copyto(outs[0], self._host_part(host_in[attrs["index"]], ref, attrs).reshape(ref.shape))
-                elif op == Opcode.STORE:
-                    ref = instructions[self.order[k]].srcs[0]
-                    self._host_part(host_out[attrs["index"]], ref, attrs)[...] = ins[0].reshape(-1)
+                if op == Opcode.LOAD or op == Opcode.STORE:
+                    self._host_move(k, op, outs, ins, attrs, host_in, host_out)
                 else:
                     fn(outs, ins, attrs)
         self._warn_overflow(overflowed & self._reduced_dsts)
         return host_out
+
+    def _host_move(self, k, op, outs, ins, attrs, host_in, host_out) -> None:
+        instructions = self.program.instructions
+        if op == Opcode.LOAD:
+            ref = instructions[self.order[k]].dsts[0]
+            np.copyto(outs[0], self._host_part(host_in[attrs["index"]], ref, attrs).reshape(ref.shape))
+        else:
+            ref = instructions[self.order[k]].srcs[0]
+            self._host_part(host_out[attrs["index"]], ref, attrs)[...] = ins[0].reshape(-1)
+
+    def bound(self, position: int) -> tuple:
+        """The instruction at ``position`` in issue order, bound: ``(function, opcode, outs, ins, attrs)``."""
+        return self._bound[position]
+
+    def session(self, inputs, outputs=None) -> "_Session":
+        """One call run an instruction at a time, by position in issue order (how a system interleaves chips)."""
+        if self.timing_only:
+            raise CallError("a timing-only simulator measures cycles and runs no arithmetic")
+        return _Session(self, self._check_inputs(inputs), self._check_outputs(outputs))
 
     def _warn_overflow(self, positions) -> None:
         for k in sorted(positions):
@@ -318,6 +332,22 @@ class Simulator:
             layer = self.program.layer_names[ins.layer] if ins.layer < len(self.program.layer_names) else ins.layer
             warnings.warn(f"lpx: layer {layer!r} ({ins.opcode.name}) overflowed its {ins.dsts[0].dtype.short} "
                           "storage type: the result holds inf", OverflowWarning, stacklevel=3)
+
+
+class _Session:
+    def __init__(self, sim, host_in, host_out):
+        self.sim, self.host_in, self.host_out = sim, host_in, host_out
+
+    def step(self, position: int) -> None:
+        fn, op, outs, ins, attrs = self.sim._bound[position]
+        with np.errstate(all="ignore"):
+            if op == Opcode.LOAD or op == Opcode.STORE:
+                self.sim._host_move(position, op, outs, ins, attrs, self.host_in, self.host_out)
+            else:
+                fn(outs, ins, attrs)
+
+    def finish(self) -> list:
+        return self.host_out
 
 
 def _install_view(outs, ins, attrs):

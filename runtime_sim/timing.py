@@ -155,8 +155,20 @@ def _switch(ins, config):
                      _streams_for(traffic, busy, config), read, write, sram_bytes=moved, bound="switch")
 
 
+def _link(ins, config):
+    """A transfer holds its port's send (or receive) side while its bytes cross the link at the link's rate;
+    the first byte reaches the next chip one hop latency after the SEND issues (the system checks arrival)."""
+    ref = (ins.srcs or ins.dsts)[0]
+    busy = max(ceil(ref.nbytes / config.c2c_bytes_per_cycle), 1)
+    read, write, moved = _sram_rates(ins, busy)
+    # a SEND's bytes reach the next chip one hop later; a RECV's are in SRAM as its last byte lands
+    sending = ins.opcode == Opcode.SEND
+    return Occupancy(((("C2C.tx" if sending else "C2C.rx"), ins.unit_index),), busy,
+                     config.latency_cycles["C2C"] if sending else 0, 1, read, write, sram_bytes=moved, bound="link")
+
+
 RULES = {
-    Group.HOST: _host, Group.CONTROL: _control, Group.INSTALL: _install, Group.MATRIX: _matrix,
+    Group.LINK: _link, Group.HOST: _host, Group.CONTROL: _control, Group.INSTALL: _install, Group.MATRIX: _matrix,
     Group.EPILOGUE: _vector, Group.UNARY: _vector, Group.BINARY: _vector, Group.QBINARY: _vector,
     Group.QUANT: _vector, Group.REDUCE: _vector, Group.NORM: _vector, Group.WINDOW: _vector,
     Group.DEPTHWISE: _vector, Group.MOVE: _switch,

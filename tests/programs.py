@@ -44,3 +44,16 @@ def run_unchecked(prog: Program, inputs=()) -> Simulator:
 def ins(opcode, srcs=(), dsts=(), cycle=0, unit_index=0, **attrs) -> Instruction:
     return Instruction(Opcode[opcode] if isinstance(opcode, str) else opcode, unit_index, cycle, tuple(srcs),
                        tuple(dsts), attrs)
+
+
+def system_program(system, chip_programs: dict, inputs=(), outputs=(), predicted=None):
+    """A SystemProgram of hand-built chip programs: ``{system chip: Program}``; host tensors as (chip, index)."""
+    from lpx_tvm.runtime_sim.system import load_system
+    from lpx_tvm.runtime_sim.system_sim import SystemProgram
+
+    system = load_system(system)
+    chips = tuple(sorted(chip_programs))
+    programs = tuple(chip_programs[c] for c in chips)
+    if predicted is None:
+        predicted = max(p.predicted_cycles for p in programs)
+    return SystemProgram(system.name, system.digest, chips, programs, tuple(inputs), tuple(outputs), predicted)

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from lpx_tvm.runtime_sim import DType, Opcode, Space, TensorRef
+from lpx_tvm.runtime_sim import DType, Opcode, Space, TensorRef, load_config
 from lpx_tvm.runtime_sim.isa import OP_TABLE
 from programs import Layout, ins, program, run_unchecked
 
@@ -256,6 +256,25 @@ def test_chained_stream_carries_a_result_to_its_consumer():
     prog = program([ins("INSTALL", [rw], []), ins("MATMUL", [ra], [chain], cycle=50),
                     ins("EPILOGUE", [chain], [out], cycle=80, act=Opcode.RELU)], layout)
     np.testing.assert_allclose(run_unchecked(prog).read(out), np.maximum(f64(a) @ f64(w), 0), rtol=1e-6)
+
+
+def test_send_and_recv_move_a_tensor_between_two_chips():
+    """SEND and RECV only mean something as a pair, on a system: the RECV's SRAM holds exactly what was sent."""
+    from programs import system_program
+    from lpx_tvm.runtime_sim.system_sim import SystemSimulator
+
+    TESTED.update({Opcode.SEND, Opcode.RECV})
+    for dtype in (DType.F32, DType.F16, DType.I8):
+        value = floats((3, 40), dtype) if dtype.is_float else RNG.integers(-128, 128, (3, 40)).astype(np.int8)
+        sender, receiver = Layout(), Layout()
+        x = sender.const(value)
+        y = receiver.take(value.shape, dtype)
+        send = ins("SEND", [x], [], peer=1, tag=3)
+        recv = ins("RECV", [], [y], cycle=load_config("tiny").latency_cycles["C2C"], peer=0, tag=3)
+        sim = SystemSimulator(system_program("tiny-2", {0: program([send], sender), 1: program([recv], receiver)}),
+                              check_schedule=False)
+        sim.run([])
+        np.testing.assert_array_equal(sim.sims[1].read(y), value)
 
 
 def test_every_opcode_was_tested():

@@ -1,0 +1,315 @@
+"""A system program (one LPX program per chip) and the system simulator that runs it in one global time.
+
+Every chip's program is checked against its chip as before (its C2C ports are
+units like any other). Then the network: every SEND is matched by the RECV
+with its tag on the chip it names, along the route the system gives:
+
+- ``unmatched SEND`` / ``unmatched RECV``: a transfer has one end only;
+- ``wrong destination``: the RECV for a SEND waits on another chip;
+- ``wrong link``: a transfer leaves, or lands, on a port that is not its route's;
+- ``transfer size``: the two ends disagree on the bytes;
+- ``RECV before arrival`` / ``RECV after arrival``: the first byte arrives at the
+  SEND's cycle plus one hop latency per hop, and the RECV must take it exactly
+  then (the network has no buffers and no back-pressure);
+- ``link conflict``: one link direction carries one transfer at a time; a transfer
+  holds each link of its route for its bytes ÷ the link rate, one hop later on
+  each (the chips along the way forward it).
+
+Each violation names the chips, the link and the cycle. Running the program
+interleaves every chip's instructions by cycle; a SEND's data reaches its RECV's
+SRAM through the simulator, as it would through the link.
+
+Layout (little endian)::
+
+    header  magic b"LPXSYS\\0\\0" | u16 version | u16 reserved | u64 body length | 16-byte blake2b of body
+    body    u32 length of a JSON table (system, chips, host inputs and outputs, predicted cycles,
+            program lengths) | the table | each chip's encoded program, in order
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import struct
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .check import ScheduleError
+from .isa import Opcode
+from .program import Program, ProgramFormatError, aligned_array, decode, encode_array
+from .simulator import CallError, Simulator
+from .system import SystemConfig, load_system
+
+SYSTEM_MAGIC = b"LPXSYS\0\0"
+SYSTEM_VERSION = 1
+_HEADER = struct.Struct("<8sHHQ16s")
+
+
+class NetworkError(ScheduleError):
+    """A system program breaks a rule of the chip-to-chip network."""
+
+    def __init__(self, rule: str, chip: int, index: int, cycle: int, detail: str):
+        self.chip = chip
+        super().__init__(rule, index, cycle, f"chip {chip}: {detail}")
+
+
+@dataclass(frozen=True)
+class SystemProgram:
+    """One program per chip of a system, and where the model's host inputs and outputs go.
+
+    ``inputs[k]`` / ``outputs[k]`` is ``(chip, index in that chip's program)`` for the model's k-th
+    host tensor; ``chips[p]`` is the system chip that runs ``programs[p]``.
+    """
+
+    system_name: str
+    system_digest: bytes
+    chips: tuple
+    programs: tuple
+    inputs: tuple
+    outputs: tuple
+    predicted_cycles: int
+    parallel: str = ""
+    notes: str = ""
+
+    def program_of(self, chip: int) -> Program:
+        return self.programs[self.chips.index(chip)]
+
+
+def is_system_program(blob) -> bool:
+    return bytes(memoryview(blob).cast("B")[:8]) == SYSTEM_MAGIC
+
+
+def encode_system(program: SystemProgram) -> np.ndarray:
+    """Serialize a system program into one 64-byte aligned uint8 array."""
+    blobs = [encode_array(p) for p in program.programs]
+    table = json.dumps({"system": program.system_name, "digest": program.system_digest.hex(),
+                        "chips": list(program.chips), "inputs": [list(x) for x in program.inputs],
+                        "outputs": [list(x) for x in program.outputs], "predicted": program.predicted_cycles,
+                        "parallel": program.parallel, "notes": program.notes,
+                        "lengths": [len(b) for b in blobs]}).encode()
+    size = _HEADER.size + 4 + len(table) + sum(len(b) for b in blobs)
+    out = aligned_array(size)
+    view = memoryview(out).cast("B")
+    at = _HEADER.size
+    struct.pack_into("<I", view, at, len(table))
+    view[at + 4:at + 4 + len(table)] = table
+    at += 4 + len(table)
+    for blob in blobs:
+        view[at:at + len(blob)] = memoryview(blob).cast("B")
+        at += len(blob)
+    body = view[_HEADER.size:]
+    _HEADER.pack_into(view, 0, SYSTEM_MAGIC, SYSTEM_VERSION, 0, len(body), hashlib.blake2b(body, digest_size=16).digest())
+    return out
+
+
+def decode_system(blob, system: SystemConfig | str | None = None) -> SystemProgram:
+    """Parse and validate a system program (each chip's program fully, as :func:`decode` does)."""
+    buf = memoryview(blob).cast("B")
+    if len(buf) < _HEADER.size:
+        raise ProgramFormatError("system program truncated: shorter than its header")
+    magic, version, reserved, body_len, digest = _HEADER.unpack(buf[:_HEADER.size])
+    if magic != SYSTEM_MAGIC:
+        raise ProgramFormatError("not an LPX system program (bad magic)")
+    if version != SYSTEM_VERSION or reserved:
+        raise ProgramFormatError(f"system program format version {version}; this runtime reads {SYSTEM_VERSION}")
+    body = buf[_HEADER.size:]
+    if len(body) != body_len or hashlib.blake2b(body, digest_size=16).digest() != digest:
+        raise ProgramFormatError("system program checksum mismatch or truncated")
+    try:
+        (n,) = struct.unpack_from("<I", body, 0)
+        table = json.loads(bytes(body[4:4 + n]))
+        at = 4 + n
+        programs = []
+        for length in table["lengths"]:
+            programs.append(decode(body[at:at + length]))
+            at += length
+        program = SystemProgram(table["system"], bytes.fromhex(table["digest"]), tuple(table["chips"]),
+                                tuple(programs), tuple(tuple(x) for x in table["inputs"]),
+                                tuple(tuple(x) for x in table["outputs"]), int(table["predicted"]),
+                                table.get("parallel", ""), table.get("notes", ""))
+    except ProgramFormatError:
+        raise
+    except (ValueError, KeyError, TypeError, struct.error) as err:
+        raise ProgramFormatError(f"malformed system program: {err}") from None
+    config = load_system(system if system is not None else program.system_name)
+    if config.digest != program.system_digest:
+        raise ProgramFormatError(f"system program was compiled for another {program.system_name!r} "
+                                 f"(digests {program.system_digest.hex()} vs {config.digest.hex()})")
+    return program
+
+
+def check_network(system: SystemConfig, program: SystemProgram, timelines: list) -> dict:
+    """Check every transfer (see the module docstring); return bytes and busy cycles per link direction.
+
+    Raises
+    ------
+    NetworkError
+        Naming the rule, the chips, the link and the cycle.
+    """
+    hop = system.hop_cycles
+    sends, recvs = {}, {}
+    for chip, prog, timeline in zip(program.chips, program.programs, timelines):
+        for index, ins in enumerate(prog.instructions):
+            if ins.opcode not in (Opcode.SEND, Opcode.RECV):
+                continue
+            ref = (ins.srcs or ins.dsts)[0]
+            entry = (chip, index, ins.cycle, ins.unit_index, ref.nbytes, timeline.occupancies[index].busy)
+            table, key = (sends, (chip, ins.attrs["peer"], ins.attrs["tag"])) if ins.opcode == Opcode.SEND \
+                else (recvs, (ins.attrs["peer"], chip, ins.attrs["tag"]))
+            if key in table:
+                raise NetworkError("duplicate tag", chip, index, ins.cycle,
+                                   f"a second {ins.opcode.name} tagged {key[2]} between chips {key[0]} and {key[1]}")
+            table[key] = entry
+    windows = defaultdict(list)  # (from chip, port) -> [(start, end, chip of the SEND, its index)]
+    for (src, dst, tag), (chip, index, cycle, port, nbytes, busy) in sorted(sends.items()):
+        recv = recvs.pop((src, dst, tag), None)
+        if recv is None:
+            elsewhere = [k for k in recvs if k[0] == src and k[2] == tag]
+            if elsewhere:
+                raise NetworkError("wrong destination", chip, index, cycle,
+                                   f"SEND tagged {tag} goes to chip {dst}, but its RECV waits on chip {elsewhere[0][1]}")
+            raise NetworkError("unmatched SEND", chip, index, cycle, f"SEND tagged {tag} to chip {dst} has no RECV")
+        r_chip, r_index, r_cycle, r_port, r_bytes, _ = recv
+        if r_bytes != nbytes:
+            raise NetworkError("transfer size", r_chip, r_index, r_cycle,
+                               f"RECV tagged {tag} takes {r_bytes} bytes, chip {src} sends {nbytes}")
+        try:
+            route = system.route(src, dst)
+        except ValueError as err:
+            raise NetworkError("wrong destination", chip, index, cycle, str(err)) from None
+        if not route:
+            raise NetworkError("wrong destination", chip, index, cycle, "a chip sends to itself")
+        if route[0][1] != port:
+            raise NetworkError("wrong link", chip, index, cycle, f"SEND to chip {dst} leaves on port {port}; the "
+                               f"route's first link is port {route[0][1]} (to chip {route[0][2]})")
+        if route[-1][3] != r_port:
+            raise NetworkError("wrong link", r_chip, r_index, r_cycle, f"RECV from chip {src} listens on port "
+                               f"{r_port}; the route arrives on port {route[-1][3]} (from chip {route[-1][0]})")
+        arrival = cycle + len(route) * hop
+        if r_cycle != arrival:
+            rule = "RECV before arrival" if r_cycle < arrival else "RECV after arrival"
+            raise NetworkError(rule, r_chip, r_index, r_cycle,
+                               f"the data chip {src} sends at cycle {cycle} arrives at cycle {arrival} "
+                               f"({len(route)} hop(s) of {hop} cycles); the RECV issues at {r_cycle}"
+                               + (" and nothing holds the data until then" if r_cycle > arrival else ""))
+        for k, (u, u_port, _, _) in enumerate(route):
+            windows[(u, u_port)].append((cycle + k * hop, cycle + k * hop + busy, chip, index, nbytes))
+    if recvs:
+        (src, dst, tag), (chip, index, cycle, *_) = next(iter(sorted(recvs.items())))
+        raise NetworkError("unmatched RECV", chip, index, cycle, f"RECV tagged {tag} from chip {src}: nothing sent")
+    usage = {}
+    for (u, port), spans in windows.items():
+        spans.sort()
+        for (s0, e0, c0, i0, _), (s1, e1, c1, i1, _) in zip(spans, spans[1:]):
+            if s1 < e0:
+                peer = system.ports(u)[port][0]
+                raise NetworkError("link conflict", c1, i1, s1,
+                                   f"the link from chip {u} (port {port}) to chip {peer} carries chip {c0}'s "
+                                   f"transfer (instruction {i0}) until cycle {e0}")
+        usage[(u, port)] = {"bytes": sum(s[4] for s in spans), "busy_cycles": sum(e - s for s, e, *_ in spans),
+                            "transfers": len(spans)}
+    return usage
+
+
+@dataclass
+class SystemStats:
+    """Cycle-level figures of a system program: global makespan, each chip's, and each link direction's."""
+
+    cycles: int
+    predicted_cycles: int
+    clock_hz: int
+    chips: dict  # system chip -> RunStats
+    links: dict  # (chip, port) -> {"bytes", "busy_cycles", "transfers", "peer"}
+
+    @property
+    def seconds(self) -> float:
+        return self.cycles / self.clock_hz
+
+    @property
+    def microseconds(self) -> float:
+        return 1e6 * self.seconds
+
+    def to_dict(self) -> dict:
+        return {"cycles": self.cycles, "predicted_cycles": self.predicted_cycles, "microseconds": self.microseconds,
+                "chips": {str(c): {"cycles": s.cycles, "mac_utilisation": s.mac_utilisation,
+                                   "units": {u: s.utilisation[u] for u in s.unit_busy}} for c, s in self.chips.items()},
+                "links": [{"from": c, "port": p, **v} for (c, p), v in sorted(self.links.items())]}
+
+
+class SystemSimulator:
+    """Runs a system program: every chip's program checked, the network checked, all in one global time.
+
+    Parameters
+    ----------
+    program : SystemProgram or bytes-like
+    system : SystemConfig or str, optional
+        By default the system the program names.
+    check_schedule : bool
+        Verify every chip's schedule and the network at load (default).
+    timing_only : bool
+        Verify and measure, but set up no arithmetic (see :class:`Simulator`).
+    """
+
+    def __init__(self, program, system=None, check_schedule: bool = True, timing_only: bool = False):
+        if not isinstance(program, SystemProgram):
+            program = decode_system(program, system)
+        self.program = program
+        self.system = load_system(system if system is not None else program.system_name)
+        self.sims = [Simulator(p, self.system.chip, check_schedule=check_schedule, timing_only=timing_only)
+                     for p in program.programs]
+        usage = check_network(self.system, program, [s.timeline for s in self.sims])
+        makespan = max((s.stats.cycles for s in self.sims), default=0)
+        if check_schedule and makespan != program.predicted_cycles:
+            raise ScheduleError("predicted cycles", 0, makespan, f"the system program predicts "
+                                f"{program.predicted_cycles} cycles, its chips take {makespan}")
+        links = {key: {**value, "peer": self.system.ports(key[0])[key[1]][0]} for key, value in usage.items()}
+        self.stats = SystemStats(makespan, program.predicted_cycles, self.system.chip.clock_hz,
+                                 {c: s.stats for c, s in zip(program.chips, self.sims)}, links)
+        self.timing_only = timing_only
+
+    @property
+    def inputs(self) -> tuple:
+        return tuple(self.sims[self.program.chips.index(c)].inputs[i] for c, i in self.program.inputs)
+
+    @property
+    def outputs(self) -> tuple:
+        return tuple(self.sims[self.program.chips.index(c)].outputs[i] for c, i in self.program.outputs)
+
+    def run(self, inputs, outputs=None) -> list:
+        """Run every chip's program, interleaved by cycle; returns the model's outputs."""
+        if self.timing_only:
+            raise CallError("a timing-only simulator measures cycles and runs no arithmetic")
+        if len(inputs) != len(self.program.inputs):
+            raise CallError(f"system program takes {len(self.program.inputs)} inputs, got {len(inputs)}")
+        where = {c: k for k, c in enumerate(self.program.chips)}
+        per_in = [[None] * len(s.inputs) for s in self.sims]
+        for value, (chip, index) in zip(inputs, self.program.inputs):
+            per_in[where[chip]][index] = value
+        for k, sim in enumerate(self.sims):  # a chip input the model does not give is a state the runtime set
+            for i, sig in enumerate(sim.inputs):
+                if per_in[k][i] is None:
+                    per_in[k][i] = np.zeros(sig.shape, sig.dtype.np)
+        sessions = [sim.session(per_in[k]) for k, sim in enumerate(self.sims)]
+        mailbox = {}
+        steps = heapq.merge(*[[(sim.program.instructions[i].cycle, k, pos) for pos, i in enumerate(sim.order)]
+                              for k, sim in enumerate(self.sims)])
+        for _, k, pos in steps:
+            sim = self.sims[k]
+            fn, op, outs, ins, attrs = sim.bound(pos)
+            if op == Opcode.SEND:
+                mailbox[(self.program.chips[k], attrs["peer"], attrs["tag"])] = np.array(ins[0])
+            elif op == Opcode.RECV:
+                data = mailbox.pop((attrs["peer"], self.program.chips[k], attrs["tag"]))
+                np.copyto(outs[0], data.reshape(outs[0].shape))
+            else:
+                sessions[k].step(pos)
+        results = [session.finish() for session in sessions]
+        out = [results[where[chip]][index] for chip, index in self.program.outputs]
+        if outputs is not None:
+            for buffer, value in zip(outputs, out):
+                np.copyto(buffer, value)
+            return list(outputs)
+        return out

@@ -1,0 +1,165 @@
+"""Systems of chips: presets, routes, the network's rules, and transfers worked out by hand from the presets.
+
+tiny: 100 MHz, a link moves 1 GB/s each way = 10 bytes a cycle, a hop takes the C2C latency of 8 cycles; the
+host link moves 10 bytes a cycle with a DMA latency of 4.
+"""
+
+from math import ceil
+
+import numpy as np
+import pytest
+
+from lpx_tvm.runtime_sim import DType, load_config
+from lpx_tvm.runtime_sim.system import load_system
+from lpx_tvm.runtime_sim.system_sim import (NetworkError, SystemSimulator, decode_system, encode_system)
+from programs import Layout, ins, program, system_program
+
+TINY = load_config("tiny")
+F32 = DType.F32
+RATE = TINY.c2c_bytes_per_s_per_link / TINY.clock_hz  # 10 bytes a cycle
+HOP = TINY.latency_cycles["C2C"]  # 8
+HOST = TINY.host_bytes_per_s / TINY.clock_hz  # 10 bytes a cycle
+MEM = TINY.latency_cycles["MEM"]  # 4
+
+
+def _sender(x_value, peer, port, tag=1, cycle=0):
+    layout = Layout()
+    x = layout.const(x_value)
+    busy = ceil(x_value.nbytes / RATE)
+    return program([ins("SEND", [x], [], cycle=cycle, unit_index=port, peer=peer, tag=tag)], layout,
+                   predicted=cycle + busy + HOP)
+
+
+def _receiver(shape, peer, port, at, tag=1, store=True):
+    layout = Layout()
+    y = layout.take(shape, F32)
+    nbytes = int(np.prod(shape)) * 4
+    landed = at + ceil(nbytes / RATE)
+    code = [ins("RECV", [], [y], cycle=at, unit_index=port, peer=peer, tag=tag)]
+    if store:
+        code.append(ins("STORE", [y], [], cycle=landed, index=0))
+    return program(code, layout, outputs=[(shape, F32)] if store else [],
+                   predicted=landed + (ceil(nbytes / HOST) + MEM if store else 0))
+
+
+def test_presets_and_routes():
+    node = load_system("tsp-node")
+    assert node.chips == 8 and len(node.links) == 28 and all(len(node.ports(c)) == 7 for c in range(8))
+    rack = load_system("tsp-rack")
+    assert rack.chips == 72 and all(len(rack.ports(c)) == 7 + 4 for c in range(72))
+    assert len(rack.route(0, 71)) == 3  # local, global, local
+    ring = load_system("tiny-4")
+    assert [hop[2] for hop in ring.route(0, 2)] == [1, 2]
+    assert load_system("tsp-system-264").figures["max_hops"] == 3
+    assert load_system("tsp-system-10440").figures["max_hops"] == 5
+    with pytest.raises(ValueError, match="whole nodes of 8"):
+        load_system("tsp-system-100")
+    with pytest.raises(ValueError, match="unknown system 'tsp-pod'"):
+        load_system("tsp-pod")
+
+
+def test_a_transfer_by_hand_and_its_data():
+    x = np.arange(128, dtype=np.float32).reshape(4, 32)  # 512 bytes
+    transfer = ceil(512 / RATE)  # 52 cycles on the link
+    store = ceil(512 / HOST) + MEM
+    sysprog = system_program("tiny-2", {0: _sender(x, peer=1, port=0), 1: _receiver((4, 32), peer=0, port=0, at=HOP)},
+                             outputs=[(1, 0)])
+    sim = SystemSimulator(decode_system(encode_system(sysprog)))
+    assert sim.stats.cycles == HOP + transfer + store == 116
+    assert sim.stats.links[(0, 0)] == {"bytes": 512, "busy_cycles": transfer, "transfers": 1, "peer": 1}
+    np.testing.assert_array_equal(sim.run([])[0], x)
+
+
+def test_an_all_reduce_by_hand():
+    """Two chips each hold a vector of 128 fp32 and end with the sum of both: each SENDs its own at cycle 0,
+    RECVs the other's one hop later, and adds."""
+    rng = np.random.default_rng(3)
+    values = [rng.standard_normal((4, 32)).astype(np.float32) for _ in range(2)]
+    transfer = ceil(values[0].nbytes / RATE)  # 52
+    received = HOP + transfer  # 60: the other chip's vector is in SRAM
+    # ADD reads two 4-byte operands and writes one: 12 bytes a lane, 12 of the 32-byte streams a vector, and a
+    # direction has 8: a vector every 2 cycles, 4 vectors (128 elements / 32 lanes) in 8; then the VXM latency
+    add_done = received + 4 * ceil(12 / TINY.streams_per_direction) + TINY.latency_cycles["VXM"]
+    stored = add_done + ceil(512 / HOST) + MEM
+    programs = {}
+    for chip in (0, 1):
+        layout = Layout()
+        own = layout.const(values[chip])
+        other, total = layout.take((4, 32), F32), layout.take((4, 32), F32)
+        code = [ins("SEND", [own], [], cycle=0, unit_index=0, peer=1 - chip, tag=7),
+                ins("RECV", [], [other], cycle=HOP, unit_index=0, peer=1 - chip, tag=7),
+                ins("ADD", [own, other], [total], cycle=received),
+                ins("STORE", [total], [], cycle=add_done, index=0)]
+        programs[chip] = program(code, layout, outputs=[((4, 32), F32)], predicted=stored)
+    sim = SystemSimulator(system_program("tiny-2", programs, outputs=[(0, 0), (1, 0)]))
+    assert add_done == 72 and sim.stats.cycles == stored == 128
+    a, b = sim.run([])
+    np.testing.assert_array_equal(a, values[0] + values[1])
+    np.testing.assert_array_equal(b, values[1] + values[0])
+
+
+def _rejected(system, programs, rule):
+    with pytest.raises(NetworkError) as err:
+        SystemSimulator(system_program(system, programs))
+    assert err.value.rule == rule, str(err.value)
+    return err.value
+
+
+X = np.ones((4, 32), np.float32)
+
+
+def test_unmatched_ends_are_rejected():
+    err = _rejected("tiny-2", {0: _sender(X, 1, 0), 1: program([], Layout())}, "unmatched SEND")
+    assert err.chip == 0 and "to chip 1" in str(err)
+    err = _rejected("tiny-2", {0: program([], Layout()), 1: _receiver((4, 32), 0, 0, HOP, store=False)},
+                    "unmatched RECV")
+    assert err.chip == 1
+
+
+@pytest.mark.parametrize("at, rule", [(HOP - 1, "RECV before arrival"), (HOP + 1, "RECV after arrival")])
+def test_a_recv_must_take_the_data_as_it_arrives(at, rule):
+    err = _rejected("tiny-2", {0: _sender(X, 1, 0), 1: _receiver((4, 32), 0, 0, at, store=False)}, rule)
+    assert err.chip == 1 and err.cycle == at and f"arrives at cycle {HOP}" in str(err)
+
+
+def test_a_send_to_one_chip_received_by_another_is_rejected():
+    ring = load_system("tiny-4")
+    programs = {0: _sender(X, 1, ring.port_to(0, 1), tag=5), 1: program([], Layout()),
+                3: _receiver((4, 32), 0, ring.port_to(3, 0), HOP, tag=5, store=False)}
+    err = _rejected("tiny-4", programs, "wrong destination")
+    assert "goes to chip 1" in str(err) and "waits on chip 3" in str(err)
+
+
+def test_a_send_on_the_wrong_port_is_rejected():
+    ring = load_system("tiny-4")
+    wrong = ring.port_to(0, 3)  # chip 0's link to chip 3, not to chip 1
+    programs = {0: _sender(X, 1, wrong), 1: _receiver((4, 32), 0, ring.port_to(1, 0), HOP, store=False)}
+    err = _rejected("tiny-4", programs, "wrong link")
+    assert f"port {wrong}" in str(err)
+
+
+def test_two_transfers_on_one_link_direction_are_rejected():
+    """0 ─► 2 goes 0 ─► 1 ─► 2; 3 ─► 1 goes 3 ─► 0 ─► 1 one hop later: both need the link 0 ─► 1."""
+    ring = load_system("tiny-4")
+    assert [h[0] for h in ring.route(3, 1)] == [3, 0]
+    programs = {0: _sender(X, 2, ring.port_to(0, 1)), 3: _sender(X, 1, ring.port_to(3, 0)),
+                2: _receiver((4, 32), 0, ring.port_to(2, 1), 2 * HOP, store=False),
+                1: _receiver((4, 32), 3, ring.port_to(1, 0), 2 * HOP, store=False)}
+    err = _rejected("tiny-4", programs, "link conflict")
+    assert "from chip 0" in str(err) and "to chip 1" in str(err) and err.cycle == HOP
+
+
+def test_transfer_sizes_must_agree():
+    err = _rejected("tiny-2", {0: _sender(X, 1, 0), 1: _receiver((2, 32), 0, 0, HOP, store=False)},
+                    "transfer size")
+    assert "256 bytes" in str(err) and "512" in str(err)
+
+
+def test_a_damaged_system_program_is_rejected():
+    from lpx_tvm.runtime_sim import ProgramFormatError
+
+    blob = encode_system(system_program("tiny-2", {0: _sender(X, 1, 0),
+                                                   1: _receiver((4, 32), 0, 0, HOP)}, outputs=[(1, 0)]))
+    blob[100] ^= 1
+    with pytest.raises(ProgramFormatError, match="checksum"):
+        decode_system(blob)

@@ -50,15 +50,38 @@ class CodegenOptions:
         Write each stage's result there.
     dtype : str
         Storage type on lpx: ``"fp32"`` (default), ``"fp16"``, ``"bf16"``, ``"fp8"`` or ``"int8"``.
+    system : str, optional
+        Compile for a system of ``config`` chips (a preset such as ``"tsp-node"``, or a JSON file).
+    parallel : str
+        How to map a model onto the system: ``"pipeline"``, ``"tensor"`` or ``"auto"``.
+    chips : int, optional
+        Use this many of the system's chips (default: all).
     """
 
     config: str = "tiny"
     in_order: bool = False
     dump_dir: str | None = None
     dtype: str = "fp32"
+    system: str | None = None
+    parallel: str = "pipeline"
+    chips: int | None = None
 
     def __post_init__(self):
         chip = load_config(self.config)  # raises a clear error for an unknown preset
+        if self.system is not None:
+            from ..runtime_sim.system import load_system
+            from .system import PARALLEL
+
+            system = load_system(self.system)
+            if not system.simulated:
+                raise ValueError(f"system {system.name!r} is described, not listed link by link: plan for it with "
+                                 "lpx-tvm plan; compile for a node or a rack")
+            if system.chip.digest != chip.digest:
+                raise ValueError(f"system {system.name!r} is made of {system.chip.name!r} chips, not {chip.name!r}")
+            if self.parallel not in PARALLEL:
+                raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
+            if self.chips is not None and not 1 <= self.chips <= system.chips:
+                raise ValueError(f"chips must be 1..{system.chips} on {system.name!r}, got {self.chips}")
         if not isinstance(self.in_order, bool):
             raise ValueError(f"in_order must be a bool, got {self.in_order!r}")
         if self.dtype not in DTYPES:
@@ -68,7 +91,7 @@ class CodegenOptions:
     @classmethod
     def from_dict(cls, options: dict | None) -> "CodegenOptions":
         options = dict(options or {})
-        known = {"config", "in_order", "dump_dir", "dtype"}
+        known = {"config", "in_order", "dump_dir", "dtype", "system", "parallel", "chips"}
         if set(options) - known:
             raise ValueError(f"unknown lpx codegen options {sorted(set(options) - known)}; "
                              f"known: {', '.join(sorted(known))}")
@@ -242,6 +265,8 @@ def compile_model(functions: dict, options: CodegenOptions | None = None) -> dic
         Name -> Program.
     """
     options = options or CodegenOptions()
+    if options.system is not None:
+        return compile_for_system(functions, options)
     chip = options.chip
     comps = {name: Compilation(name, options, source=func) for name, func in functions.items()}
     for c in comps.values():
@@ -296,3 +321,24 @@ def compile_function(func, options: CodegenOptions | None = None, name: str = "l
 
 __all__ = ["CodegenOptions", "CapacityError", "Compilation", "compile_function", "compile_graph", "compile_model",
            "stages", "run_stages", "DTYPES"]
+
+
+def compile_for_system(functions: dict, options: CodegenOptions) -> dict:
+    """Every lpx function of a model as a system program over ``options.system`` (see :mod:`.system`).
+
+    Returns
+    -------
+    dict
+        Name -> SystemProgram; each one's ``notes`` say how it was mapped.
+    """
+    from ..runtime_sim.system import load_system
+    from .system import compile_parallel
+
+    system = load_system(options.system)
+    out = {}
+    for name, func in functions.items():
+        c = Compilation(name, options, source=func)
+        run_stages(c, "lower", "precision" if options.dtype != "int8" else "qfuse")
+        out[name] = compile_parallel(c.graph, options.chip, system, options.dtype, options.parallel,
+                                     options.in_order, options.chips)
+    return out

@@ -146,7 +146,7 @@ def _exclusive_keys(occ, unit_index: int) -> list:
     return keys
 
 
-def _groups(instructions: list, occ: list) -> tuple:
+def _groups(instructions: list, occ: list, pairs: dict | None = None) -> tuple:
     """Instructions placed together at fixed offsets, and the pooled resources each group needs.
 
     A chained consumer issues when its producer's results arrive (a stream
@@ -172,6 +172,8 @@ def _groups(instructions: list, occ: list) -> tuple:
     for chain, p in producer.items():
         if chain in consumer:
             pinned[consumer[chain]] = (p, "stream")
+    for recv, send in (pairs or {}).items():  # a RECV takes its data one hop after the SEND it answers
+        pinned[recv] = (send, "link")
     root, offset = {}, {}
 
     def resolve(i):
@@ -189,11 +191,13 @@ def _groups(instructions: list, occ: list) -> tuple:
     for i in range(len(instructions)):
         groups[root[i]].append((i, offset[i]))
     for i, (j, kind) in pinned.items():
-        pools[root[i]].append((kind, j, i))
+        if kind != "link":  # a link pair needs no stream number or weight buffer
+            pools[root[i]].append((kind, j, i))
     return dict(groups), pools
 
 
-def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fixed_units=None) -> tuple:
+def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fixed_units=None,
+             pinned: dict | None = None, with_order: bool = False, pairs: dict | None = None) -> tuple:
     """Assign issue cycles, unit instances, stream numbers and weight buffers.
 
     Parameters
@@ -209,16 +213,24 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
         reference schedule that scheduling must not change the results of.
     fixed_units : set of int, optional
         Instructions whose unit index the tiler chose (a MATMUL's plane).
+    pinned : dict, optional
+        Instruction ─► the cycle it must issue at (a RECV takes its data exactly as it arrives); placed
+        before anything else, so that nothing takes what it needs then.
+    with_order : bool
+        Also return, for each scheduled instruction, its index in ``instructions``.
+    pairs : dict, optional
+        RECV ─► the SEND it is placed one hop (the SEND's latency) after: a collective in which every chip
+        runs this schedule, so the data each RECV takes left a neighbour at its own SEND's cycle.
 
     Returns
     -------
-    (list of Instruction, int)
-        The scheduled instructions (sorted by issue cycle) and the makespan.
+    (list of Instruction, int) or (list of Instruction, int, list of int)
+        The scheduled instructions (sorted by issue cycle), the makespan (and the order).
     """
     fixed_units = set(fixed_units or ())
     n = len(instructions)
     occ = [occupancy(ins, config) for ins in instructions]
-    groups, pools = _groups(instructions, occ)
+    groups, pools = _groups(instructions, occ, pairs)
     for root, members in groups.items():  # a chained consumer runs at its producer's pace
         for kind, p, c in pools[root]:
             if kind == "stream" and occ[p].busy > occ[c].busy:
@@ -242,6 +254,13 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
     for i in reversed(nodes):  # the longest path to the end
         priority[i] = max(length[i], max((delay + priority[s] for s, delay in succs[i]), default=0))
     placer = _Placer(config, instructions, occ, fixed_units)
+    fixed_at = {}
+    for i, cycle in sorted((pinned or {}).items(), key=lambda kv: kv[1]):
+        if where[i][0] != i or len(groups[i]) != 1:
+            raise ValueError(f"schedule: instruction {i} is pinned but placed with others")
+        fixed_at[i] = placer.place(groups[i], pools[i], cycle)
+        if fixed_at[i] != cycle:
+            raise ValueError(f"schedule: instruction {i} must issue at cycle {cycle}, its resources are busy")
     waiting = {i: len(node_preds[i]) for i in nodes}
     key = (lambda i: i) if in_order else (lambda i: -priority[i])  # in order: strictly program order
     ready = [(key(i), i) for i in nodes if waiting[i] == 0]
@@ -250,7 +269,13 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
     horizon = 0
     while ready:
         _, i = heapq.heappop(ready)
-        t = placer.place(groups[i], pools[i], max(earliest[i], horizon if in_order else 0))
+        if i in fixed_at:
+            t = fixed_at[i]
+            if earliest[i] > t:
+                raise ValueError(f"schedule: instruction {i} must issue at cycle {t}, but its dependences end at "
+                                 f"cycle {earliest[i]}")
+        else:
+            t = placer.place(groups[i], pools[i], max(earliest[i], horizon if in_order else 0))
         if in_order:
             horizon = t + length[i]
         for s, delay in succs[i]:
@@ -260,7 +285,8 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
                 heapq.heappush(ready, (key(s), s))
     if len(placer.issue) != n:
         raise RuntimeError("schedule: the dependence graph has a cycle")
-    return placer.finish()
+    scheduled, makespan, order = placer.finish()
+    return (scheduled, makespan, order) if with_order else (scheduled, makespan)
 
 
 class _Placer:
@@ -326,4 +352,4 @@ class _Placer:
                                    ins.layer))
         order = sorted(range(len(out)), key=lambda i: (out[i].cycle, i))
         makespan = max((self.issue[i] + self.occ[i].finish for i in range(len(out))), default=0)
-        return [out[i] for i in order], makespan
+        return [out[i] for i in order], makespan, order

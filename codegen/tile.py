@@ -181,6 +181,27 @@ class _Tiler:
             self.mapper.map(Product(m, k, c1 - c0, av, bv, bo, ev, dtype, zp_a, zp_b, _epilogue(node), "B"),
                             node.layer)
 
+    # ---- chip to chip ------------------------------------------------------
+    def allgather(self, node: Node) -> None:
+        """A ring all-gather (tensor parallel): this chip's slice into its block of the full tensor, then
+        ``ranks - 1`` steps, each sending to the next chip the block it got last and receiving the previous
+        chip's into its place. Each RECV pairs with the step's SEND (``pair`` attribute: the scheduler places it
+        one hop after), as every chip sends the same step at the same cycle."""
+        g, a = self.g, node.attrs
+        full = g.tensors[node.output].shape
+        axis, width, rank, ranks = a["axis"], g.tensors[node.inputs[0]].shape[a["axis"]], a["rank"], a["ranks"]
+
+        def block(r):
+            ranges = [(0, d) for d in full[:axis]] + [(r * width, (r + 1) * width)]
+            return view(g, node.output, ranges=ranges)
+        self.emit(Opcode.COPY, [whole(g, node.inputs[0])], [block(rank)], {}, node.layer)
+        for step in range(1, ranks):
+            tag = a["tag"] + step
+            self.emit(Opcode.SEND, [block((rank - step + 1) % ranks)], [], {"peer": a["next"], "tag": tag},
+                      node.layer, a["next_port"])
+            self.emit(Opcode.RECV, [], [block((rank - step) % ranks)], {"peer": a["prev"], "tag": tag},
+                      node.layer, a["prev_port"])
+
     # ---- everything else -------------------------------------------------
     def single(self, node: Node) -> None:
         # a single-instruction node's attributes are named as the op table names them
@@ -301,6 +322,8 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
             tiler.conv2d(node)
         elif node.kind in ("matmul", "qmatmul"):
             tiler.matmul(node, streamed.get(i))
+        elif node.kind == "allgather":
+            tiler.allgather(node)
         else:
             tiler.single(node)
     for i, t in enumerate(g.outputs):

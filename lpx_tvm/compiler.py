@@ -20,6 +20,7 @@ from .registration import original_default_pipeline
 from .report import OffloadReport, offload_report
 from .runtime import load_program, program_key, release
 from .runtime_sim.config import ChipConfig, register_config
+from .runtime_sim.system import load_system
 from .runtime_sim.simulator import CallError
 
 
@@ -148,16 +149,17 @@ def _to_numpy(result) -> list:
     return [x for item in result for x in _to_numpy(item)]
 
 
-def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_order: bool = False,
-            dump_dir: str | None = None, dtype: str = "fp32") -> CompiledModel:
+def compile(model, config: str | None = None, input_shapes: dict | None = None, in_order: bool = False,
+            dump_dir: str | None = None, dtype: str = "fp32", system: str | None = None,
+            parallel: str = "pipeline", chips: int | None = None) -> CompiledModel:
     """Compile an ONNX model (or a Relax module) for lpx with host fallback.
 
     Parameters
     ----------
     model : str, Path, bytes, onnx.ModelProto or tvm.IRModule
-    config : str or ChipConfig
-        Chip preset (``"tsp"``, ``"tiny"``), path to a JSON preset, or a config (a design variant from
-        ``lpx_tvm.runtime_sim.derive_config``, say).
+    config : str or ChipConfig, optional
+        Chip preset (``"tsp"``, the default, or ``"tiny"``), path to a JSON preset, or a config (a design
+        variant from ``lpx_tvm.runtime_sim.derive_config``, say). With ``system``: that system's chip.
     input_shapes : dict, optional
         ``{input name: dims}`` to pin dynamic input shapes.
     in_order : bool
@@ -168,12 +170,19 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
         Storage type on lpx: ``"fp32"`` (default), ``"fp16"`` or ``"bf16"`` (fp32
         accumulation), or ``"int8"`` for a QDQ-quantised model (see ``lpx_tvm.quantize``).
         The host part keeps the model's own dtype.
+    system : str, optional
+        Run on a system of chips: a preset (``"tsp-node"``, ``"tiny-4"``, ...) or a JSON system file.
+    parallel : str
+        With ``system``: ``"pipeline"`` (consecutive layers on consecutive chips), ``"tensor"`` (every
+        product's columns split over the chips, all-gathered) or ``"auto"`` (the faster of the two).
+    chips : int, optional
+        With ``system``: use this many of its chips (default: all).
 
     Returns
     -------
     CompiledModel
     """
-    options, mod = _prepared(model, config, input_shapes, in_order, dump_dir, dtype)
+    options, mod = _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips)
     params = list(mod["main"].params)
     input_names = (mod["main"].attrs or {}).get("onnx_input_names")
     input_names = [str(n) for n in input_names] if input_names is not None else None
@@ -187,7 +196,7 @@ def compile(model, config: str = "tsp", input_shapes: dict | None = None, in_ord
     return CompiledModel(executable, report, programs, params, dtype, input_names)
 
 
-def compile_programs(model, config: str = "tsp", input_shapes: dict | None = None,
+def compile_programs(model, config: str | None = "tsp", input_shapes: dict | None = None,
                      dtype: str = "fp32") -> tuple:
     """A model's LPX programs, without building its host part: what a design sweep or a planner measures.
 
@@ -200,7 +209,7 @@ def compile_programs(model, config: str = "tsp", input_shapes: dict | None = Non
     """
     from .codegen import compile_model
 
-    options, mod = _prepared(model, config, input_shapes, False, None, dtype)
+    options, mod = _prepared(model, config, input_shapes, False, None, dtype, None, "pipeline", None)
     with native_output_to_log("TVM"):
         partitioned = partition_for_lpx(mod, options.config, dtype)
         del mod
@@ -210,13 +219,16 @@ def compile_programs(model, config: str = "tsp", input_shapes: dict | None = Non
         return compile_model(functions, options), report
 
 
-def _prepared(model, config, input_shapes, in_order, dump_dir, dtype) -> tuple:
+def _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips) -> tuple:
     """Options (a config object registered, so its programs load by name) and the imported module."""
+    if config is None:
+        config = load_system(system).chip.name if system is not None else "tsp"
     if isinstance(config, ChipConfig):
         register_config(config)
     else:
         config = str(config)
-    options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype)
+    options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype,
+                             system=None if system is None else str(system), parallel=parallel, chips=chips)
     mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes)
     if dtype == "int8" and not _has_quantize(mod):
         raise ValueError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "

@@ -19,6 +19,7 @@ from .codegen import CodegenOptions, compile_model
 from .patterns import partition_for_lpx
 from .registration import original_default_pipeline
 from .runtime_sim.program import aligned_array, encode, encode_array
+from .runtime_sim.system_sim import SystemProgram, encode_system
 
 EXECUTE = "lpx.runtime.execute"
 _EXTERN_PROGRAMS: dict = {}  # symbol -> encoded program, filled by relax.ext.lpx (the BYOC path)
@@ -94,7 +95,8 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
     compiled = compile_model({str(f.attrs["global_symbol"]): f for f in functions.values()}, options)
     for name, func in functions.items():
         symbol = str(func.attrs["global_symbol"])
-        programs[name] = encode_array(compiled[symbol])
+        program = compiled[symbol]
+        programs[name] = encode_system(program) if isinstance(program, SystemProgram) else encode_array(program)
         if programs_out is not None:
             programs_out[symbol] = programs[name]
     rewriter = _CallRewriter(mod, programs)

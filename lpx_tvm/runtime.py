@@ -17,6 +17,7 @@ import tvm_ffi
 from .runtime_sim import Simulator, decode
 from .runtime_sim.chip import Chip
 from .runtime_sim.program import read_digest
+from .runtime_sim.system_sim import SystemSimulator, is_system_program
 
 _SIMULATORS: dict = {}
 _CHIPS: dict = {}  # SRAM plan id -> the chip its programs share
@@ -51,17 +52,20 @@ def clear() -> None:
         _CHIPS.clear()
 
 
-def load_program(blob) -> Simulator:
+def load_program(blob):
     """The simulator for an encoded program, decoded and verified on first use.
 
     A program of a model's SRAM plan is loaded onto the chip the model's other
     programs share (their weights resident side by side); one alone gets its own.
+    A system program gets a :class:`SystemSimulator` (every chip and the network).
     """
     key = program_key(blob)
     sim = _SIMULATORS.get(key)
     if sim is None:
         with _LOCK:
             sim = _SIMULATORS.get(key)
+            if sim is None and is_system_program(blob):
+                sim = _SIMULATORS[key] = SystemSimulator(memoryview(blob).cast("B"))
             if sim is None:
                 program = decode(memoryview(blob).cast("B"))  # views of the executable's bytes, no copy
                 if program.plan.model:

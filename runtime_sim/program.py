@@ -26,6 +26,7 @@ from .isa import (MAX_RANK, UNIT_OF, DType, Group, HostTensor, Instruction, Opco
 from .shapes import check_operands
 
 MAGIC = b"LPXPROG\0"
+SYSTEM_MAGIC = b"LPXSYS\0\0"  # a system program (system_sim): the same header, one program per chip inside
 VERSION = 5  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan
 _HEADER = struct.Struct("<8sHHQ16s")
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
@@ -243,7 +244,7 @@ class _Reader:
 def read_digest(blob) -> bytes:
     """The 16-byte body digest from a program header, checking only the magic."""
     head = bytes(memoryview(blob)[:_HEADER.size])
-    if len(head) < _HEADER.size or head[:8] != MAGIC:
+    if len(head) < _HEADER.size or head[:8] not in (MAGIC, SYSTEM_MAGIC):
         raise ProgramFormatError("not an LPX program (bad magic)")
     return head[-16:]
 

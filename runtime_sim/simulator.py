@@ -86,7 +86,7 @@ class RunStats:
                 "layers": self.layers}
 
 
-_BOUND_OF_UNIT = {"MXM": "matrix", "VXM": "vector", "SXM": "switch", "MEM": "host link"}
+_BOUND_OF_UNIT = {"MXM": "matrix", "VXM": "vector", "SXM": "switch", "MEM": "host link", "C2C": "link"}
 
 
 def _layer_rows(program, timeline, chip) -> list:

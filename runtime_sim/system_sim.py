@@ -39,11 +39,10 @@ import numpy as np
 
 from .check import ScheduleError
 from .isa import Opcode
-from .program import Program, ProgramFormatError, aligned_array, decode, encode_array
+from .program import SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, decode, encode_array
 from .simulator import CallError, Simulator
 from .system import SystemConfig, load_system
 
-SYSTEM_MAGIC = b"LPXSYS\0\0"
 SYSTEM_VERSION = 1
 _HEADER = struct.Struct("<8sHHQ16s")
 
@@ -60,8 +59,9 @@ class NetworkError(ScheduleError):
 class SystemProgram:
     """One program per chip of a system, and where the model's host inputs and outputs go.
 
-    ``inputs[k]`` / ``outputs[k]`` is ``(chip, index in that chip's program)`` for the model's k-th
-    host tensor; ``chips[p]`` is the system chip that runs ``programs[p]``.
+    ``inputs[k]`` lists the ``(chip, index in that chip's program)`` pairs that load the model's k-th input
+    (several chips may need it); ``outputs[k]`` is the one pair that stores its k-th output;
+    ``chips[p]`` is the system chip that runs ``programs[p]``.
     """
 
     system_name: str
@@ -86,7 +86,7 @@ def encode_system(program: SystemProgram) -> np.ndarray:
     """Serialize a system program into one 64-byte aligned uint8 array."""
     blobs = [encode_array(p) for p in program.programs]
     table = json.dumps({"system": program.system_name, "digest": program.system_digest.hex(),
-                        "chips": list(program.chips), "inputs": [list(x) for x in program.inputs],
+                        "chips": list(program.chips), "inputs": [[list(d) for d in x] for x in program.inputs],
                         "outputs": [list(x) for x in program.outputs], "predicted": program.predicted_cycles,
                         "parallel": program.parallel, "notes": program.notes,
                         "lengths": [len(b) for b in blobs]}).encode()
@@ -127,7 +127,7 @@ def decode_system(blob, system: SystemConfig | str | None = None) -> SystemProgr
             programs.append(decode(body[at:at + length]))
             at += length
         program = SystemProgram(table["system"], bytes.fromhex(table["digest"]), tuple(table["chips"]),
-                                tuple(programs), tuple(tuple(x) for x in table["inputs"]),
+                                tuple(programs), tuple(tuple(tuple(d) for d in x) for x in table["inputs"]),
                                 tuple(tuple(x) for x in table["outputs"]), int(table["predicted"]),
                                 table.get("parallel", ""), table.get("notes", ""))
     except ProgramFormatError:
@@ -272,7 +272,7 @@ class SystemSimulator:
 
     @property
     def inputs(self) -> tuple:
-        return tuple(self.sims[self.program.chips.index(c)].inputs[i] for c, i in self.program.inputs)
+        return tuple(self.sims[self.program.chips.index(d[0][0])].inputs[d[0][1]] for d in self.program.inputs)
 
     @property
     def outputs(self) -> tuple:
@@ -286,8 +286,9 @@ class SystemSimulator:
             raise CallError(f"system program takes {len(self.program.inputs)} inputs, got {len(inputs)}")
         where = {c: k for k, c in enumerate(self.program.chips)}
         per_in = [[None] * len(s.inputs) for s in self.sims]
-        for value, (chip, index) in zip(inputs, self.program.inputs):
-            per_in[where[chip]][index] = value
+        for value, destinations in zip(inputs, self.program.inputs):
+            for chip, index in destinations:
+                per_in[where[chip]][index] = value
         for k, sim in enumerate(self.sims):  # a chip input the model does not give is a state the runtime set
             for i, sig in enumerate(sim.inputs):
                 if per_in[k][i] is None:

@@ -28,10 +28,42 @@ def trace_events(simulator, pid: int = 0, name: str = "lpx") -> list:
     return events
 
 
+def link_events(system_sim, pid: int) -> list:
+    """A system's transfers: one process, a track per link direction, a span per transfer on it."""
+    system = system_sim.system
+    us_per_cycle = 1e6 / system.chip.clock_hz
+    hop = system.hop_cycles
+    events = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"{system.name} links"}}]
+    tids = {}
+    for chip, sim in zip(system_sim.program.chips, system_sim.sims):
+        for index, (ins, occ) in enumerate(zip(sim.program.instructions, sim.costs)):
+            if ins.opcode.name != "SEND":
+                continue
+            for k, (u, port, v, _) in enumerate(system.route(chip, ins.attrs["peer"])):
+                if (u, port) not in tids:
+                    tids[(u, port)] = len(tids)
+                    events.append({"ph": "M", "pid": pid, "tid": tids[(u, port)], "name": "thread_name",
+                                   "args": {"name": f"chip {u} ─► chip {v} (port {port})"}})
+                events.append({"ph": "X", "pid": pid, "tid": tids[(u, port)], "name": f"{chip}─►{ins.attrs['peer']}",
+                               "cat": "link", "ts": (ins.cycle + k * hop) * us_per_cycle,
+                               "dur": max(occ.busy, 1) * us_per_cycle,
+                               "args": {"tag": ins.attrs["tag"], "bytes": ins.srcs[0].nbytes, "from_chip": chip,
+                                        "instruction": index}})
+    return events
+
+
 def write_trace(path, simulators) -> None:
-    """Write a trace-event JSON file for one or more loaded programs (one process each)."""
-    events = []
-    for pid, (name, sim) in enumerate(simulators):
-        events += trace_events(sim, pid, name)
+    """Write a trace-event JSON file for loaded programs: a process per program, for a system program a
+    process per chip and one with a track per link."""
+    events, pid = [], 0
+    for name, sim in simulators:
+        if hasattr(sim, "sims"):
+            for chip, chip_sim in zip(sim.program.chips, sim.sims):
+                events += trace_events(chip_sim, pid, f"{name} chip {chip}")
+                pid += 1
+            events += link_events(sim, pid)
+        else:
+            events += trace_events(sim, pid, name)
+        pid += 1
     with open(path, "w") as fh:
         json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, fh)

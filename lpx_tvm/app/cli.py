@@ -32,7 +32,8 @@ def _compile(args):
     import lpx_tvm
 
     return lpx_tvm.compile(args.model, config=args.config, input_shapes=_input_shapes(args.input_shape),
-                           dtype=args.dtype)
+                           dtype=args.dtype, system=getattr(args, "system", None),
+                           parallel=getattr(args, "parallel", "pipeline"), chips=getattr(args, "chips", None))
 
 
 def cmd_compile(args) -> int:
@@ -115,7 +116,7 @@ def cmd_profile(args) -> int:
 def cmd_compare(args) -> int:
     from .compare import compare, table
 
-    report = compare(args.model, config=args.config, dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
+    report = compare(args.model, config=args.config or "tsp", dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
                      min_cosine=args.min_cosine)
     print(table(report))
     if args.json:
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
     from ..runtime_sim import available_configs
+    from ..runtime_sim.system import available_systems
     from .zoo import ZOO
 
     try:
@@ -223,8 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
     def model_command(name, help_text, func):
         p = sub.add_parser(name, help=help_text, parents=[debug_anywhere])
         p.add_argument("model", help="an ONNX file")
-        p.add_argument("--config", default="tsp", help=config_help)
+        p.add_argument("--config", help=config_help)
         p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
+        if name in ("compile", "run", "profile"):
+            p.add_argument("--system", help=f"run on a system of chips ({', '.join(available_systems())})")
+            p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor", "auto"],
+                           help="with --system: consecutive layers on consecutive chips (pipeline), every "
+                           "product split over the chips (tensor), or the faster (auto)")
+            p.add_argument("--chips", type=int, help="with --system: use this many of its chips (default: all)")
         p.add_argument("--dtype", default="fp32", choices=DTYPES, help="storage type on lpx (default fp32)")
         p.set_defaults(func=func)
         return p

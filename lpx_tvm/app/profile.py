@@ -24,7 +24,13 @@ def profile(compiled) -> dict:
     cycles, each MATMUL at its dtype's peak), each unit's busy share and each
     plane's; per layer its span, MACs, what it kept busy and what bound it.
     """
-    sims = compiled.simulators
+    sims, systems = {}, {}
+    for name, sim in compiled.simulators.items():
+        if hasattr(sim, "sims"):  # a system program: each chip's program is profiled as a program of its own
+            systems[name] = sim
+            sims.update({f"{name}@chip{chip}": chip_sim for chip, chip_sim in zip(sim.program.chips, sim.sims)})
+        else:
+            sims[name] = sim
     report = {"dtype": compiled.dtype, "predicted_cycles": 0, "simulated_cycles": 0, "microseconds": 0.0,
               "units": {}, "layers": [], "programs": {}}
     weighted = capacity = 0.0
@@ -53,6 +59,16 @@ def profile(compiled) -> dict:
                 else 0.0, "busy": layer["busy"], "bound": layer["bound"]})
     for info in report["units"].values():
         info["utilisation"] = info["busy_cycles"] / info["capacity"] if info["capacity"] else 0.0
+    if systems:  # chips run side by side: the model's time is each system's makespan, not the chips' sum
+        report["systems"] = {name: {"system": sim.system.name, "parallel": sim.program.parallel,
+                                    "notes": sim.program.notes, **sim.stats.to_dict()} for name, sim in systems.items()}
+        single = [n for n in compiled.simulators if n not in systems]
+        cycles = sum(s.stats.cycles for s in systems.values()) + sum(sims[n].stats.cycles for n in single)
+        report["predicted_cycles"] = sum(s.stats.predicted_cycles for s in systems.values()) + sum(
+            sims[n].stats.predicted_cycles for n in single)
+        report["simulated_cycles"] = cycles
+        clock = next(iter(systems.values())).system.chip.clock_hz
+        report["microseconds"] = 1e6 * cycles / clock
     report["mac_utilisation"] = weighted / capacity if capacity else 0.0
     report["layers"].sort(key=lambda r: -r["cycles"])
     return report
@@ -71,6 +87,15 @@ def table(report: dict, top: int | None = None) -> str:
     if top and len(report["layers"]) > top:
         text += f"\n({len(report['layers']) - top} more layers; --top 0 shows all)"
     units = ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items() if i["busy_cycles"])
+    for name, info in report.get("systems", {}).items():
+        chips = [[c, v["cycles"], f"{100 * v['mac_utilisation']:.1f}"] for c, v in info["chips"].items()]
+        links = [[f"{l['from']} ─► {l['peer']}", l["port"], l["transfers"], l["bytes"], l["busy_cycles"],
+                  f"{100 * l['busy_cycles'] / max(info['cycles'], 1):.1f}"] for l in info["links"]]
+        text += (f"\n\n{info['system']}: {info['notes']}\n"
+                 + tabulate(chips, headers=["chip", "cycles", "% MAC peak"], tablefmt="github")
+                 + "\n\n" + (tabulate(links, headers=["link", "port", "transfers", "bytes", "busy cycles",
+                                                        "% of the run"], tablefmt="github") if links
+                              else "(no chip-to-chip transfers)"))
     return (f"{text}\n\ntotal ({report['dtype']} on {report.get('config', '?')}): "
             f"{report['simulated_cycles']} cycles (predicted {report['predicted_cycles']}) = "
             f"{report['microseconds']:.1f} µs; useful-MAC utilisation {report['mac_utilisation']:.1%}; "

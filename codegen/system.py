@@ -1,0 +1,395 @@
+"""system: compile one model's operator graph for a system of chips, every transfer scheduled at both ends.
+
+Pipeline parallel: the graph's operators, in order, are cut into one stage per
+chip, balanced by their estimated cycles with each stage's weights under its
+chip's budget. A tensor one stage makes and a later one reads goes chip to
+chip (through the stages between, which pass it on); model inputs and outputs
+move over each chip's own host link. The stages are compiled one after the
+other: a stage's RECVs are pinned at the cycles its predecessor's SENDs arrive.
+
+Tensor parallel: every chip runs the whole graph on a slice of each matrix
+product's output columns (a convolution's output channels) and holds only that
+slice of its weights; the slices are all-gathered around a ring of the chips
+after each product (each chip sends the slice it has to the next chip and
+receives the previous chip's, P − 1 times), so every chip has the full tensor
+for what follows. The chips run the same schedule: each RECV is placed one hop
+after the SEND it pairs with, at a fixed offset, and the offset holds on every
+chip because every chip sends at the same cycles.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+from ..runtime_sim import ChipConfig, Opcode
+from ..runtime_sim.system import SystemConfig
+from ..runtime_sim.system_sim import SystemProgram
+from .alloc import allocate
+from .emit import emit, resolve
+from .graph import Graph
+from .schedule import schedule
+from .tile import TileOp, tile
+from .views import whole
+
+PARALLEL = ("pipeline", "tensor", "auto")
+
+
+class SystemCompileError(ValueError):
+    """A model that cannot be mapped onto a system (it does not fit, or the system cannot carry it)."""
+
+
+@dataclass
+class Stage:
+    """One chip's part of a pipeline: its nodes, and where its tensors come from and go."""
+
+    chip: int
+    nodes: list
+    inputs: list  # model inputs it loads (tensor ids)
+    received: list  # (tensor id, from chip)
+    outputs: list  # model outputs it stores (tensor ids)
+    sent: list  # (tensor id, to chip)
+
+
+# ---- cost and capacity estimates ------------------------------------------------------------------------
+def node_cycles(g: Graph, node, chip: ChipConfig, dtype: str) -> float:
+    """A rough cycle estimate of one operator, only to balance stages: matrix work at the planes' peak, the
+    rest a vector per cycle."""
+    out = prod(g.tensors[node.output].shape)
+    if node.kind in ("conv2d", "qconv2d", "matmul", "qmatmul"):
+        w = g.tensors[node.inputs[1]].shape
+        k = prod(w[1:]) if node.kind.endswith("conv2d") else w[-2] if len(w) >= 2 else 1
+        peak = chip.mxm_peak_macs_per_cycle(dtype if dtype in chip.mxm_passes else "fp32")
+        return out * k / peak
+    return out / chip.lanes
+
+
+def node_weights(g: Graph, node) -> set:
+    return {g.base(t) for t in node.inputs if g.is_constant(g.base(t))}
+
+
+def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int) -> list:
+    """Contiguous runs of node indexes, at most ``chips`` of them, each holding at most ``budget`` bytes of
+    weights, with the largest estimated cycles of a run as small as the greedy cut can make it."""
+    costs = [node_cycles(g, n, chip, dtype) for n in g.nodes]
+    weights = [node_weights(g, n) for n in g.nodes]
+
+    def cut(bound: float):
+        runs, run, cost, held = [], [], 0.0, set()
+        for i, (c, w) in enumerate(zip(costs, weights)):
+            extra = sum(g.tensors[t].nbytes for t in w - held)
+            if run and (cost + c > bound or sum(g.tensors[t].nbytes for t in held) + extra > budget):
+                runs.append(run)
+                run, cost, held = [], 0.0, set()
+            run.append(i)
+            cost += c
+            held |= w
+        return runs + ([run] if run else [])
+
+    for i, w in enumerate(weights):
+        need = sum(g.tensors[t].nbytes for t in w)
+        if need > budget:
+            raise SystemCompileError(f"layer {g.nodes[i].layer!r} alone has {need} bytes of weights, more than a "
+                                     f"chip's budget of {budget} ({chip.name}): it cannot be pipelined whole")
+    lo, hi = max(costs, default=0.0), max(sum(costs), 1e-9)
+    if len(cut(hi)) > chips:
+        total = sum(g.tensors[t].nbytes for t in set().union(*weights)) if weights else 0
+        raise SystemCompileError(f"the model's {total} bytes of weights need more than {chips} chips at "
+                                 f"{budget} bytes a chip")
+    for _ in range(40):  # bisect the bound on a stage's cycles
+        mid = (lo + hi) / 2
+        if len(cut(mid)) <= chips:
+            hi = mid
+        else:
+            lo = mid
+    return cut(hi)
+
+
+# ---- pipeline ---------------------------------------------------------------------------------------------
+def plan_pipeline(g: Graph, runs: list, chips: list) -> list:
+    """Stages for ``runs`` of nodes on ``chips`` (in order): what each loads, receives, stores and sends."""
+    stage_of = {}
+    for s, run in enumerate(runs):
+        for i in run:
+            stage_of[g.nodes[i].output] = s
+    last_use = {}
+    for s, run in enumerate(runs):
+        for i in run:
+            for t in g.nodes[i].inputs:
+                last_use[g.base(t)] = max(last_use.get(g.base(t), -1), s)
+    for t in g.outputs:
+        last_use.setdefault(g.base(t), -1)
+    stages = [Stage(chips[s], list(run), [], [], [], []) for s, run in enumerate(runs)]
+    model_inputs = {g.base(t) for t in g.inputs}
+    for s, stage in enumerate(stages):
+        reads = {g.base(t) for i in stage.nodes for t in g.nodes[i].inputs}
+        stage.inputs = [t for t in g.inputs if g.base(t) in reads]
+        stage.outputs = [t for t in g.outputs if stage_of.get(g.base(t)) == s]
+    for t, last in last_use.items():  # a tensor travels stage to stage from its maker to its last reader
+        made = stage_of.get(t)
+        if made is None or t in model_inputs or g.is_constant(t):
+            continue
+        for s in range(made, last):
+            stages[s].sent.append((t, stages[s + 1].chip))
+            stages[s + 1].received.append((t, stages[s].chip))
+    return stages
+
+
+def _stage_graph(g: Graph, stage: Stage) -> Graph:
+    """The stage's part of ``g``: its nodes; inputs (model, then received); outputs (model, then sent)."""
+    part = copy.copy(g)
+    part.nodes = [g.nodes[i] for i in stage.nodes]
+    part.inputs = list(stage.inputs) + [t for t, _ in stage.received]
+    part.outputs = list(stage.outputs) + [t for t, _ in stage.sent]
+    part.streamed = []
+    return part
+
+
+def link_ops(g: Graph, ops: list, system: SystemConfig, chip: int, stage: Stage, tags: dict) -> list:
+    """Replace the LOADs of received tensors by one RECV each, and the STOREs of sent ones by SENDs."""
+    n_in, n_out = len(stage.inputs), len(stage.outputs)
+    out, done = [], set()
+    for op in ops:
+        if op.opcode == Opcode.LOAD and op.attrs["index"] >= n_in:
+            t, peer = stage.received[op.attrs["index"] - n_in]
+            if t in done:
+                continue
+            done.add(t)
+            port = system.route(peer, chip)[-1][3]
+            out.append(TileOp(Opcode.RECV, [], [whole(g, t)], {"peer": peer, "tag": tags[(t, peer, chip)]},
+                              "recv", port))
+        elif op.opcode == Opcode.STORE and op.attrs["index"] >= n_out:
+            t, peer = stage.sent[op.attrs["index"] - n_out]
+            port = system.route(chip, peer)[0][1]
+            out.append(TileOp(Opcode.SEND, [whole(g, t)], [], {"peer": peer, "tag": tags[(t, chip, peer)]},
+                              "send", port))
+        else:
+            out.append(op)
+    return out
+
+
+def compile_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, in_order: bool = False,
+                     chips: int | None = None) -> tuple:
+    """Compile ``g`` as a pipeline over ``chips`` chips of ``system`` (default: all of them), each a neighbour
+    of the one before where the topology allows.
+
+    Returns
+    -------
+    (SystemProgram, dict)
+        The chip programs bundled, and a report: each stage's chip, layers, cycles, weights, SRAM and the
+        bytes it passes on.
+    """
+    n = min(chips or system.chips, system.chips, max(len(g.nodes), 1))
+    budget = chip.sram_bytes // 2
+    runs = split_stages(g, chip, n, dtype, budget)
+    stages = plan_pipeline(g, runs, _chip_order(system, len(runs)))
+    tags = {}
+    for stage in stages:
+        for t, peer in stage.sent:
+            tags[(t, stage.chip, peer)] = len(tags)
+    arrivals = {}  # (tag) -> the cycle its first byte reaches the receiving chip
+    programs, report = [], []
+    for stage in stages:
+        part = _stage_graph(g, stage)
+        ops = tile(part, chip)
+        addr = allocate(part, ops, chip)
+        ops = link_ops(part, ops, system, stage.chip, stage, tags)
+        instructions, layers, fixed = resolve(part, ops, addr)
+        pinned = {k: arrivals[op.attrs["tag"]] for k, op in enumerate(ops) if op.opcode == Opcode.RECV}
+        scheduled, makespan = schedule(instructions, chip, in_order=in_order, fixed_units=fixed, pinned=pinned)
+        for ins in scheduled:
+            if ins.opcode == Opcode.SEND:
+                hops = len(system.route(stage.chip, ins.attrs["peer"]))
+                arrivals[ins.attrs["tag"]] = ins.cycle + hops * system.hop_cycles
+        host = copy.copy(part)
+        host.inputs, host.outputs = list(stage.inputs), list(stage.outputs)
+        programs.append(emit(host, addr, scheduled, layers, makespan, chip))
+        weights = set().union(*[node_weights(g, g.nodes[i]) for i in stage.nodes])
+        report.append({"chip": stage.chip, "layers": len(stage.nodes), "first_layer": g.nodes[stage.nodes[0]].layer,
+                       "cycles": makespan, "weight_bytes": sum(g.tensors[t].nbytes for t in weights),
+                       "sram_high_water": addr["high_water"],
+                       "sent_bytes": sum(g.tensors[t].nbytes for t, _ in stage.sent)})
+    inputs = tuple(tuple((st.chip, st.inputs.index(t)) for st in stages if t in st.inputs) for t in g.inputs)
+    outputs = tuple(next((st.chip, st.outputs.index(t)) for st in stages if t in st.outputs) for t in g.outputs)
+    bundle = SystemProgram(system.name, system.digest, tuple(st.chip for st in stages), tuple(programs), inputs,
+                           outputs, max(p.predicted_cycles for p in programs), "pipeline",
+                           f"{len(stages)} stages on chips {[st.chip for st in stages]}")
+    return bundle, {"parallel": "pipeline", "stages": report}
+
+
+def _chip_order(system: SystemConfig, count: int) -> list:
+    """``count`` chips each a neighbour of the one before where the topology allows (a walk from chip 0)."""
+    if not system.links:
+        return list(range(count))
+    order, seen = [0], {0}
+    while len(order) < count:
+        here = order[-1]
+        nxt = next((c for c in system.neighbours(here) if c not in seen), None)
+        if nxt is None:
+            nxt = next(c for c in range(system.chips) if c not in seen)
+        order.append(nxt)
+        seen.add(nxt)
+    return order
+
+
+def compile_parallel(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, parallel: str,
+                     in_order: bool = False, chips: int | None = None):
+    """The graph as a system program, ``parallel`` being ``pipeline``, ``tensor`` or ``auto`` (both compiled,
+    the one with fewer predicted cycles kept; its notes say which and why)."""
+    if parallel == "pipeline":
+        return compile_pipeline(g, chip, system, dtype, in_order, chips)[0]
+    if parallel == "tensor":
+        return compile_tensor(g, chip, system, dtype, in_order, chips)[0]
+    candidates = {}
+    for kind, fn in (("pipeline", compile_pipeline), ("tensor", compile_tensor)):
+        try:
+            candidates[kind] = fn(g, chip, system, dtype, in_order, chips)[0]
+        except SystemCompileError as err:
+            candidates[kind] = err
+    built = {k: v for k, v in candidates.items() if not isinstance(v, Exception)}
+    if not built:
+        raise SystemCompileError("; ".join(f"{k}: {v}" for k, v in candidates.items()))
+    best = min(built, key=lambda k: built[k].predicted_cycles)
+    why = ", ".join(f"{k} {v.predicted_cycles} cycles" if not isinstance(v, Exception) else f"{k}: {v}"
+                    for k, v in candidates.items())
+    chosen = built[best]
+    return SystemProgram(chosen.system_name, chosen.system_digest, chosen.chips, chosen.programs, chosen.inputs,
+                         chosen.outputs, chosen.predicted_cycles, best, f"auto chose {best} ({why}); {chosen.notes}")
+
+
+def _splittable(g: Graph, node, ranks: int):
+    """(axis of the output that splits, weight axis, per-channel inputs) when ``node`` splits over ``ranks``."""
+    if node.kind in ("matmul", "qmatmul"):
+        w = node.inputs[1]
+        if not g.is_constant(g.base(w)) or len(g.tensors[w].shape) != 2:
+            return None
+        n = g.tensors[w].shape[1]
+        axis = len(g.tensors[node.output].shape) - 1
+    elif node.kind in ("conv2d", "qconv2d") and node.attrs["groups"] == 1:
+        n = g.tensors[node.inputs[1]].shape[0]
+        axis = 1
+    else:
+        return None
+    if n % ranks or n // ranks < 1:
+        return None
+    for extra in node.inputs[2:]:  # per-output-channel vectors split with the weight
+        if prod(g.tensors[extra].shape) not in (1, n):
+            return None
+    return axis, n
+
+
+def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) -> tuple:
+    """Chip ``rank``'s graph: each splittable product computes its slice of output columns (channels) from its
+    slice of the weights, and an all-gather rebuilds the full tensor for what follows. Returns (graph, the
+    number of all-gathers)."""
+    part = copy.copy(g)
+    part.tensors = list(g.tensors)
+    part.quantized = dict(g.quantized)
+    part.nodes, part.streamed = [], []
+    gathers = 0
+    for node in g.nodes:
+        split = _splittable(g, node, ranks)
+        if split is None:
+            part.nodes.append(node)
+            continue
+        axis, n = split
+        width = n // ranks
+        lo, hi = rank * width, (rank + 1) * width
+        inputs = list(node.inputs)
+        w = g.base(node.inputs[1])
+        weight = g.tensors[w].data.reshape(g.tensors[node.inputs[1]].shape)
+        sliced = weight[:, lo:hi] if node.kind.endswith("matmul") else weight[lo:hi]
+        inputs[1] = part.constant(np.ascontiguousarray(sliced))
+        if w in g.quantized:
+            q, scale, zp = g.quantized[w]
+            q = q.reshape(weight.shape)
+            cut = (lambda a: a[:, lo:hi] if a.shape[-1] == n else a) if node.kind.endswith("matmul") else \
+                (lambda a: a[lo:hi] if a.shape[0] == n else a)
+            part.quantized[inputs[1]] = (np.ascontiguousarray(cut(q)), np.ascontiguousarray(cut(scale)),
+                                         np.ascontiguousarray(cut(zp)))
+        for k, extra in enumerate(node.inputs[2:], 2):
+            data = g.tensors[g.base(extra)].data
+            if data is not None and prod(g.tensors[extra].shape) == n:
+                shape = list(g.tensors[extra].shape)
+                flat = data.reshape(-1)[lo:hi]
+                shape[[i for i, d in enumerate(shape) if d == n][-1]] = width
+                inputs[k] = part.constant(np.ascontiguousarray(flat).reshape(shape))
+        full = g.tensors[node.output]
+        out_shape = list(full.shape)
+        out_shape[axis] = width
+        slice_id = part.add_tensor(out_shape, full.dtype)
+        part.nodes.append(_with(node, inputs=inputs, output=slice_id))
+        part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, ring, first_tag + gathers * ranks,
+                                     node.layer))
+        gathers += 1
+    return part, gathers
+
+
+def _with(node, **changes):
+    out = copy.copy(node)
+    for key, value in changes.items():
+        setattr(out, key, value)
+    return out
+
+
+def _allgather(src: int, out: int, axis: int, rank: int, ranks: int, ring: dict, tag: int, layer: str):
+    from .graph import Node
+
+    return Node("allgather", [src], out, {"axis": axis, "rank": rank, "ranks": ranks, "tag": tag, **ring},
+                layer + "+allgather")
+
+
+def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, in_order: bool = False,
+                   chips: int | None = None) -> tuple:
+    """Compile ``g`` tensor parallel over ``chips`` chips of ``system`` (default: all) joined in a ring.
+
+    Returns
+    -------
+    (SystemProgram, dict)
+    """
+    ranks = min(chips or system.chips, system.chips)
+    order = _ring(system, ranks)
+    if not any(_splittable(g, node, ranks) for node in g.nodes):
+        raise SystemCompileError(f"no matrix product of the model splits evenly over {ranks} chips")
+    programs, report = [], []
+    for rank, chip_id in enumerate(order):
+        nxt, prev = order[(rank + 1) % ranks], order[(rank - 1) % ranks]
+        ring = {"next": nxt, "next_port": system.route(chip_id, nxt)[0][1],
+                "prev": prev, "prev_port": system.route(prev, chip_id)[-1][3]}
+        part, gathers = tensor_graph(g, rank, ranks, ring, 0)
+        if rank:  # every chip computes everything; one stores the results
+            part.outputs = []
+        ops = tile(part, chip)
+        addr = allocate(part, ops, chip)
+        instructions, layers, fixed = resolve(part, ops, addr)
+        pairs, last_send = {}, None
+        for k, ins in enumerate(instructions):
+            if ins.opcode == Opcode.SEND:
+                last_send = k
+            elif ins.opcode == Opcode.RECV:
+                pairs[k] = last_send
+        scheduled, makespan = schedule(instructions, chip, in_order=in_order, fixed_units=fixed, pairs=pairs)
+        programs.append(emit(part, addr, scheduled, layers, makespan, chip))
+        weights = {g2 for node in part.nodes for g2 in node_weights(part, node)}
+        report.append({"chip": chip_id, "cycles": makespan, "all_gathers": gathers,
+                       "weight_bytes": sum(part.tensors[t].nbytes for t in weights),
+                       "sram_high_water": addr["high_water"]})
+    inputs = tuple(tuple((c, g.inputs.index(t)) for c in order) for t in g.inputs)
+    outputs = tuple((order[0], k) for k in range(len(g.outputs)))
+    bundle = SystemProgram(system.name, system.digest, tuple(order), tuple(programs), inputs, outputs,
+                           max(p.predicted_cycles for p in programs), "tensor",
+                           f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers")
+    return bundle, {"parallel": "tensor", "chips": report}
+
+
+def _ring(system: SystemConfig, count: int) -> list:
+    """``count`` chips each linked to the next, the last to the first (a ring through the topology)."""
+    if count == 1:
+        return [0]
+    order = _chip_order(system, count)
+    if len(system.route(order[-1], order[0])) != 1 and count > 2:
+        raise SystemCompileError(f"system {system.name!r} has no ring of {count} chips for tensor parallel")
+    return order

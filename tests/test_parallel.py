@@ -1,0 +1,90 @@
+"""Models on systems of chips: pipeline and tensor parallel against ONNX Runtime and the single-chip run, every
+transfer scheduled at both ends and checked by the system simulator (predicted cycles = simulated cycles)."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import lpx_tvm
+from lpx_tvm.app import llama
+from lpx_tvm.app.zoo import ZOO
+from lpx_tvm.codegen.system import SystemCompileError
+from lpx_tvm.runtime import total_offloaded_calls
+from lpx_tvm.runtime_sim.system_sim import SystemSimulator
+
+
+@pytest.fixture(scope="module")
+def bert():
+    entry = ZOO["bert_encoder"]
+    model = entry.load()
+    feeds = entry.feeds(model)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    single = lpx_tvm.compile(model, config="tsp")
+    args = [feeds[n] for n, _, _ in single.input_signature]
+    return model, args, reference, single(*args)
+
+
+def _run_on_system(model, args, **options):
+    compiled = lpx_tvm.compile(model, **options)
+    calls = total_offloaded_calls()
+    outputs = compiled(*args)
+    assert total_offloaded_calls() > calls  # it really ran on the (simulated) chips
+    (sim,) = [s for s in compiled.simulators.values() if isinstance(s, SystemSimulator)]
+    assert sim.stats.cycles == sim.stats.predicted_cycles > 0
+    return outputs, sim
+
+
+@pytest.mark.parametrize("chips", [2, 4, 8])
+def test_bert_pipeline_equals_the_single_chip_run(bert, chips):
+    model, args, reference, single = bert
+    outputs, sim = _run_on_system(model, args, system="tsp-node", parallel="pipeline", chips=chips)
+    assert len(sim.sims) == chips and sim.program.parallel == "pipeline"
+    np.testing.assert_array_equal(outputs[0], single[0])
+    np.testing.assert_allclose(outputs[0], reference[0], rtol=1e-4, atol=1e-4)
+    assert sum(link["bytes"] for link in sim.stats.links.values()) > 0
+
+
+@pytest.mark.parametrize("chips", [2, 4, 8])
+def test_bert_tensor_parallel_agrees_with_onnx_runtime(bert, chips):
+    model, args, reference, single = bert
+    outputs, sim = _run_on_system(model, args, system="tsp-node", parallel="tensor", chips=chips)
+    assert sim.program.parallel == "tensor"
+    # each chip holds 1/chips of every split weight: the chips' weights add up to less than chips × one chip's
+    np.testing.assert_allclose(outputs[0], reference[0], rtol=1e-4, atol=1e-4)
+    # fp32 sums of a narrower product are blocked differently by numpy's BLAS: equal to rounding, not bitwise
+    np.testing.assert_allclose(outputs[0], single[0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("parallel", ["pipeline", "tensor"])
+@pytest.mark.parametrize("system", ["tiny-2", "tiny-4"])
+def test_the_llama_decoder_on_a_ring_of_tiny_chips(system, parallel):
+    config = llama.PRESETS["llama-tiny"]
+    model = llama.build_decode(config)
+    cache = llama.initial_cache(config)
+    rng = np.random.default_rng(5)
+    for name in cache:  # a cache with something in it, and a mask that lets the first 9 slots count
+        cache[name][...] = rng.standard_normal(cache[name].shape).astype(np.float32) * 0.5
+    feeds = llama.decode_feeds(config, 17, 9, cache)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    compiled = lpx_tvm.compile(model, system=system, parallel=parallel)
+    outputs, sim = _run_on_system(model, [feeds[n] for n, _, _ in compiled.input_signature], system=system,
+                                  parallel=parallel)
+    for got, want in zip(outputs, reference):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_says_what_it_chose_and_why(bert):
+    model, args, reference, _ = bert
+    outputs, sim = _run_on_system(model, args, system="tsp-node", parallel="auto", chips=2)
+    assert sim.program.notes.startswith(f"auto chose {sim.program.parallel}")
+    assert "pipeline" in sim.program.notes and "tensor" in sim.program.notes and "cycles" in sim.program.notes
+
+
+def test_a_layer_too_big_for_any_chip_is_named(rng):
+    from conftest import make_model, tensor_info, weights
+    from onnx import helper
+
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [4, 1024])],
+                       [tensor_info("y", [4, 1024])], [weights(rng, "w", (1024, 1024))])  # 4 MiB of weights
+    with pytest.raises(SystemCompileError, match="4194304 bytes of weights, more than a chip's budget of 2097152"):
+        lpx_tvm.compile(model, system="tiny-2", parallel="pipeline")

@@ -121,6 +121,7 @@ class Compilation:
     const_base: int = 0
     activation_base: int | None = None
     plan: SramPlan = field(default_factory=SramPlan)
+    state_args: frozenset = frozenset()  # the function's parameters that are resident state
 
     @property
     def chip(self) -> ChipConfig:
@@ -135,6 +136,7 @@ def _lower(c: Compilation) -> None:
     from .lower import lower  # TVM is imported only when a Relax function is compiled
 
     c.graph = lower(c.source, c.name)
+    c.graph.state = {c.graph.base(c.graph.inputs[i]) for i in c.state_args}
 
 
 def _fuse(c: Compilation) -> None:
@@ -246,7 +248,7 @@ def _content_hash(func) -> int:
     return tvm_ffi.structural_hash(func)
 
 
-def compile_model(functions: dict, options: CodegenOptions | None = None) -> dict:
+def compile_model(functions: dict, options: CodegenOptions | None = None, state_args: dict | None = None) -> dict:
     """Compile every lpx function of one model, with one SRAM plan for the chip they share.
 
     Each program's resident weights get a range of their own, one after the
@@ -258,6 +260,8 @@ def compile_model(functions: dict, options: CodegenOptions | None = None) -> dic
     ----------
     functions : dict
         Name (the global symbol) -> Relax function.
+    state_args : dict, optional
+        Name -> indexes of the function's parameters that stay resident from call to call (a KV cache).
 
     Returns
     -------
@@ -265,13 +269,16 @@ def compile_model(functions: dict, options: CodegenOptions | None = None) -> dic
         Name -> Program.
     """
     options = options or CodegenOptions()
+    state_args = state_args or {}
     if options.system is not None:
-        return compile_for_system(functions, options)
+        return compile_for_system(functions, options, state_args)
     chip = options.chip
-    comps = {name: Compilation(name, options, source=func) for name, func in functions.items()}
+    comps = {name: Compilation(name, options, source=func, state_args=frozenset(state_args.get(name, ())))
+             for name, func in functions.items()}
     for c in comps.values():
         run_stages(c, "lower", "precision" if options.dtype != "int8" else "qfuse")
-    weights = {name: sum(t.nbytes for t in c.graph.tensors if t.data is not None) for name, c in comps.items()}
+    weights = {name: sum(t.nbytes for k, t in enumerate(c.graph.tensors) if c.graph.is_resident(k))
+               for name, c in comps.items()}
     total = sum(weights.values())
     for budget in [chip.sram_bytes // 2 >> k for k in range(4)] + [0]:
         base = 0
@@ -291,7 +298,9 @@ def compile_model(functions: dict, options: CodegenOptions | None = None) -> dic
                 raise
     # the plan's id: what was compiled, and how (another model, or this one in another dtype, is another plan)
     model = hashlib.blake2b(repr((sorted((name, _content_hash(f)) for name, f in functions.items()),
-                                  options.config, options.dtype, options.in_order)).encode(), digest_size=8).digest()
+                                  options.config, options.dtype, options.in_order,
+                                  sorted((k, sorted(v)) for k, v in state_args.items()))).encode(),
+                            digest_size=8).digest()
     plan = SramPlan(model, max(c.addr["high_water"] for c in comps.values()) if comps else 0, base)
     programs = {}
     for name, c in comps.items():
@@ -323,7 +332,7 @@ __all__ = ["CodegenOptions", "CapacityError", "Compilation", "compile_function",
            "stages", "run_stages", "DTYPES"]
 
 
-def compile_for_system(functions: dict, options: CodegenOptions) -> dict:
+def compile_for_system(functions: dict, options: CodegenOptions, state_args: dict | None = None) -> dict:
     """Every lpx function of a model as a system program over ``options.system`` (see :mod:`.system`).
 
     Returns
@@ -337,7 +346,7 @@ def compile_for_system(functions: dict, options: CodegenOptions) -> dict:
     system = load_system(options.system)
     out = {}
     for name, func in functions.items():
-        c = Compilation(name, options, source=func)
+        c = Compilation(name, options, source=func, state_args=frozenset((state_args or {}).get(name, ())))
         run_stages(c, "lower", "precision" if options.dtype != "int8" else "qfuse")
         out[name] = compile_parallel(c.graph, options.chip, system, options.dtype, options.parallel,
                                      options.in_order, options.chips)

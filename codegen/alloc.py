@@ -79,7 +79,7 @@ def _peak_live(g: Graph, first: dict, last: dict, n_ops: int) -> int:
 def resident_bytes(g: Graph, ops: list) -> int:
     """SRAM the constants ``ops`` use take, aligned as :func:`allocate` places them."""
     bases = {g.base(o.tensor) for op in ops for o in op.srcs + op.dsts if o.tensor is not None}
-    return sum(_align(g.tensors[b].nbytes) for b in bases if g.tensors[b].data is not None)
+    return sum(_align(g.tensors[b].nbytes) for b in bases if g.is_resident(b))
 
 
 def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activation_base: int | None = None) -> dict:
@@ -101,7 +101,7 @@ def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activ
             if operand.tensor is None:  # a chained stream: no SRAM
                 continue
             base = g.base(operand.tensor)
-            if g.tensors[base].data is not None:
+            if g.is_resident(base):
                 if base not in addr:
                     addr[base] = cursor
                     cursor += _align(g.tensors[base].nbytes)

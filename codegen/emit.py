@@ -40,7 +40,10 @@ def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int,
         t = g.tensors[tid]
         # the weight itself, not a copy: encode writes its bytes straight into the program
         constants.append(Constant(TensorRef(where, t.shape, DType.from_numpy(t.dtype)), t.data))
-    host = lambda ids: tuple(HostTensor(g.tensors[t].shape, DType.from_numpy(g.tensors[t].dtype)) for t in ids)
+    host = lambda ids: tuple(HostTensor(g.tensors[t].shape, DType.from_numpy(g.host_dtype.get(t, g.tensors[t].dtype)))
+                             for t in ids)
     streamed = tuple(StreamedWeight(HostTensor(w.shape, DType.from_numpy(w.dtype)), w) for w in g.streamed)
+    state = tuple((k, TensorRef(addr[g.base(t)], g.tensors[t].shape, DType.from_numpy(g.tensors[g.base(t)].dtype)))
+                  for k, t in enumerate(g.inputs) if g.base(t) in g.state and g.base(t) in addr)
     return Program(config.name, config.digest, tuple(instructions), tuple(constants),
-                   host(g.inputs), host(g.outputs), layers, makespan, streamed=streamed, plan=plan)
+                   host(g.inputs), host(g.outputs), layers, makespan, streamed=streamed, plan=plan, state=state)

@@ -50,6 +50,13 @@ class Graph:
     # constants that were dequantised from integers: tensor id -> (q, scale, zero_point), the last two
     # with q's rank (size-1 axes broadcast), so that int8 kernels can use the integers themselves
     quantized: dict = field(default_factory=dict)
+    state: set = field(default_factory=set)  # inputs resident from call to call (a KV cache): never LOADed
+    host_dtype: dict = field(default_factory=dict)  # input id -> the host's dtype where it differs (state)
+
+    def is_resident(self, tid: int) -> bool:
+        """A constant, or resident state: placed once, never freed, never written by the program."""
+        base = self.base(tid)
+        return self.tensors[base].data is not None or base in self.state
 
     def add_tensor(self, shape, dtype, data=None, alias_of=None) -> int:
         self.tensors.append(Tensor(tuple(int(d) for d in shape), np.dtype(str(dtype)), data, alias_of))

@@ -3,7 +3,8 @@
 Every fp32 tensor, weights included, is stored in the target type; the matrix
 unit accumulates in fp32 and each instruction rounds once on the way out (the
 simulator's semantics). The host keeps the model's own dtype: a CAST after each
-LOAD and before each STORE sits at the boundary, on lpx.
+LOAD and before each STORE sits at the boundary, on lpx. Resident state (a KV cache)
+is stored in the target type too; its host signature stays fp32.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def lower_precision(g: Graph, dtype: str) -> None:
                 tensor.data = stored
     casts_in = []
     for i, tid in enumerate(g.inputs):
+        if g.base(tid) in g.state:  # resident state is kept in the storage type; the host writes it converted
+            g.host_dtype[tid] = F32
+            continue
         if g.tensors[tid].dtype == target:
             host = g.add_tensor(g.tensors[tid].shape, F32)
             casts_in.append(Node("CAST", [host], tid, {}, "cast_in"))

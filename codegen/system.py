@@ -68,7 +68,8 @@ def node_cycles(g: Graph, node, chip: ChipConfig, dtype: str) -> float:
 
 
 def node_weights(g: Graph, node) -> set:
-    return {g.base(t) for t in node.inputs if g.is_constant(g.base(t))}
+    """The resident tensors (weights, and state such as a KV cache) an operator reads."""
+    return {g.base(t) for t in node.inputs if g.is_resident(t)}
 
 
 def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int) -> list:
@@ -130,7 +131,7 @@ def plan_pipeline(g: Graph, runs: list, chips: list) -> list:
         stage.outputs = [t for t in g.outputs if stage_of.get(g.base(t)) == s]
     for t, last in last_use.items():  # a tensor travels stage to stage from its maker to its last reader
         made = stage_of.get(t)
-        if made is None or t in model_inputs or g.is_constant(t):
+        if made is None or t in model_inputs or g.is_resident(t):
             continue
         for s in range(made, last):
             stages[s].sent.append((t, stages[s + 1].chip))

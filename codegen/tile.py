@@ -313,7 +313,8 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
     """
     tiler = _Tiler(g, config)
     for i, t in enumerate(g.inputs):
-        tiler.load(i, t)
+        if g.base(t) not in g.state:  # resident state is in SRAM already
+            tiler.load(i, t)
     g.streamed = []
     budget = config.sram_bytes // 2 if resident_budget is None else resident_budget
     streamed = _weights_to_stream(g, config, budget)

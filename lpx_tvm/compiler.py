@@ -70,6 +70,28 @@ class CompiledModel:
         """Offloaded function name -> loaded (verified) simulator of its program."""
         return {name: load_program(blob) for name, blob in self._programs.items()}
 
+    def state_views(self, name: str) -> list:
+        """Every resident copy (one per chip that reads it) of state input ``name``, as writable arrays."""
+        views = []
+        for symbol, arg in getattr(self, "state_where", {}).get(name, ()):
+            sim = load_program(self._programs[symbol])
+            if hasattr(sim, "sims"):  # a system: the chips whose programs take that argument
+                for chip, index in sim.program.inputs[arg]:
+                    views.append(sim.sims[sim.program.chips.index(chip)].state_view(index))
+            else:
+                views.append(sim.state_view(arg))
+        if not views:
+            raise KeyError(f"{name!r} is not a resident state input (compile with state=[...])")
+        return views
+
+    def write_state(self, name: str, value, index=...) -> int:
+        """Write ``value`` into ``state[name][index]`` on every chip that holds it; returns the bytes each chip's
+        host link carries (what the write costs: the chips' links work side by side)."""
+        value = np.asarray(value)
+        for view in self.state_views(name):
+            view[index] = value
+        return int(value.nbytes)
+
     def _check(self, inputs) -> list:
         sig = self.input_signature
         if len(inputs) != len(sig):
@@ -151,7 +173,7 @@ def _to_numpy(result) -> list:
 
 def compile(model, config: str | None = None, input_shapes: dict | None = None, in_order: bool = False,
             dump_dir: str | None = None, dtype: str = "fp32", system: str | None = None,
-            parallel: str = "pipeline", chips: int | None = None) -> CompiledModel:
+            parallel: str = "pipeline", chips: int | None = None, state=()) -> CompiledModel:
     """Compile an ONNX model (or a Relax module) for lpx with host fallback.
 
     Parameters
@@ -177,6 +199,9 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         product's columns split over the chips, all-gathered) or ``"auto"`` (the faster of the two).
     chips : int, optional
         With ``system``: use this many of its chips (default: all).
+    state : sequence of str
+        Model inputs that stay resident on the chips from call to call (a decoder's ``past_key_values.*``):
+        never sent by the host; :meth:`CompiledModel.write_state` updates them between calls.
 
     Returns
     -------
@@ -191,9 +216,11 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         del mod  # once lowering drops the lpx functions, their weights live only in the programs
         report = offload_report(partitioned)
         programs = {}
-        lowered, _ = lower_lpx_calls(partitioned, options, programs_out=programs)
+        lowered, _, state_where = lower_lpx_calls(partitioned, options, programs_out=programs, state=tuple(state))
         executable = tvm.compile(lowered, target="lpx", relax_pipeline=original_default_pipeline()())
-    return CompiledModel(executable, report, programs, params, dtype, input_names)
+    model = CompiledModel(executable, report, programs, params, dtype, input_names)
+    model.state_where = state_where
+    return model
 
 
 def compile_programs(model, config: str | None = "tsp", input_shapes: dict | None = None,

@@ -82,17 +82,52 @@ def _already_partitioned(mod) -> bool:
     return bool(found)
 
 
-def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = None) -> tuple:
-    """Compile every lpx function and call its program through the runtime bridge.
+def state_arguments(mod, functions: dict, names) -> tuple:
+    """Which lpx function parameters are the model inputs ``names`` (resident state, such as a KV cache).
 
     Returns
     -------
-    (IRModule, int)
-        The rewritten module and the number of offloaded call sites.
+    (dict, dict)
+        Global symbol ─► indexes of its state parameters; model input name ─► [(symbol, index), ...].
+    """
+    main = mod["main"]
+    given = (main.attrs or {}).get("onnx_input_names")
+    own = [str(n) for n in given] if given is not None else [str(p.name) for p in main.params]
+    wanted = {p: name for p, name in zip(main.params, own) if name in set(names)}
+    missing = sorted(set(names) - set(wanted.values()))
+    if missing:
+        raise ValueError(f"state inputs {missing} are not inputs of the model (its inputs: {own})")
+    args, where = {}, {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, relax.GlobalVar) and expr.op.name_hint in functions:
+            symbol = str(functions[expr.op.name_hint].attrs["global_symbol"])
+            for k, arg in enumerate(expr.args):
+                if arg in wanted:
+                    args.setdefault(symbol, set()).add(k)
+                    where.setdefault(wanted[arg], []).append((symbol, k))
+    relax.analysis.post_order_visit(main.body, visit)
+    unused = sorted(set(wanted.values()) - set(where))
+    if unused:
+        raise ValueError(f"state inputs {unused} do not go straight into an lpx function (they must be resident "
+                         "on the chip, so what reads them must be offloaded)")
+    return args, where
+
+
+def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = None, state=()) -> tuple:
+    """Compile every lpx function and call its program through the runtime bridge.
+
+    ``state`` names model inputs kept resident on the chips from call to call (see :func:`state_arguments`).
+
+    Returns
+    -------
+    (IRModule, int, dict)
+        The rewritten module, the number of offloaded call sites, and where each state input lives.
     """
     programs = dict(_EXTERN_PROGRAMS)
     functions = {gvar.name_hint: func for gvar, func in mod.functions.items() if _is_lpx_function(func)}
-    compiled = compile_model({str(f.attrs["global_symbol"]): f for f in functions.values()}, options)
+    state_args, state_where = state_arguments(mod, functions, state) if state else ({}, {})
+    compiled = compile_model({str(f.attrs["global_symbol"]): f for f in functions.values()}, options, state_args)
     for name, func in functions.items():
         symbol = str(func.attrs["global_symbol"])
         program = compiled[symbol]
@@ -107,7 +142,7 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
     for gvar, func in list(mod.functions.items()):
         if _is_lpx_function(func):
             del mod[gvar]
-    return mod, rewriter.count
+    return mod, rewriter.count, state_where
 
 
 def lpx_passes(config: str = "tsp", in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
@@ -118,7 +153,7 @@ def lpx_passes(config: str = "tsp", in_order: bool = False, dump_dir: str | None
     def _passes(mod, _ctx):
         if not _already_partitioned(mod):
             mod = partition_for_lpx(mod, config, dtype)
-        mod, count = lower_lpx_calls(mod, options)
+        mod, count, _ = lower_lpx_calls(mod, options)
         if count == 0:
             warnings.warn("target lpx: no operator was offloaded to lpx; the whole module runs on the host",
                           NothingOffloadedWarning, stacklevel=2)

@@ -34,8 +34,9 @@ class Chip:
         """A simulator for ``program`` on this chip, its weights placed in the shared SRAM."""
         from .simulator import Simulator
 
-        lo = min((c.ref.addr for c in program.constants), default=0)
-        hi = max((c.ref.end for c in program.constants), default=0)
+        resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
+        lo = min((ref.addr for ref in resident), default=0)
+        hi = max((ref.end for ref in resident), default=0)
         for digest, (other_lo, other_hi) in self.resident.items():
             if digest != program.digest and lo < other_hi and other_lo < hi:
                 raise ProgramFormatError(f"program's weights at [{lo:#x}, {hi:#x}) overlap another program's "

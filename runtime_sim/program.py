@@ -4,7 +4,7 @@ Layout (little endian)::
 
     header   magic b"LPXPROG\\0" | u16 version | u16 reserved | u64 body length | 16-byte blake2b of body
     body     config name, config digest, SRAM plan (model id, bytes, activation base), predicted cycles
-             layer names | host inputs | host outputs | instructions | constants | streamed weights
+             layer names | host inputs | host outputs | instructions | constants | streamed weights | state
 
 Decoding verifies the header, the checksum, every opcode, every field range, every
 operand shape and every SRAM address against the chip config before it returns;
@@ -27,7 +27,8 @@ from .shapes import check_operands
 
 MAGIC = b"LPXPROG\0"
 SYSTEM_MAGIC = b"LPXSYS\0\0"  # a system program (system_sim): the same header, one program per chip inside
-VERSION = 5  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan
+VERSION = 6  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
+# 6: resident state
 _HEADER = struct.Struct("<8sHHQ16s")
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
 MAX_DIM = 1 << 31
@@ -91,6 +92,9 @@ class Program:
         Weights too big to stay resident; STREAM k copies streamed[k] into SRAM.
     plan : SramPlan
         Where this program sits among the other programs of its model on one chip.
+    state : tuple of (int, TensorRef)
+        Host inputs that stay resident in SRAM from call to call (a KV cache): input k lives at the ref, is
+        zero at load, is never LOADed, and only the runtime writes it, between calls.
     """
 
     config_name: str
@@ -104,6 +108,7 @@ class Program:
     digest: bytes = field(default=b"", compare=False)
     streamed: tuple = ()
     plan: "SramPlan" = None
+    state: tuple = ()
 
     def __post_init__(self):
         if self.plan is None:
@@ -169,6 +174,9 @@ def _encode(program: Program, allocate):
     for weight in program.streamed:
         parts.append(_pack_dims(weight.host.dtype, weight.host.shape))
         parts.append(weight.data)
+    parts.append(struct.pack("<I", len(program.state)))
+    for index, ref in program.state:
+        parts.append(struct.pack("<I", index) + _pack_ref(ref))
     # one buffer, written in place: weights are most of a program, and each copy of them costs their size
     sizes = [p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts]
     blob = allocate(_HEADER.size + sum(sizes))
@@ -336,10 +344,15 @@ def _parse_body(r: _Reader, digest: bytes) -> Program:
         dtype, shape = r.dims("streamed weight")
         host = HostTensor(shape, dtype)
         streamed.append(StreamedWeight(host, np.frombuffer(r.take(host.nbytes, "streamed weight data"), np.uint8)))
+    n_state = r.count("state count", 4)
+    state = []
+    for _ in range(n_state):
+        (index,) = r.unpack("I", "state input index")
+        state.append((index, r.ref("state")))
     if r.pos != len(r.buf):
-        raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the streamed weights")
+        raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the state")
     return Program(config_name, config_digest, tuple(instructions), tuple(constants), sigs[0], sigs[1],
-                   layers, predicted, digest, tuple(streamed), plan)
+                   layers, predicted, digest, tuple(streamed), plan, tuple(state))
 
 
 def validate(program: Program, config: ChipConfig | str | None = None) -> ChipConfig:
@@ -371,6 +384,11 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
         if program.plan.activation_base and const.ref.end > program.plan.activation_base:
             raise ProgramFormatError(f"constant {const.ref} lies above the plan's activation base "
                                      f"{program.plan.activation_base}")
+    for index, ref in program.state:
+        check_ref(ref, "state")
+        # the chip may keep it in its storage type (fp16 for an fp32 input): the shape must match
+        if index >= len(program.inputs) or tuple(ref.shape) != tuple(program.inputs[index].shape):
+            raise ProgramFormatError(f"state {ref} does not match input {index} of the program's signature")
     if program.plan.sram_bytes > chip.sram_bytes or program.plan.activation_base > chip.sram_bytes:
         raise ProgramFormatError(f"SRAM plan of {program.plan.sram_bytes} bytes exceeds the chip's {chip.sram_bytes}")
     for index, ins in enumerate(program.instructions):
@@ -389,11 +407,14 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
 
 def _validate_outputs_covered(program: Program) -> None:
     """Every byte of every host input is loaded, and of every host output stored (slices may split them)."""
+    resident = {index for index, _ in program.state}
     for opcode, group, what in ((Opcode.LOAD, program.inputs, "loaded"), (Opcode.STORE, program.outputs, "stored")):
-        spans = {i: [] for i in range(len(group))}
+        spans = {i: [] for i in range(len(group)) if opcode != Opcode.LOAD or i not in resident}
         for ins in program.instructions:
             if ins.opcode == opcode:
                 ref = ins.dsts[0] if opcode == Opcode.LOAD else ins.srcs[0]
+                if ins.attrs["index"] not in spans:
+                    raise ProgramFormatError(f"input {ins.attrs['index']} is resident state; nothing LOADs it")
                 spans[ins.attrs["index"]].append((ins.attrs["offset"], ins.attrs["offset"] + ref.nbytes))
         for index, parts in spans.items():
             reached = 0

@@ -151,7 +151,9 @@ class Simulator:
                              + [r.end for i in program.instructions for r in i.srcs + i.dsts if r.in_sram] + [1])
         # the plan's resident weights (this program's and its siblings') are never written
         protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
-        self.timeline: Timeline = check_timing(program, config, [c.ref for c in program.constants], self.sram_size,
+        self.sram_size = max([self.sram_size] + [ref.end for _, ref in program.state])
+        resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
+        self.timeline: Timeline = check_timing(program, config, resident, self.sram_size,
                                                protected) if check_schedule else _measure_unchecked(program, config)
         self.order = self.timeline.order
         self.stats = self._stats()
@@ -181,6 +183,13 @@ class Simulator:
             return self._sram[ref.addr:ref.addr + ref.nbytes].view(ref.dtype.np).reshape(ref.shape)
         base = self._sram[ref.addr:ref.end].view(ref.dtype.np)
         return np.lib.stride_tricks.as_strided(base, ref.shape, tuple(s * item for s in ref.strides))
+
+    def state_view(self, index: int) -> np.ndarray:
+        """The SRAM of resident input ``index`` (a KV cache), for the runtime to write between calls."""
+        for k, ref in self.program.state:
+            if k == index:
+                return self._view(ref)
+        raise KeyError(f"input {index} is not resident state")
 
     def read(self, ref) -> np.ndarray:
         """A copy of what an SRAM operand holds now (for tests and debugging)."""

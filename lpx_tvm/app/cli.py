@@ -186,6 +186,19 @@ def cmd_sweep(args) -> int:
     return 0 if ok == len(records) else 1
 
 
+def cmd_generate(args) -> int:
+    from .generate import generate, table, write_json
+
+    report = generate(args.model, tokens=args.tokens, system=args.system, parallel=args.parallel,
+                      config=args.config, chips=args.chips, dtype=args.dtype, prompt_len=args.prompt_len,
+                      progress=lambda text: print(text, file=sys.stderr, flush=True))
+    print(table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    return 0 if report["agree"] else 1
+
+
 def cmd_disasm(args) -> int:
     from ..runtime_sim import decode, disassemble
 
@@ -261,6 +274,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp32", choices=DTYPES,
                    help="storage type on lpx; int8 quantises each model with lpx_tvm.quantize first")
     p.set_defaults(func=cmd_zoo)
+    from .llama import PRESETS as LLAMA_PRESETS
+
+    p = sub.add_parser("generate", help="a Llama-style decoder: prefill and greedy decode steps, each checked "
+                       "against ONNX Runtime", parents=[debug_anywhere])
+    p.add_argument("model", help=f"a preset ({', '.join(LLAMA_PRESETS)}) or a directory of prefill.onnx and "
+                   "decode.onnx (lpx_tvm.app.llama.save_llama)")
+    p.add_argument("--tokens", type=int, default=16, help="decode steps after the prefill (default 16)")
+    p.add_argument("--prompt-len", type=int, default=8, help="prompt tokens for a preset (default 8)")
+    p.add_argument("--system", help=f"a system of chips ({', '.join(available_systems())}); default one chip")
+    p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor", "auto"])
+    p.add_argument("--chips", type=int, help="use this many of the system's chips (default: all)")
+    p.add_argument("--config", help=config_help)
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="storage type on the chips")
+    p.add_argument("--json", help="write the run as JSON")
+    p.set_defaults(func=cmd_generate)
     p = sub.add_parser("sweep", help="chip variants × models × dtypes: compiled, timed, Pareto fronts (on Ray)",
                        parents=[debug_anywhere])
     p.add_argument("spec", help="a sweep spec (.json, .toml or .yaml): base, grid/variants, models, dtypes")

@@ -1,0 +1,200 @@
+"""``lpx-tvm generate``: a Llama-style decoder's prefill and greedy decode steps on a system of chips, each
+step compared with ONNX Runtime running the same graphs.
+
+The decode program keeps every layer's KV cache resident in the SRAM of the chips that hold the layer
+(``state``): a step sends only its token, its rotary tables and the mask, and its new K/V come back and
+are written into the cache slot of their position. That write is a host transfer on each chip that holds
+the cache (the chips' host links work side by side), and is charged to the step; the prompt's K/V are
+written the same way after the prefill, and charged to the time to first token.
+
+ONNX Runtime runs the same prefill and decode graphs on the tokens lpx chose (so both see the same
+history), keeping its cache on the host; each step reports whether both chose the same token and how far
+apart their logits are.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from math import ceil
+from pathlib import Path
+
+import numpy as np
+
+from . import llama
+
+
+def _models(model, prompt_len: int, seed: int):
+    """(config, prefill graph, decode graph) from a preset name or a ``save_llama`` directory."""
+    path = Path(str(model))
+    if path.is_dir():
+        import onnx
+
+        prefill, decode = onnx.load(str(path / "prefill.onnx")), onnx.load(str(path / "decode.onnx"))
+        config = llama.config_of(decode)
+        length = prefill.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+        return config, prefill, decode, length
+    config = llama.get_config(model)
+    if config.dtype != "fp32":  # lpx stores the graph's tensors in the dtype asked for; the graph stays fp32
+        config = config.replace(dtype="fp32")
+    return config, llama.build_prefill(config, prompt_len, seed), llama.build_decode(config, seed), prompt_len
+
+
+def _write_back_cycles(compiled, names: list, nbytes: dict) -> int:
+    """Cycles to write these state tensors' new bytes over the host links: per chip its bytes at the link
+    rate plus one DMA latency; the chips in parallel (the slowest sets the time)."""
+    per_chip = {}
+    for name in names:
+        for symbol, arg in compiled.state_where.get(name, ()):
+            sim = compiled.simulators[symbol]
+            chips = [c for c, _ in sim.program.inputs[arg]] if hasattr(sim, "sims") else [0]
+            for chip in chips:
+                per_chip[chip] = per_chip.get(chip, 0) + nbytes[name]
+    chip = _chip_of(compiled)
+    if not per_chip:
+        return 0
+    return max(ceil(b / chip.host_bytes_per_cycle) for b in per_chip.values()) + chip.latency_cycles["MEM"]
+
+
+def _chip_of(compiled):
+    sim = next(iter(compiled.simulators.values()))
+    return sim.system.chip if hasattr(sim, "sims") else sim.config
+
+
+def _cycles(compiled) -> int:
+    return sum(sim.stats.cycles for sim in compiled.simulators.values())
+
+
+def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, parallel: str = "pipeline",
+             config: str | None = None, chips: int | None = None, dtype: str = "fp32", prompt_len: int = 8,
+             seed: int = 0, progress=None) -> dict:
+    """Prefill a seeded prompt, then ``tokens`` greedy decode steps on lpx, each checked against ONNX Runtime.
+
+    Parameters
+    ----------
+    model : str or Path
+        A Llama preset (``llama-tiny``, ``llama-small``, ``llama-gpt2s``) or a ``save_llama`` directory.
+    tokens : int
+        Decode steps after the prefill.
+    system, parallel, config, chips, dtype
+        As for :func:`lpx_tvm.compile` (``dtype`` is the storage type on the chips; the graphs are fp32).
+    prompt_len : int
+        Prompt tokens (seeded, in the vocabulary) for a preset.
+
+    Returns
+    -------
+    dict
+        ``tokens`` (lpx's), ``reference_tokens`` (ONNX Runtime's choice at each step, on lpx's history),
+        ``agree``, per-step ``steps`` (token, ORT's token, logits cosine, max abs error), the timing
+        (``ttft_us``, ``per_token_us``, ``tokens_per_s_per_user``), per-chip utilisation and bytes per link.
+    """
+    import lpx_tvm
+
+    cfg, prefill_graph, decode_graph, prompt_len = _models(model, prompt_len, seed)
+    if prompt_len + tokens > cfg.max_context:
+        raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the model's context of "
+                         f"{cfg.max_context}")
+    say = progress or (lambda text: None)
+    names = llama.cache_names(cfg)
+    options = dict(config=config, system=system, parallel=parallel, chips=chips, dtype=dtype)
+    start = time.perf_counter()
+    say("compiling the prefill graph ...")
+    prefill = lpx_tvm.compile(prefill_graph, **options)
+    say("compiling the decode graph (KV cache resident) ...")
+    decode = lpx_tvm.compile(decode_graph, state=names, **options)
+    compile_s = time.perf_counter() - start
+    ort_prefill, ort_decode = llama.ort_session(prefill_graph), llama.ort_session(decode_graph)
+    del prefill_graph, decode_graph
+    prompt = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, prompt_len).astype(np.int64)
+
+    feeds = llama.prefill_feeds(cfg, prompt)
+    got = dict(zip(llama.output_names(cfg), prefill(**feeds)))
+    want = dict(zip(llama.output_names(cfg), ort_prefill.run(None, feeds)))
+    cache = llama.initial_cache(cfg)  # ORT's, on the host
+    presents = llama.present_names(cfg)
+    nbytes = {}
+    for cache_name, present in zip(names, presents):
+        decode.write_state(cache_name, got[present], (slice(None), slice(None), slice(0, prompt_len)))
+        cache[cache_name][:, :, :prompt_len] = want[present]
+        nbytes[cache_name] = got[present].nbytes
+    ttft_cycles = _cycles(prefill) + _write_back_cycles(decode, names, nbytes)
+    steps = [_compare(got["logits"][0, -1], want["logits"][0, -1])]
+    token = int(np.argmax(got["logits"][0, -1]))
+    chosen = [token]
+    blank = {n: np.zeros_like(cache[n]) for n in names}  # resident on the chips: the host sends nothing
+    write_cycles = 0
+    for step in range(tokens):
+        position = prompt_len + step
+        say(f"decode step {step + 1}/{tokens} (position {position})")
+        step_feeds = llama.decode_feeds(cfg, token, position, cache)
+        got = dict(zip(llama.output_names(cfg), decode(**{**step_feeds, **blank})))
+        want = dict(zip(llama.output_names(cfg), ort_decode.run(None, step_feeds)))
+        for cache_name, present in zip(names, presents):
+            slot = (slice(None), slice(None), slice(position, position + 1))
+            decode.write_state(cache_name, got[present], slot)
+            cache[cache_name][slot] = want[present]
+            nbytes[cache_name] = got[present].nbytes
+        write_cycles = _write_back_cycles(decode, names, nbytes)
+        steps.append(_compare(got["logits"][0, -1], want["logits"][0, -1]))
+        token = int(np.argmax(got["logits"][0, -1]))
+        chosen.append(token)
+    chip = _chip_of(decode)
+    step_cycles = _cycles(decode) + write_cycles
+    report = {"model": str(model), "system": system or chip.name, "parallel": parallel if system else "single chip",
+              "dtype": dtype, "prompt_len": prompt_len, "new_tokens": tokens, "prompt": prompt.tolist(),
+              "tokens": chosen, "reference_tokens": [s["reference_token"] for s in steps],
+              "agree": all(s["token"] == s["reference_token"] for s in steps), "steps": steps,
+              "ttft_cycles": ttft_cycles, "ttft_us": 1e6 * ttft_cycles / chip.clock_hz,
+              "decode_cycles": _cycles(decode), "kv_write_cycles": write_cycles, "per_token_cycles": step_cycles,
+              "per_token_us": 1e6 * step_cycles / chip.clock_hz,
+              "tokens_per_s_per_user": chip.clock_hz / step_cycles, "compile_s": compile_s,
+              "weight_bytes": cfg.weight_bytes(), "cache_bytes": cfg.cache_bytes()}
+    report.update(_system_figures(decode))
+    return report
+
+
+def _compare(got: np.ndarray, want: np.ndarray) -> dict:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    cosine = float(got @ want / max(np.linalg.norm(got) * np.linalg.norm(want), 1e-300))
+    token, reference = int(np.argmax(got)), int(np.argmax(want))
+    # where the choices differ: how far apart ORT's own logits put the two tokens (a near-tie, or not)
+    return {"token": token, "reference_token": reference, "cosine": cosine,
+            "max_abs_err": float(np.abs(got - want).max()), "reference_margin": float(want[reference] - want[token])}
+
+
+def _system_figures(compiled) -> dict:
+    sim = next(iter(compiled.simulators.values()))
+    if not hasattr(sim, "sims"):
+        stats = sim.stats
+        return {"chips": {"0": {"cycles": stats.cycles, "mac_utilisation": stats.mac_utilisation}}, "links": [],
+                "notes": "one chip"}
+    info = sim.stats.to_dict()
+    return {"chips": info["chips"], "links": info["links"], "notes": sim.program.notes}
+
+
+def table(report: dict) -> str:
+    """The run as text: the steps, then the timing, the chips and the links."""
+    from tabulate import tabulate
+
+    rows = [[k, s["token"], s["reference_token"],
+             "yes" if s["token"] == s["reference_token"] else f"NO (ORT's margin {s['reference_margin']:.2g})",
+             f"{s['cosine']:.6f}", f"{s['max_abs_err']:.2e}"] for k, s in enumerate(report["steps"])]
+    text = tabulate(rows, headers=["step", "lpx token", "ORT token", "same", "logits cosine", "max abs err"],
+                    tablefmt="github")
+    chips = [[c, v["cycles"], f"{100 * v['mac_utilisation']:.1f}"] for c, v in report["chips"].items()]
+    text += "\n\n" + tabulate(chips, headers=["chip", "decode cycles", "% MAC peak"], tablefmt="github")
+    if report["links"]:
+        links = [[f"{l['from']} ─► {l['peer']}", l["transfers"], l["bytes"]] for l in report["links"]]
+        text += "\n\n" + tabulate(links, headers=["link", "transfers a step", "bytes a step"], tablefmt="github")
+    text += (f"\n\n{report['model']} on {report['system']} ({report['parallel']}, {report['dtype']}): "
+             f"{report['notes']}\n"
+             f"time to first token {report['ttft_us']:.1f} µs ({report['prompt_len']} prompt tokens); "
+             f"{report['per_token_us']:.1f} µs a token ({report['decode_cycles']} cycles decoding + "
+             f"{report['kv_write_cycles']} writing the new K/V into the resident cache) = "
+             f"{report['tokens_per_s_per_user']:.0f} tokens/s per user; "
+             f"{'every token equal to ONNX Runtime' if report['agree'] else 'TOKENS DIFFER from ONNX Runtime'}")
+    return text
+
+
+def write_json(report: dict, path) -> None:
+    Path(path).write_text(json.dumps(report, indent=1))

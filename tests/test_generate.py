@@ -1,0 +1,51 @@
+"""LLM decode on lpx: the KV cache resident on the chips, prefill and greedy steps equal to ONNX Runtime's."""
+
+from math import ceil
+
+import pytest
+
+import lpx_tvm
+from lpx_tvm.app import llama
+from lpx_tvm.app.cli import main
+from lpx_tvm.app.generate import generate
+from lpx_tvm.runtime_sim import Opcode, load_config
+
+
+def test_the_cache_is_resident_and_never_loaded():
+    config = llama.PRESETS["llama-tiny"]
+    names = llama.cache_names(config)
+    compiled = lpx_tvm.compile(llama.build_decode(config), config="tiny", state=names)
+    (sim,) = compiled.simulators.values()
+    resident = {index for index, _ in sim.program.state}
+    cache_args = {arg for name in names for _, arg in compiled.state_where[name]}  # the program's own inputs
+    assert resident == cache_args and len(resident) == 2 * config.num_layers
+    assert not any(ins.opcode == Opcode.LOAD and ins.attrs["index"] in resident for ins in sim.program.instructions)
+    with pytest.raises(ValueError, match="not inputs of the model"):
+        lpx_tvm.compile(llama.build_decode(config), config="tiny", state=["past_key_values.9.key"])
+
+
+def test_greedy_decode_on_two_chips_equals_onnx_runtime_and_charges_the_kv_write():
+    config = llama.PRESETS["llama-tiny"]
+    report = generate("llama-tiny", tokens=4, system="tiny-2", parallel="pipeline", prompt_len=6)
+    assert report["agree"] and len(report["tokens"]) == 5
+    assert all(step["cosine"] > 0.99999 for step in report["steps"])
+    # two layers on two chips, one each: a step writes one layer's new K and V (kv_heads × head_dim fp32
+    # each) over each chip's host link at once, then the DMA latency
+    tiny = load_config("tiny")
+    per_chip = 2 * config.num_kv_heads * config.head_dim * 4
+    assert report["kv_write_cycles"] == ceil(per_chip / (tiny.host_bytes_per_s / tiny.clock_hz)) + \
+        tiny.latency_cycles["MEM"]
+    assert report["per_token_cycles"] == report["decode_cycles"] + report["kv_write_cycles"]
+    assert report["tokens_per_s_per_user"] == pytest.approx(tiny.clock_hz / report["per_token_cycles"])
+    assert sum(link["bytes"] for link in report["links"]) > 0
+
+
+def test_the_generate_command(capsys):
+    assert main(["generate", "llama-tiny", "--tokens", "2", "--system", "tiny-2", "--parallel", "tensor"]) == 0
+    out = capsys.readouterr().out
+    assert "every token equal to ONNX Runtime" in out and "tokens/s per user" in out
+
+
+def test_gpt2_small_sized_decoder_does_not_fit_one_tsp_chip():
+    config = llama.PRESETS["llama-gpt2s"]
+    assert config.dtype == "fp16" and config.weight_bytes() > load_config("tsp").sram_bytes

@@ -72,6 +72,13 @@ def node_weights(g: Graph, node) -> set:
     return {g.base(t) for t in node.inputs if g.is_resident(t)}
 
 
+def weight_budget(g: Graph, chip: ChipConfig) -> int:
+    """Bytes of resident weights a chip may take: its SRAM less room for the activations (the four largest
+    tensors the graph computes, which bounds what one stage holds live), and at least half of it."""
+    activations = sorted((t.nbytes for k, t in enumerate(g.tensors) if not g.is_resident(k)), reverse=True)
+    return max(chip.sram_bytes // 2, chip.sram_bytes - 2 * sum(activations[:4]) - (4 << 20))
+
+
 def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int) -> list:
     """Contiguous runs of node indexes, at most ``chips`` of them, each holding at most ``budget`` bytes of
     weights, with the largest estimated cycles of a run as small as the greedy cut can make it."""
@@ -184,7 +191,7 @@ def compile_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: st
         bytes it passes on.
     """
     n = min(chips or system.chips, system.chips, max(len(g.nodes), 1))
-    budget = chip.sram_bytes // 2
+    budget = weight_budget(g, chip)
     runs = split_stages(g, chip, n, dtype, budget)
     stages = plan_pipeline(g, runs, _chip_order(system, len(runs)))
     tags = {}
@@ -195,7 +202,7 @@ def compile_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: st
     programs, report = [], []
     for stage in stages:
         part = _stage_graph(g, stage)
-        ops = tile(part, chip)
+        ops = tile(part, chip, resident_budget=budget)
         addr = allocate(part, ops, chip)
         ops = link_ops(part, ops, system, stage.chip, stage, tags)
         instructions, layers, fixed = resolve(part, ops, addr)

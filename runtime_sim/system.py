@@ -15,7 +15,8 @@ Topologies:
   ``links_per_node_pair`` links, spread over the nodes' chips (a TSP rack: 9 nodes, each chip's 4
   global links to other nodes);
 - ``dragonfly``: larger TSP systems, described by their figures (nodes, hops, global bandwidth
-  per chip) for planning; they are too large to list link by link, so programs are not simulated on them.
+  per chip) for planning; they are too large to list link by link, so programs are not simulated on them;
+- ``described``: any other system given by its figures (the LPX rack).
 """
 
 from __future__ import annotations
@@ -212,6 +213,8 @@ def system_from_dict(data: dict) -> SystemConfig:
     chips = int(data["chips"])
     if "links" in data:
         links = tuple(Link(*l) if isinstance(l, list) else Link(**l) for l in data["links"])
+    elif kind == "described":  # a system too large to list: its figures serve planning
+        links = ()
     else:
         links = _generate(kind, chips, topology, data.get("name", "?"))
     sources = data.get("sources", {})

@@ -79,41 +79,82 @@ def weight_budget(g: Graph, chip: ChipConfig) -> int:
     return max(chip.sram_bytes // 2, chip.sram_bytes - 2 * sum(activations[:4]) - (4 << 20))
 
 
+def crossing_bytes(g: Graph) -> list:
+    """``out[i]``: bytes of the tensors a cut before node ``i`` would send on (made before it, read at or
+    after it; model inputs and resident tensors do not travel)."""
+    made = {g.nodes[i].output: i for i in range(len(g.nodes))}
+    last = {}
+    for i, node in enumerate(g.nodes):
+        for t in node.inputs:
+            if g.base(t) in made:
+                last[g.base(t)] = i
+    for t in g.outputs:
+        if g.base(t) in made:
+            last[g.base(t)] = len(g.nodes)
+    delta = [0] * (len(g.nodes) + 2)
+    for t, end in last.items():  # live across every cut in (made, end]
+        delta[made[t] + 1] += g.tensors[t].nbytes
+        delta[end + 1] -= g.tensors[t].nbytes
+    out, live = [], 0
+    for i in range(len(g.nodes) + 1):
+        live += delta[i]
+        out.append(live)
+    return out
+
+
 def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int) -> list:
     """Contiguous runs of node indexes, at most ``chips`` of them, each holding at most ``budget`` bytes of
-    weights, with the largest estimated cycles of a run as small as the greedy cut can make it."""
+    weights, cut where little crosses (a transformer's layer boundaries: the hidden state alone), with the
+    largest estimated cycles of a stage, its outgoing transfer included, as small as possible."""
     costs = [node_cycles(g, n, chip, dtype) for n in g.nodes]
     weights = [node_weights(g, n) for n in g.nodes]
-
-    def cut(bound: float):
-        runs, run, cost, held = [], [], 0.0, set()
-        for i, (c, w) in enumerate(zip(costs, weights)):
-            extra = sum(g.tensors[t].nbytes for t in w - held)
-            if run and (cost + c > bound or sum(g.tensors[t].nbytes for t in held) + extra > budget):
-                runs.append(run)
-                run, cost, held = [], 0.0, set()
-            run.append(i)
-            cost += c
-            held |= w
-        return runs + ([run] if run else [])
-
+    n = len(g.nodes)
     for i, w in enumerate(weights):
         need = sum(g.tensors[t].nbytes for t in w)
         if need > budget:
             raise SystemCompileError(f"layer {g.nodes[i].layer!r} alone has {need} bytes of weights, more than a "
                                      f"chip's budget of {budget} ({chip.name}): it cannot be pipelined whole")
-    lo, hi = max(costs, default=0.0), max(sum(costs), 1e-9)
-    if len(cut(hi)) > chips:
+    crossing = crossing_bytes(g)
+    inner = [crossing[i] for i in range(1, n)]
+    cheapest = min((c for c in inner if c), default=0)
+    cuts = [i for i in range(1, n) if crossing[i] <= 2 * cheapest] if cheapest else list(range(1, n))
+    if len(cuts) < chips - 1:
+        cuts = list(range(1, n))
+    ends = cuts + [n]
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+
+    def fits(a: int, b: int) -> bool:
+        return sum(g.tensors[t].nbytes for t in set().union(*weights[a:b])) <= budget
+
+    def stage(a: int, b: int) -> float:  # its cycles and the send of what crosses its end
+        return prefix[b] - prefix[a] + (crossing[b] / chip.c2c_bytes_per_cycle if b < n else 0.0)
+
+    # best[k][e]: the smallest largest stage over k stages covering nodes [0, e); starts from earlier ends
+    starts = [0] + cuts
+    best = [{0: (0.0, None)}]
+    for k in range(1, min(chips, len(ends)) + 1):
+        row = {}
+        for e in ends:
+            options = [(max(best[k - 1][a][0], stage(a, e)), a) for a in starts
+                       if a < e and a in best[k - 1] and fits(a, e)]
+            if options:
+                row[e] = min(options)
+        best.append(row)
+        if n in row and k == min(chips, len(ends)):
+            break
+    used = max((k for k in range(1, len(best)) if n in best[k]), default=None)
+    if used is None:
         total = sum(g.tensors[t].nbytes for t in set().union(*weights)) if weights else 0
         raise SystemCompileError(f"the model's {total} bytes of weights need more than {chips} chips at "
                                  f"{budget} bytes a chip")
-    for _ in range(40):  # bisect the bound on a stage's cycles
-        mid = (lo + hi) / 2
-        if len(cut(mid)) <= chips:
-            hi = mid
-        else:
-            lo = mid
-    return cut(hi)
+    runs, e = [], n
+    for k in range(used, 0, -1):
+        a = best[k][e][1]
+        runs.append(list(range(a, e)))
+        e = a
+    return runs[::-1]
 
 
 # ---- pipeline ---------------------------------------------------------------------------------------------

@@ -199,6 +199,23 @@ def cmd_generate(args) -> int:
     return 0 if report["agree"] else 1
 
 
+def cmd_plan(args) -> int:
+    from .plan import plan, table, write_json
+
+    report = plan(args.model, args.system, dtype=args.dtype, context=args.context, prompt=args.prompt,
+                  batch=args.batch, chips=args.chips, target_tps_per_user=args.target_tps_per_user,
+                  batches=args.batches)
+    print(table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        from .plots import plan_frontier
+
+        print(f"wrote {plan_frontier(report, args.plot)} (tokens/s per user against tokens/s per chip)")
+    return 0
+
+
 def cmd_disasm(args) -> int:
     from ..runtime_sim import decode, disassemble
 
@@ -289,6 +306,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="storage type on the chips")
     p.add_argument("--json", help="write the run as JSON")
     p.set_defaults(func=cmd_generate)
+    from .plan import PRESETS as PLAN_PRESETS
+
+    p = sub.add_parser("plan", help="chips and racks an LLM needs for a decode speed, and what bounds it",
+                       parents=[debug_anywhere])
+    p.add_argument("--model", required=True, help=f"a config.json or a preset: {', '.join(PLAN_PRESETS)}, "
+                   f"{', '.join(LLAMA_PRESETS)}")
+    p.add_argument("--system", default="tsp-rack", help=f"{', '.join(available_systems())} (default tsp-rack)")
+    p.add_argument("--dtype", default="fp16", choices=["int8", "fp8", "fp16", "bf16", "fp32"],
+                   help="storage type of weights, cache and activations (the chip must run it)")
+    p.add_argument("--context", type=int, default=4096, help="KV-cache positions per sequence (default 4096)")
+    p.add_argument("--prompt", type=int, default=512, help="prompt tokens, for the time to first token")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
+    p.add_argument("--batches", type=int, nargs="*", default=[1, 4, 16], help="batch sizes on the frontier")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--chips", type=int, help="use at most this many chips")
+    group.add_argument("--target-tps-per-user", type=float, help="the fewest chips that reach this speed")
+    p.add_argument("--json", help="write the plan as JSON")
+    p.add_argument("--plot", metavar="FRONTIER.png", help="draw the frontier (needs lpx-tvm[plot])")
+    p.set_defaults(func=cmd_plan)
     p = sub.add_parser("sweep", help="chip variants × models × dtypes: compiled, timed, Pareto fronts (on Ray)",
                        parents=[debug_anywhere])
     p.add_argument("spec", help="a sweep spec (.json, .toml or .yaml): base, grid/variants, models, dtypes")

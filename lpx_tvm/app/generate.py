@@ -40,9 +40,8 @@ def _models(model, prompt_len: int, seed: int):
     return config, llama.build_prefill(config, prompt_len, seed), llama.build_decode(config, seed), prompt_len
 
 
-def _write_back_cycles(compiled, names: list, nbytes: dict) -> int:
-    """Cycles to write these state tensors' new bytes over the host links: per chip its bytes at the link
-    rate plus one DMA latency; the chips in parallel (the slowest sets the time)."""
+def kv_bytes_per_chip(compiled, names: list, nbytes: dict) -> dict:
+    """System chip ─► bytes of new K/V a step writes into the caches it holds."""
     per_chip = {}
     for name in names:
         for symbol, arg in compiled.state_where.get(name, ()):
@@ -50,6 +49,13 @@ def _write_back_cycles(compiled, names: list, nbytes: dict) -> int:
             chips = [c for c, _ in sim.program.inputs[arg]] if hasattr(sim, "sims") else [0]
             for chip in chips:
                 per_chip[chip] = per_chip.get(chip, 0) + nbytes[name]
+    return per_chip
+
+
+def _write_back_cycles(compiled, names: list, nbytes: dict) -> int:
+    """Cycles to write these state tensors' new bytes over the host links: per chip its bytes at the link
+    rate plus one DMA latency; the chips in parallel (the slowest sets the time)."""
+    per_chip = kv_bytes_per_chip(compiled, names, nbytes)
     chip = _chip_of(compiled)
     if not per_chip:
         return 0
@@ -148,7 +154,8 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
               "decode_cycles": _cycles(decode), "kv_write_cycles": write_cycles, "per_token_cycles": step_cycles,
               "per_token_us": 1e6 * step_cycles / chip.clock_hz,
               "tokens_per_s_per_user": chip.clock_hz / step_cycles, "compile_s": compile_s,
-              "weight_bytes": cfg.weight_bytes(), "cache_bytes": cfg.cache_bytes()}
+              "weight_bytes": cfg.weight_bytes(), "cache_bytes": cfg.cache_bytes(),
+              "kv_write_bytes_per_chip": kv_bytes_per_chip(decode, names, nbytes)}
     report.update(_system_figures(decode))
     return report
 

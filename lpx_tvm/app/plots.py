@@ -84,3 +84,31 @@ def pareto(records: list, path, cost: str = "area_mm2", value: str = "latency_us
     fig.savefig(str(path), dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def plan_frontier(report: dict, path) -> Path:
+    """Tokens/s per user against tokens/s per chip for every mapping and batch size planned, the frontier
+    joined and the chosen mapping marked."""
+    from .plan import frontier
+
+    plt = _pyplot()
+    rows = report["frontier"]
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for batch in sorted({r["batch"] for r in rows}):
+        group = [r for r in rows if r["batch"] == batch]
+        ax.scatter([r["tokens_per_s_per_chip"] for r in group], [r["tokens_per_s_per_user"] for r in group], s=18,
+                   label=f"batch {batch}")
+    front = sorted(frontier(rows), key=lambda r: r["tokens_per_s_per_chip"])
+    ax.plot([r["tokens_per_s_per_chip"] for r in front], [r["tokens_per_s_per_user"] for r in front], "k--", lw=1,
+            label="frontier")
+    ax.scatter([report["tokens_per_s_per_chip"]], [report["tokens_per_s_per_user"]], s=80, facecolors="none",
+               edgecolors="red", label=f"chosen: {report['chips']} chips")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens/s per chip")
+    ax.set_ylabel("tokens/s per user")
+    ax.set_title(f"{report['model']} on {report['system']} ({report['dtype']})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=120)
+    plt.close(fig)
+    return Path(path)

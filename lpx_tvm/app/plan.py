@@ -1,0 +1,484 @@
+"""``lpx-tvm plan``: how many chips and racks an LLM needs for a decode speed, and what bounds it.
+
+The numbers come from the compiler, not a roofline. For each tensor-parallel width T the planner builds
+one shard of one block (:mod:`.plan_graph`: the graph lowering produces for the :mod:`.llama` decoder)
+and runs the real codegen on the chip model (tile, alloc, list schedule, the timing-only simulator):
+two consecutive blocks minus one gives a block's cycles in the middle of a stage, free of the program's
+host transfers; the LM head's shard likewise. A pipeline of S stages × T chips then takes, per token:
+
+    S × (L/S blocks + 2 all-reduces of the hidden state per block over the T chips)
+      + (S − 1) stage-to-stage transfers + the LM head + writing the new K/V into the resident cache
+
+where an all-reduce is a ring reduce-scatter and all-gather: 2(T − 1) steps, each a hop latency and
+(bytes / T) at the link rate, as the system simulator times them (the hand-worked all-reduce test). The
+weights, the KV cache for the context, and the activations are placed by the real allocator: a mapping
+whose shard streams weights from the host, or does not fit, is not a mapping. Nothing is materialised:
+the weights are zero-strided arrays the codegen never reads.
+
+A mixture of experts places its experts over the T chips of a stage (T/E chips an expert when T ≥ E,
+else E/T experts a chip); a token's top-k experts run side by side, and the MLP's all-reduce becomes a
+dispatch and a combine of the hidden state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from math import ceil
+from pathlib import Path
+
+from ..runtime_sim import ChipConfig
+from ..runtime_sim.system import SystemConfig, load_system
+from .plan_graph import BlockShape, block_graph, head_graph
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+
+# Hugging Face config.json keys the plan reads, and keys it knows and does not need
+_HF_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+            "vocab_size", "rope_theta", "tie_word_embeddings", "num_local_experts", "num_experts_per_tok",
+            "head_dim", "max_position_embeddings"}
+_HF_IGNORED = {"architectures", "model_type", "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id",
+               "transformers_version", "hidden_act", "initializer_range", "rms_norm_eps", "rope_scaling",
+               "use_cache", "attention_bias", "attention_dropout", "mlp_bias", "pretraining_tp", "sliding_window",
+               "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "_name_or_path",
+               "name", "source"}
+
+# published configs (Hugging Face config.json of each; see the README for the repositories)
+PRESETS = {
+    "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=32, vocab_size=32000),
+    "llama-2-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
+                        num_key_value_heads=40, vocab_size=32000),
+    "llama-2-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                        num_key_value_heads=8, vocab_size=32000),
+    "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
+    "llama-3-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                        num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
+    "llama-3.1-405b": dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
+                           num_attention_heads=128, num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
+    "mixtral-8x7b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=32000, rope_theta=1e6, num_local_experts=8,
+                         num_experts_per_tok=2),
+}
+
+
+class PlanError(ValueError):
+    """A model or system the planner cannot plan for, naming what was wrong."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture a plan needs, from a Hugging Face style config."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    tied: bool = False
+    experts: int = 0
+    top_k: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def block_params(self) -> int:
+        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.ffn * max(self.experts, 1) + self.hidden * self.experts
+        return attention + mlp + 2 * self.hidden
+
+    def params(self) -> int:
+        return self.layers * self.block_params() + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def cache_bytes(self, context: int, batch: int, dtype: str) -> int:
+        return 2 * self.layers * batch * context * self.kv_heads * self.head_dim * DTYPE_BYTES[dtype]
+
+
+def model_spec(model) -> ModelSpec:
+    """A ModelSpec from a preset name, a config.json path, a dict, or a ``LlamaConfig``."""
+    from . import llama
+
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, llama.LlamaConfig):
+        return ModelSpec("llama", model.hidden_size, model.num_layers, model.num_heads, model.num_kv_heads,
+                         model.intermediate_size, model.vocab_size, model.tie_word_embeddings)
+    name, data = str(model), model
+    if isinstance(model, dict):
+        name = model.get("name", "model")
+    elif name in PRESETS:
+        data = PRESETS[name]
+    elif name in llama.PRESETS:
+        return replace(model_spec(llama.PRESETS[name]), name=name)
+    else:
+        path = Path(name)
+        if not path.is_file():
+            raise PlanError(f"model {name!r} is neither a preset ({', '.join(list(PRESETS) + list(llama.PRESETS))}) "
+                            "nor a config.json file")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise PlanError(f"{path}: not JSON ({err})") from None
+        name = path.parent.name or path.stem
+    unknown = sorted(set(data) - _HF_KEYS - _HF_IGNORED)
+    if unknown:
+        raise PlanError(f"model {name!r}: unknown config key {', '.join(unknown)} (a plan reads "
+                        f"{', '.join(sorted(_HF_KEYS))})")
+    try:
+        spec = ModelSpec(name, int(data["hidden_size"]), int(data["num_hidden_layers"]),
+                         int(data["num_attention_heads"]), int(data.get("num_key_value_heads",
+                                                                        data["num_attention_heads"])),
+                         int(data["intermediate_size"]), int(data["vocab_size"]),
+                         bool(data.get("tie_word_embeddings", False)), int(data.get("num_local_experts", 0)),
+                         int(data.get("num_experts_per_tok", 0)))
+    except KeyError as err:
+        raise PlanError(f"model {name!r}: config has no {err.args[0]}") from None
+    if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
+        raise PlanError(f"model {name!r}: hidden_size must divide by the heads, and the heads by the KV heads")
+    return spec
+
+
+# ---- the compiler's numbers ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardCost:
+    """What the codegen measured for one program shape: cycles, where they went, what it keeps resident."""
+
+    cycles: int
+    fixed_cycles: int  # a program's own host transfers and pipeline fill, not repeated per block
+    breakdown: dict  # bound ─► cycles of the block (matrix, vector, SRAM bandwidth, latency, host link)
+    resident_bytes: int  # weights and cache of one block shard
+    activation_bytes: int
+    streamed: bool  # some weights would stream from the host: the shard does not fit
+
+
+def _measure(graph, chip: ChipConfig) -> tuple:
+    from ..codegen.alloc import CapacityError, allocate
+    from ..codegen.emit import emit, resolve
+    from ..codegen.schedule import schedule
+    from ..codegen.system import weight_budget
+    from ..codegen.tile import tile
+    from ..runtime_sim import Simulator
+
+    ops = tile(graph, chip, resident_budget=weight_budget(graph, chip))  # as a pipeline stage holds them
+    try:
+        addr = allocate(graph, ops, chip)
+    except CapacityError:
+        return None
+    instructions, layers, fixed = resolve(graph, ops, addr)
+    scheduled, makespan = schedule(instructions, chip, fixed_units=fixed)
+    program = emit(graph, addr, scheduled, layers, makespan, chip)
+    stats = Simulator(program, chip, timing_only=True).stats
+    resident = sum(c.ref.nbytes for c in program.constants) + sum(r.nbytes for _, r in program.state)
+    bounds = {}
+    for row in stats.layers:
+        bounds[row["bound"]] = bounds.get(row["bound"], 0) + row["cycles"]
+    return stats.cycles, bounds, resident, addr["high_water"] - resident, bool(program.streamed)
+
+
+def _as_built(chip: ChipConfig, dtype: str) -> tuple:
+    """The chip and storage type a block is built in. int8 is planned as one-byte storage at the int8 matrix
+    rate: built in fp8 on a variant of the chip whose fp8 rate is its int8 rate (the QDQ flow's quantise and
+    dequantise steps are not modelled)."""
+    if dtype != "int8":
+        return chip, dtype
+    from ..runtime_sim import derive_config
+
+    return derive_config(chip, {"mxm_passes": {"fp8": chip.mxm_passes["int8"]}}, f"{chip.name}+int8-as-fp8"), "fp8"
+
+
+@lru_cache(maxsize=256)
+def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str) -> ShardCost | None:
+    """A block shard's cycles in the middle of a stage (two blocks minus one), or None when it cannot fit."""
+    chip, dtype = _as_built(chip, dtype)
+    np_dtype = _np_dtype(dtype)
+    one = _measure(block_graph(shape, np_dtype, 1), chip)
+    two = _measure(block_graph(shape, np_dtype, 2), chip) if one else None
+    if one is None or two is None:
+        return None
+    per_block = two[0] - one[0]
+    scale = per_block / max(sum(one[1].values()), 1)
+    breakdown = {k: v * scale for k, v in one[1].items()}
+    return ShardCost(per_block, one[0] - per_block, breakdown, two[2] - one[2], one[3], one[4] or two[4])
+
+
+@lru_cache(maxsize=64)
+def head_cost(chip: ChipConfig, hidden: int, vocab: int, tokens: int, dtype: str) -> ShardCost | None:
+    chip, dtype = _as_built(chip, dtype)
+    measured = _measure(head_graph(hidden, vocab, tokens, _np_dtype(dtype)), chip)
+    if measured is None:
+        return None
+    return ShardCost(measured[0], 0, measured[1], measured[2], measured[3], measured[4])
+
+
+def _np_dtype(dtype: str):
+    from ..runtime_sim.isa import DType
+
+    return {d.short: d.np for d in DType}[dtype]
+
+
+# ---- the network -----------------------------------------------------------------------------------------
+def all_reduce_cycles(nbytes: int, ranks: int, chip: ChipConfig, hop: int) -> int:
+    """A ring all-reduce: reduce-scatter then all-gather, 2(ranks − 1) steps of nbytes/ranks each."""
+    if ranks <= 1:
+        return 0
+    step = hop + ceil(ceil(nbytes / ranks) / chip.c2c_bytes_per_cycle)
+    return 2 * (ranks - 1) * step
+
+
+def transfer_cycles(nbytes: int, hops: int, chip: ChipConfig, hop: int) -> int:
+    return hops * hop + ceil(nbytes / chip.c2c_bytes_per_cycle)
+
+
+def stage_hops(system: SystemConfig, stages: int, width: int) -> int:
+    """Hops between two consecutive stages: one inside a node (or a fully connected system), else the
+    system's worst case between nodes."""
+    node = system.figures.get("node_chips", system.chips if system.topology == "fully-connected" else 8)
+    if stages * width <= node or system.topology == "fully-connected":
+        return 1
+    return int(system.figures.get("max_hops", 3))
+
+
+# ---- mappings ----------------------------------------------------------------------------------------
+@dataclass
+class Mapping:
+    """One way to lay the model out: S pipeline stages × T tensor-parallel chips, and what it achieves."""
+
+    stages: int
+    width: int
+    batch: int
+    chips: int
+    per_token_cycles: int
+    ttft_cycles: int
+    split: dict
+    memory_per_chip: int
+    expert_placement: str = ""
+    notes: list = field(default_factory=list)
+
+    def tokens_per_s_per_user(self, clock: int) -> float:
+        return clock / self.per_token_cycles
+
+
+def _widths(spec: ModelSpec, chips: int) -> list:
+    out = []
+    width = 1
+    while width <= min(chips, spec.heads):
+        if spec.heads % width == 0 and (spec.kv_heads % width == 0 or width % spec.kv_heads == 0) \
+                and spec.ffn % width == 0:
+            out.append(width)
+        width *= 2
+    return out
+
+
+def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, width: int, batch: int,
+             context: int, prompt: int) -> Mapping | None:
+    """The figures of one mapping, or None when a shard does not fit its chip."""
+    chip, hop = system.chip, system.hop_cycles
+    if stages > spec.layers:
+        return None
+    expert_chips = 1
+    if spec.experts:
+        expert_chips = max(width // spec.experts, 1)  # chips an expert is split over
+        experts_per_chip = ceil(spec.experts / width)
+        ffn_shard = spec.ffn // expert_chips
+        placement = (f"{spec.experts} experts over {width} chips: "
+                     + (f"each split over {expert_chips}" if width >= spec.experts else f"{experts_per_chip} a chip"))
+    else:
+        experts_per_chip, ffn_shard, placement = 1, spec.ffn // width, ""
+    shape = BlockShape(spec.hidden, spec.heads // width, max(spec.kv_heads // width, 1), spec.head_dim, ffn_shard,
+                       1, context, batch, spec.experts)
+    block = block_cost(chip, shape, dtype)
+    if block is None or block.streamed:
+        return None
+    if spec.experts:  # the other experts this chip holds add their weights, not their time (top-k run in parallel)
+        extra = (experts_per_chip - 1) * 3 * spec.hidden * ffn_shard * DTYPE_BYTES[dtype]
+    else:
+        extra = 0
+    per_stage = ceil(spec.layers / stages)
+    head = head_cost(chip, spec.hidden, ceil(spec.vocab / width), batch, dtype)
+    if head is None or head.streamed:
+        return None
+    # every stage holds its layers' weights and caches; the last one the LM head as well, so it may take fewer
+    per_block = block.resident_bytes + extra
+    room = chip.sram_bytes - max(block.activation_bytes, head.activation_bytes)
+    regular, last = room // per_block, (room - head.resident_bytes) // per_block
+    if last < 0 or (stages - 1) * regular + last < spec.layers:
+        return None
+    memory = min(per_stage, regular) * per_block + chip.sram_bytes - room
+    memory = max(memory, min(last, spec.layers) * per_block + head.resident_bytes + chip.sram_bytes - room)
+    hidden_bytes = batch * spec.hidden * DTYPE_BYTES[dtype]
+    hops = stage_hops(system, stages, width)
+    blocks = stages * per_stage
+    # per block: the attention's all-reduce, and the MLP's (a mixture of experts: a dispatch and a combine)
+    reduce_steps = 2 * (width - 1)
+    mlp_steps, mlp_bytes = (2, hidden_bytes) if spec.experts and width > 1 else (reduce_steps, hidden_bytes / width)
+    hop_steps = blocks * (reduce_steps + mlp_steps) + (stages - 1) * hops
+    serial = blocks * (reduce_steps * ceil(ceil(hidden_bytes / width) / chip.c2c_bytes_per_cycle)
+                       + mlp_steps * ceil(mlp_bytes / chip.c2c_bytes_per_cycle)) \
+        + (stages - 1) * ceil(hidden_bytes / chip.c2c_bytes_per_cycle)
+    network = hop_steps * hop + serial
+    kv_bytes = per_stage * 2 * batch * max(spec.kv_heads // width, 1) * spec.head_dim * 4  # fp32 from the host
+    kv_write = ceil(kv_bytes / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
+    compute = blocks * block.cycles + head.cycles
+    per_token = compute + network + kv_write
+    split = {"matrix": 0.0, "vector": 0.0, "SRAM": 0.0, "latency": 0.0}
+    for breakdown, times in ((block.breakdown, stages * per_stage), (head.breakdown, 1)):
+        for bound, cycles in breakdown.items():
+            key = {"matrix": "matrix", "vector": "vector", "switch": "vector", "SRAM bandwidth": "SRAM",
+                   "host link": "host link"}.get(bound, "latency")
+            split[key] = split.get(key, 0.0) + cycles * times
+    scale = compute / max(sum(split.values()), 1)
+    split = {k: v * scale for k, v in split.items()}
+    split["C2C transfer"] = serial
+    split["hop latency"] = hop_steps * hop
+    split["synchronisation"] = 0.0  # the static schedule aligns the chips: no barriers at run time
+    split["KV write"] = kv_write
+    prefill_shape = BlockShape(spec.hidden, shape.heads, shape.kv_heads, spec.head_dim, ffn_shard, prompt, 0, 1,
+                               spec.experts)
+    prefill = block_cost(chip, prefill_shape, dtype)
+    ttft = None
+    if prefill is not None and not prefill.streamed:
+        pre_bytes = prompt * spec.hidden * DTYPE_BYTES[dtype]
+        ttft = stages * per_stage * (prefill.cycles + 2 * all_reduce_cycles(pre_bytes, width, chip, hop)) \
+            + (stages - 1) * transfer_cycles(pre_bytes, hops, chip, hop) + head.cycles
+    return Mapping(stages, width, batch, stages * width, per_token, ttft, split, memory, placement)
+
+
+def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, prompt: int = 512, batch: int = 1,
+         chips: int | None = None, target_tps_per_user: float | None = None, batches=(1,),
+         mapping: tuple | None = None) -> dict:
+    """Plan an LLM's decode on a system: the mapping, its speed, its chips and racks, and what bounds it.
+
+    Parameters
+    ----------
+    model : str, Path, dict or ModelSpec
+        A preset (``llama-2-70b``, ``llama-3-8b``, ``mixtral-8x7b``, ... or a :mod:`.llama` decoder) or a
+        Hugging Face ``config.json``.
+    system : str
+        ``tsp-node``, ``tsp-rack``, ``tsp-system-N``, ``lpx-rack`` or a system file: its chip and size.
+    dtype : str
+        Storage type of weights, cache and activations on the chips (the chip must run it).
+    context, prompt, batch : int
+        KV-cache positions per sequence, prompt tokens (time to first token), sequences decoded together.
+    chips : int, optional
+        Use at most this many chips (default: the system's).
+    target_tps_per_user : float, optional
+        Find the fewest chips whose best mapping reaches this many tokens/s per user.
+    batches : sequence of int
+        Batch sizes to put on the frontier (besides ``batch``).
+    mapping : (int, int), optional
+        Evaluate only this (pipeline stages, tensor-parallel width).
+    """
+    start = time.perf_counter()
+    spec = model_spec(model)
+    system = load_system(system)
+    chip = system.chip
+    chip.check_dtype(dtype)
+    limit = min(chips or system.chips, system.chips)
+    weights = spec.params() * DTYPE_BYTES[dtype]
+    cache = spec.cache_bytes(context, batch, dtype)
+    capacity = system.chips * chip.sram_bytes
+    if weights + cache > capacity:
+        raise PlanError(f"{spec.name} needs {weights + cache:,} bytes ({weights:,} of {dtype} weights, {cache:,} of "
+                        f"KV cache for {context} positions × {batch}) but {system.name} holds {capacity:,} "
+                        f"({system.chips} chips × {chip.sram_bytes:,})")
+    candidates = []
+    if mapping is not None:
+        found = evaluate(spec, system, dtype, mapping[0], mapping[1], batch, context, prompt)
+        if found is None:
+            raise PlanError(f"{spec.name}: {mapping[0]} stages × {mapping[1]} chips does not fit {system.chip.name}")
+        return _report(spec, system, dtype, context, prompt, found, [found], "the mapping asked for", weights,
+                       cache, time.perf_counter() - start)
+    for b in sorted({batch, *batches}):
+        for width in _widths(spec, limit):
+            least = max(1, ceil((weights + spec.cache_bytes(context, b, dtype)) / (chip.sram_bytes * width)))
+            for stages in sorted({s for s in range(least, min(spec.layers, limit // width) + 1)
+                                  if s in (least, least + 1) or s & (s - 1) == 0 or spec.layers % s == 0}):
+                mapping = evaluate(spec, system, dtype, stages, width, b, context, prompt)
+                if mapping is not None:
+                    candidates.append(mapping)
+    at_batch = [m for m in candidates if m.batch == batch]
+    if not at_batch:
+        raise PlanError(f"{spec.name} in {dtype} with a {context}-position cache does not fit {limit} chips of "
+                        f"{system.name}: every shard streams weights or overflows SRAM")
+    if target_tps_per_user:
+        meets = [m for m in at_batch if m.tokens_per_s_per_user(chip.clock_hz) >= target_tps_per_user]
+        if not meets:
+            best = max(at_batch, key=lambda m: m.tokens_per_s_per_user(chip.clock_hz))
+            raise PlanError(f"no mapping on {limit} chips reaches {target_tps_per_user} tokens/s per user; the "
+                            f"fastest gives {best.tokens_per_s_per_user(chip.clock_hz):.0f} on {best.chips} chips")
+        chosen = min(meets, key=lambda m: (m.chips, m.per_token_cycles))
+        why = f"the fewest chips reaching {target_tps_per_user} tokens/s per user"
+    else:
+        chosen = min(at_batch, key=lambda m: (m.per_token_cycles, m.chips))
+        why = f"the lowest per-token latency on at most {limit} chips"
+    return _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights, cache,
+                   time.perf_counter() - start)
+
+
+def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights, cache, seconds) -> dict:
+    clock = system.chip.clock_hz
+    per_rack = {"tsp-rack": 72, "lpx-rack": 256}.get(system.name, 72 if system.chip.name == "tsp" else 256)
+    split = {k: round(v) for k, v in chosen.split.items()}
+    bottleneck = max(split, key=split.get)
+
+    def row(m):
+        tps = m.tokens_per_s_per_user(clock)
+        return {"stages": m.stages, "width": m.width, "chips": m.chips, "batch": m.batch,
+                "per_token_us": 1e6 * m.per_token_cycles / clock, "tokens_per_s_per_user": tps,
+                "tokens_per_s": tps * m.batch * m.stages, "tokens_per_s_per_chip": tps * m.batch * m.stages / m.chips,
+                "ttft_ms": None if m.ttft_cycles is None else 1e3 * m.ttft_cycles / clock,
+                "memory_per_chip": m.memory_per_chip}
+    frontier = sorted((row(m) for m in candidates), key=lambda r: (r["chips"], r["batch"]))
+    best = row(chosen)
+    return {"model": spec.name, "system": system.name, "chip": system.chip.name, "dtype": dtype, "context": context,
+            "prompt": prompt, "params": spec.params(), "weight_bytes": weights, "cache_bytes": cache,
+            "chips": chosen.chips, "racks": ceil(chosen.chips / per_rack),
+            "mapping": {"pipeline_stages": chosen.stages, "tensor_parallel": chosen.width,
+                        "layers_per_stage": ceil(spec.layers / chosen.stages), "experts": chosen.expert_placement,
+                        "why": why},
+            **best, "tokens_per_s_per_rack": best["tokens_per_s"] / max(ceil(chosen.chips / per_rack), 1),
+            "split_cycles": split, "bottleneck": bottleneck, "frontier": frontier, "plan_s": seconds}
+
+
+def table(report: dict) -> str:
+    """The plan as text: the chosen mapping and its split, then the frontier."""
+    from tabulate import tabulate
+
+    m = report["mapping"]
+    total = sum(report["split_cycles"].values())
+    split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in report["split_cycles"].items() if v)
+    head = (f"{report['model']} ({report['params'] / 1e9:.1f} B parameters, {report['dtype']}) on {report['system']}"
+            f" ({report['chip']} chips), {report['context']}-position cache, batch {report['batch']}:\n"
+            f"  {report['chips']} chips ({report['racks']} rack(s)): {m['pipeline_stages']} pipeline stages × "
+            f"{m['tensor_parallel']}-way tensor parallel, {m['layers_per_stage']} layers a stage"
+            + (f"; {m['experts']}" if m["experts"] else "") + f" ({m['why']})\n"
+            f"  {report['per_token_us']:.1f} µs a token = {report['tokens_per_s_per_user']:.0f} tokens/s per user; "
+            f"{report['tokens_per_s_per_chip']:.1f} tokens/s per chip, {report['tokens_per_s_per_rack']:.0f} per rack"
+            + (f"; time to first token ({report['prompt']} prompt tokens) {report['ttft_ms']:.2f} ms"
+               if report["ttft_ms"] is not None else "") + "\n"
+            f"  per token: {split}; bound by {report['bottleneck']}\n"
+            f"  memory a chip: {report['memory_per_chip'] / 2**20:.0f} MiB (weights {report['weight_bytes'] / 1e9:.1f} GB"
+            f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB in all); planned in {report['plan_s']:.1f} s")
+    rows = [[r["chips"], f"{r['stages']}×{r['width']}", r["batch"], f"{r['per_token_us']:.1f}",
+             f"{r['tokens_per_s_per_user']:.0f}", f"{r['tokens_per_s_per_chip']:.2f}"] for r in report["frontier"]]
+    return head + "\n\n" + tabulate(rows, headers=["chips", "stages×TP", "batch", "µs a token", "tokens/s per user",
+                                                   "tokens/s per chip"], tablefmt="github")
+
+
+def frontier(rows: list) -> list:
+    """The rows no other beats on both tokens/s per user and tokens/s per chip."""
+    from .cost import pareto_front
+
+    negated = [{"u": -r["tokens_per_s_per_user"], "c": -r["tokens_per_s_per_chip"]} for r in rows]
+    return [rows[k] for k in pareto_front(negated, "c", "u")]
+
+
+def write_json(report: dict, path) -> None:
+    Path(path).write_text(json.dumps(report, indent=1, default=float))
+

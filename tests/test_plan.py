@@ -1,0 +1,92 @@
+"""lpx-tvm plan: capacity and speed from the compiler's own numbers, checked against the full simulation."""
+
+import json
+from math import ceil
+
+import pytest
+
+from lpx_tvm.app.cli import main
+from lpx_tvm.app.generate import generate
+from lpx_tvm.app.plan import PlanError, all_reduce_cycles, model_spec, plan
+from lpx_tvm.runtime_sim import load_config
+from lpx_tvm.runtime_sim.system import load_system
+
+SMALL_MOE = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "intermediate_size": 128, "vocab_size": 256, "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def test_plan_agrees_with_the_full_multi_chip_simulation():
+    """llama-small compiled whole, a 4-stage pipeline on tsp-node, its decode steps simulated chip by chip and
+    link by link; the plan composes one block's cycles with the network model."""
+    simulated = generate("llama-small", tokens=2, system="tsp-node", chips=4, parallel="pipeline", prompt_len=8)
+    planned = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, mapping=(4, 1))
+    tsp = load_config("tsp")
+    assert planned["per_token_us"] * tsp.clock_hz / 1e6 == pytest.approx(simulated["per_token_cycles"], rel=0.05)
+    assert planned["chips"] == len(simulated["chips"]) == 4
+
+
+def test_a_model_no_system_holds_is_named_with_its_bytes():
+    with pytest.raises(PlanError, match=r"llama-3.1-405b needs [\d,]+ bytes .* but lpx-rack holds [\d,]+"):
+        plan("llama-3.1-405b", "lpx-rack", dtype="fp8")
+
+
+def test_an_unknown_config_key_is_named(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**SMALL_MOE, "hidden_sise": 64}))
+    with pytest.raises(PlanError, match="unknown config key hidden_sise"):
+        model_spec(str(config))
+
+
+def test_fp8_on_a_chip_without_it_names_what_it_runs():
+    with pytest.raises(ValueError, match="'tsp' has no fp8 matrix unit .*fp16.*int8"):
+        plan("llama-tiny", "tsp-node", dtype="fp8")
+
+
+@pytest.mark.parametrize("chips, placement", [(2, "4 experts over 2 chips: 2 a chip"),
+                                              (4, "4 experts over 4 chips: each split over 1")])
+def test_experts_are_placed_over_the_tensor_parallel_chips(chips, placement):
+    report = plan(SMALL_MOE, "tiny-8", dtype="fp32", context=32, prompt=8, mapping=(1, chips))
+    assert report["mapping"]["experts"] == placement
+    # every expert's weights are on some chip: the chips' memory holds at least all the experts' MLPs
+    experts = 4 * 4 * 3 * 64 * 128 * 4
+    assert report["memory_per_chip"] * chips >= experts
+
+
+def test_more_chips_never_slow_the_chosen_mapping():
+    latencies = [plan("llama-small", "tsp-node", dtype="fp16", context=128, prompt=8, chips=n)["per_token_us"]
+                 for n in (1, 2, 4, 8)]
+    assert all(b <= a for a, b in zip(latencies, latencies[1:])), latencies
+
+
+def test_the_all_reduce_the_plan_charges_is_the_hand_worked_one():
+    """4 chips, 8 KiB of fp16 hidden state: 2 × 3 ring steps, each a hop and 2 KiB over a 15 GB/s link."""
+    tsp = load_config("tsp")
+    hop = tsp.latency_cycles["C2C"]
+    step = hop + ceil(2048 / (15e9 / 900e6))
+    assert all_reduce_cycles(8192, 4, tsp, hop) == 6 * step
+
+
+def test_the_lpx_rack_is_256_times_its_chip():
+    """NVIDIA's rack figures against 256 × the lp30 preset (the blog's per-chip figures are rounded)."""
+    rack = load_system("lpx-rack")
+    chip = rack.chip
+    assert rack.chips == 256
+    assert rack.chips * chip.sram_bytes == pytest.approx(rack.figures["rack_sram_bytes"], rel=1e-3)
+    assert rack.chips * chip.peak_ops_per_s("fp8") == pytest.approx(rack.figures["rack_fp8_flops"], rel=0.01)
+    assert rack.chips * chip.sram_bytes_per_cycle * chip.clock_hz == pytest.approx(
+        rack.figures["rack_sram_bytes_per_s"], rel=0.02)
+    # 96 links of 14 GB/s each way is 2.69 TB/s a chip: 7.5% over the 640 TB/s rack, which counts 90 links
+    both_ways = 2 * chip.c2c_links * chip.c2c_bytes_per_s_per_link
+    assert rack.chips * both_ways == pytest.approx(rack.figures["rack_scale_up_bytes_per_s"], rel=0.08)
+    assert rack.chips * 2 * 90 * chip.c2c_bytes_per_s_per_link == pytest.approx(
+        rack.figures["rack_scale_up_bytes_per_s"], rel=0.01)
+
+
+def test_the_plan_command(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "llama-small", "--system", "tsp-node", "--dtype", "fp16", "--context", "128",
+                 "--prompt", "8", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "tokens/s per user" in text and "bound by" in text
+    report = json.loads(out.read_text())
+    assert report["bottleneck"] in report["split_cycles"] and report["chips"] >= 1

@@ -313,7 +313,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     memory = max(memory, min(last, spec.layers) * per_block + head.resident_bytes + chip.sram_bytes - room)
     hidden_bytes = batch * spec.hidden * DTYPE_BYTES[dtype]
     hops = stage_hops(system, stages, width)
-    blocks = stages * per_stage
+    blocks = spec.layers  # one token passes every layer once, stage after stage
     # per block: the attention's all-reduce, and the MLP's (a mixture of experts: a dispatch and a combine)
     reduce_steps = 2 * (width - 1)
     mlp_steps, mlp_bytes = (2, hidden_bytes) if spec.experts and width > 1 else (reduce_steps, hidden_bytes / width)
@@ -327,7 +327,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     compute = blocks * block.cycles + head.cycles
     per_token = compute + network + kv_write
     split = {"matrix": 0.0, "vector": 0.0, "SRAM": 0.0, "latency": 0.0}
-    for breakdown, times in ((block.breakdown, stages * per_stage), (head.breakdown, 1)):
+    for breakdown, times in ((block.breakdown, blocks), (head.breakdown, 1)):
         for bound, cycles in breakdown.items():
             key = {"matrix": "matrix", "vector": "vector", "switch": "vector", "SRAM bandwidth": "SRAM",
                    "host link": "host link"}.get(bound, "latency")
@@ -344,7 +344,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     ttft = None
     if prefill is not None and not prefill.streamed:
         pre_bytes = prompt * spec.hidden * DTYPE_BYTES[dtype]
-        ttft = stages * per_stage * (prefill.cycles + 2 * all_reduce_cycles(pre_bytes, width, chip, hop)) \
+        ttft = spec.layers * (prefill.cycles + 2 * all_reduce_cycles(pre_bytes, width, chip, hop)) \
             + (stages - 1) * transfer_cycles(pre_bytes, hops, chip, hop) + head.cycles
     return Mapping(stages, width, batch, stages * width, per_token, ttft, split, memory, placement)
 

@@ -2,7 +2,12 @@
 
 Every fp32 tensor, weights included, is stored in the target type; the matrix
 unit accumulates in fp32 and each instruction rounds once on the way out (the
-simulator's semantics). The host keeps the model's own dtype: a CAST after each
+simulator's semantics). fp8 (e4m3: 3 mantissa bits, 2^-6 to 448) is the
+products' type, as fp8 inference runs it: their weights are stored scaled per
+output channel to fp8's range (the EPILOGUE multiplies the scale back into the
+fp32 sums) and their activations are CAST to fp8 just before them; everything
+the vector unit makes (norms, softmax, residuals, the outputs) is fp16, where
+3 mantissa bits would lose a probability of 0.001 altogether. The host keeps the model's own dtype: a CAST after each
 LOAD and before each STORE sits at the boundary, on lpx. Resident state (a KV cache)
 is stored in the target type too; its host signature stays fp32.
 """
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 
+import ml_dtypes
 import numpy as np
 
 from ..runtime_sim.isa import FLOAT_DTYPES
@@ -28,13 +34,19 @@ def lower_precision(g: Graph, dtype: str) -> None:
     target = STORAGE[dtype]
     if target == F32:
         return
+    keep, one_byte = set(), set()
+    if dtype == "fp8":  # products in fp8, everything else in fp16 (see the module docstring)
+        keep = scale_weights(g, float(ml_dtypes.finfo(target).max))
+        one_byte = {g.base(n.inputs[1]) for n in g.nodes if n.kind in _PRODUCTS and g.is_constant(g.base(n.inputs[1]))}
+        _cast_product_inputs(g, target)
+        target = STORAGE["fp16"]
     readers = {g.base(t): n.layer for n in g.nodes for t in n.inputs}
     for tid, tensor in enumerate(g.tensors):
-        if tensor.dtype == F32:
-            tensor.dtype = target
+        if tensor.dtype == F32 and tid not in keep:
+            tensor.dtype = STORAGE["fp8"] if tid in one_byte else target
             if tensor.data is not None:
                 with np.errstate(over="ignore"):
-                    stored = tensor.data.astype(target)
+                    stored = tensor.data.astype(tensor.dtype)
                 if np.isinf(stored).any() and np.isfinite(tensor.data).all():
                     warnings.warn(f"lpx: a constant of layer {readers.get(tid, '?')!r} overflows {dtype} "
                                   f"(|x| up to {float(np.abs(tensor.data).max()):.3g}): it holds inf",
@@ -55,3 +67,57 @@ def lower_precision(g: Graph, dtype: str) -> None:
             host = g.add_tensor(g.tensors[tid].shape, F32)
             g.nodes.append(Node("CAST", [tid], host, {}, "cast_out"))
             g.outputs[i] = host
+
+
+_PRODUCTS = ("conv2d", "matmul")
+
+
+def _cast_product_inputs(g: Graph, fp8) -> None:
+    """A product with fp8 weights takes fp8 activations: a CAST before it (one per activation tensor)."""
+    casts, nodes = {}, []
+    for node in g.nodes:
+        if node.kind in _PRODUCTS and g.is_constant(g.base(node.inputs[1])) \
+                and not g.is_constant(g.base(node.inputs[0])):
+            x = node.inputs[0]
+            if x not in casts:
+                casts[x] = g.add_tensor(g.tensors[x].shape, fp8)
+                nodes.append(Node("CAST", [x], casts[x], {}, node.layer + "+cast_fp8"))
+            node.inputs[0] = casts[x]
+        nodes.append(node)
+    g.nodes[:] = nodes
+
+
+def scale_weights(g: Graph, top: float) -> set:
+    """fp8's range is narrow (e4m3: 2^-6 to 448, 3 mantissa bits): a weight of 0.01 is a subnormal with a
+    few percent of error. Each product's weights are stored scaled per output channel to reach ``top``; the
+    EPILOGUE multiplies the scale back into the fp32 sums (``act((acc + bias / s) · s)``). The bias and the
+    scales stay fp32. Returns the tensors kept fp32."""
+    keep = set()
+    for node in g.nodes:
+        if node.kind not in ("conv2d", "matmul") or not g.is_constant(g.base(node.inputs[1])):
+            continue
+        w_id = g.base(node.inputs[1])
+        weight = g.tensors[w_id].data.astype(np.float32).reshape(g.tensors[node.inputs[1]].shape)
+        if weight.ndim < 2 or len(node.inputs) > 3:
+            continue
+        axis = 0 if node.kind == "conv2d" else weight.ndim - 1  # the output channel (column)
+        count = weight.shape[axis]
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None and (not g.is_constant(g.base(bias)) or int(np.prod(g.tensors[bias].shape)) != count):
+            continue
+        reduce = tuple(a for a in range(weight.ndim) if a != axis)
+        peak = np.abs(weight).max(axis=reduce)
+        scale = np.where(peak > 0, peak / top, 1.0).astype(np.float32)
+        shaped = scale.reshape([-1 if a == axis else 1 for a in range(weight.ndim)])
+        if sum(len(n.inputs) > 1 and n.inputs[1] == node.inputs[1] for n in g.nodes) > 1:  # shared: a copy
+            w_id = g.constant(weight)
+            node.inputs[1] = w_id
+        g.tensors[w_id].data = (weight / shaped).astype(np.float32).reshape(g.tensors[w_id].data.shape)
+        bias_data = (np.zeros(count, np.float32) if bias is None
+                     else g.tensors[g.base(bias)].data.astype(np.float32).reshape(-1))
+        bias_shape = (count,) if bias is None else g.tensors[bias].shape
+        new_bias = g.add_tensor(bias_shape, F32, data=(bias_data / scale).reshape(bias_shape))
+        new_scale = g.add_tensor(bias_shape, F32, data=scale.reshape(bias_shape))
+        node.inputs[2:] = [new_bias, new_scale]
+        keep |= {new_bias, new_scale}
+    return keep

@@ -233,7 +233,9 @@ def _epilogue(outs, ins, attrs):
         acc, bias, requant = ins
         requantize(out, acc.astype(np.int64) + bias, requant, attrs["act"], attrs["zp_out"])
         return
-    acc = _f32(ins[0]) + (ins[1] if len(ins) == 2 else F32(0))
+    acc = _f32(ins[0]) + (ins[1] if len(ins) >= 2 else F32(0))
+    if len(ins) == 3:  # the weights' per-column scale (fp8 weights are stored scaled to their range)
+        acc *= ins[2]
     _store(out, apply_epilogue(acc, attrs))
 
 

@@ -112,7 +112,7 @@ def _alu_ops(ins) -> int:
         kh, kw = ins.attrs["kernel"]
         taps = kh * kw * (2 if group == Group.DEPTHWISE else 1)  # a multiply and an add per depthwise tap
         return taps + (OP_TABLE[Opcode.EPILOGUE].alu_ops if group == Group.DEPTHWISE else 0)
-    if group == Group.EPILOGUE and ins.dsts[0].dtype.is_quantized:
+    if group == Group.EPILOGUE and (ins.dsts[0].dtype.is_quantized or len(ins.srcs) == 3):
         return ins.spec.alu_ops + 1  # a rounding multiply, the zero point, a saturating convert (assumed)
     return max(ins.spec.alu_ops, 1)
 

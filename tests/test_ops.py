@@ -221,6 +221,9 @@ def test_epilogue_float_and_int8():
     scaled = ((acc32 + bias32).astype(np.float32) * requant).astype(np.float64)  # QLinearConv: fp32 product
     helper_test_op(Opcode.EPILOGUE, [acc32, bias32, requant], {"zp_out": 10, "act": Opcode.RELU},
                    np.clip(np.rint(scaled) + 10, 10, 255), out_dtype=DType.U8)
+    scale = RNG.uniform(1e-4, 1e-3, (1, 6)).astype(np.float32)  # fp8 weights stored scaled: the scale comes back
+    helper_test_op(Opcode.EPILOGUE, [acc, bias, scale], {"act": Opcode.RELU},
+                   np.maximum((f64(acc) + f64(bias)) * f64(scale), 0), out_dtype=DType.F16)
 
 
 def test_host_transfers_and_nop():

@@ -88,14 +88,14 @@ def compare(outputs, references) -> dict:
     return {"max_abs_err": abs_err, "max_rel_err": rel, "cosine": cosine}
 
 
-REDUCED_PRECISION_MIN_COSINE = 0.999
+REDUCED_PRECISION_MIN_COSINE = {"fp16": 0.999, "bf16": 0.999, "fp8": 0.99}  # against ORT in fp32
 
 
 def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: int = 3, dtype: str = "fp32") -> dict:
     """Run one zoo model through lpx and ONNX Runtime (and TVM llvm) and return its record.
 
-    With ``dtype`` fp16 or bf16 the reference is still ONNX Runtime in fp32, and
-    the model passes at cosine >= 0.999 (relative error is reported, not judged).
+    With ``dtype`` fp16, bf16 or fp8 the reference is still ONNX Runtime in fp32, and the model passes at
+    cosine >= 0.999 (fp8: 0.99); relative error is reported, not judged.
     """
     import onnxruntime as ort
     import tvm
@@ -149,7 +149,7 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
                                                    references[0].reshape(len(references[0]), -1).argmax(1)))
         record["ok"] = record["within_one_step_pct"] >= 99.0 and record["top1_agree"]
     else:
-        record["ok"] = record["cosine"] >= REDUCED_PRECISION_MIN_COSINE
+        record["ok"] = record["cosine"] >= REDUCED_PRECISION_MIN_COSINE[dtype]
     if not record["ok"]:
         record["error"] = (f"outside tolerance (rel {record['max_rel_err']:.2e}, cosine {record['cosine']:.6f}, "
                            f"{dtype})")

@@ -1,0 +1,50 @@
+"""fp8 (e4m3) on a chip whose matrix unit runs it: products in fp8 with per-channel weight scales, the vector
+work in fp16, against ONNX Runtime in fp32; and a clear error on a chip without it."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import lpx_tvm
+from conftest import cnn_model
+from lpx_tvm.app.zoo import ZOO, compare
+from lpx_tvm.runtime import total_offloaded_calls
+from lpx_tvm.runtime_sim import DType, Opcode
+
+
+def test_fp8_on_a_chip_without_it_names_what_the_chip_runs():
+    with pytest.raises(ValueError, match=r"'tsp' has no fp8 matrix unit \(it runs bf16, fp16, fp32, int8\)"):
+        lpx_tvm.compile(cnn_model(), config="tsp", dtype="fp8")
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "bert_encoder"])
+def test_fp8_agrees_with_onnx_runtime_in_fp32(name):
+    entry = ZOO[name]
+    model = entry.load()
+    feeds = entry.feeds(model)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    compiled = lpx_tvm.compile(model, config="lp30", dtype="fp8", input_shapes=entry.input_shapes)
+    calls = total_offloaded_calls()
+    outputs = compiled(*[feeds[n] for n, _, _ in compiled.input_signature])
+    assert total_offloaded_calls() > calls
+    assert compare(outputs, reference)["cosine"] >= 0.99
+    (sim,) = compiled.simulators.values()
+    products = [i for i in sim.program.instructions if i.opcode in (Opcode.MATMUL, Opcode.INSTALL)]
+    weighted = [i for i in products if i.srcs[0].dtype == DType.F8]
+    assert len(weighted) >= len(products) // 2  # the weighted products run in fp8 (attention's stay fp16)
+
+
+def test_small_weights_keep_their_precision_in_fp8(rng):
+    """Weights of 1e-3 are subnormal in e4m3 (2^-9 steps): stored as they are they would lose most of their
+    digits; scaled per output column they keep fp8's 3 mantissa bits."""
+    from onnx import helper, numpy_helper
+    from conftest import make_model, tensor_info
+
+    w = (rng.standard_normal((64, 32)) * 1e-3).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [8, 64])],
+                       [tensor_info("y", [8, 32])], [numpy_helper.from_array(w, "w")])
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    (y,) = lpx_tvm.compile(model, config="lp30", dtype="fp8")(x)
+    want = x.astype(np.float64) @ w
+    cosine = float((y.astype(np.float64) * want).sum() / np.linalg.norm(y) / np.linalg.norm(want))
+    assert cosine > 0.998

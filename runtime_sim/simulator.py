@@ -35,8 +35,20 @@ class OverflowWarning(UserWarning):
     """A result overflowed a reduced-precision storage type (fp16, bf16) to inf."""
 
 
+class Timed:
+    """Seconds and microseconds of ``cycles`` at ``clock_hz``."""
+
+    @property
+    def seconds(self) -> float:
+        return self.cycles / self.clock_hz
+
+    @property
+    def microseconds(self) -> float:
+        return 1e6 * self.seconds
+
+
 @dataclass
-class RunStats:
+class RunStats(Timed):
     """Cycle-level figures of a program (identical on every call: the schedule is static)."""
 
     cycles: int
@@ -55,14 +67,6 @@ class RunStats:
     layers: list = field(default_factory=list)
     planes: int = 1
     array_macs: int = 1
-
-    @property
-    def seconds(self) -> float:
-        return self.cycles / self.clock_hz
-
-    @property
-    def microseconds(self) -> float:
-        return 1e6 * self.seconds
 
     @property
     def utilisation(self) -> dict:

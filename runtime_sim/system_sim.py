@@ -40,7 +40,7 @@ import numpy as np
 from .check import ScheduleError
 from .isa import Opcode
 from .program import SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, decode, encode_array
-from .simulator import CallError, Simulator
+from .simulator import CallError, Simulator, Timed
 from .system import SystemConfig, load_system
 
 SYSTEM_VERSION = 1
@@ -215,7 +215,7 @@ def check_network(system: SystemConfig, program: SystemProgram, timelines: list)
 
 
 @dataclass
-class SystemStats:
+class SystemStats(Timed):
     """Cycle-level figures of a system program: global makespan, each chip's, and each link direction's."""
 
     cycles: int
@@ -223,14 +223,6 @@ class SystemStats:
     clock_hz: int
     chips: dict  # system chip -> RunStats
     links: dict  # (chip, port) -> {"bytes", "busy_cycles", "transfers", "peer"}
-
-    @property
-    def seconds(self) -> float:
-        return self.cycles / self.clock_hz
-
-    @property
-    def microseconds(self) -> float:
-        return 1e6 * self.seconds
 
     def to_dict(self) -> dict:
         return {"cycles": self.cycles, "predicted_cycles": self.predicted_cycles, "microseconds": self.microseconds,

@@ -43,12 +43,18 @@ def roofline(report: dict, path) -> Path:
         knee = peak / bandwidth
         xs = [lo, max(lo, min(knee, hi)), hi]
         ax.plot(xs, [min(peak, bandwidth * x) for x in xs], "k-", lw=1, label="roofline (matrix peak, SRAM bandwidth)")
-    ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
-    ax.set_ylabel("achieved FLOP/s")
-    ax.set_title(f"{report.get('model', 'model')} on {chip['name']} ({report.get('dtype', '')})")
-    ax.legend(fontsize=8)
+    return _save(plt, fig, ax, path, "arithmetic intensity (FLOPs per byte moved)", "achieved FLOP/s",
+                 f"{report.get('model', 'model')} on {chip['name']} ({report.get('dtype', '')})")
+
+
+def _save(plt, fig, ax, path, xlabel: str, ylabel: str, title: str) -> Path:
+    """A log-x panel labelled, titled and written to ``path``."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(str(path), dpi=120)
     plt.close(fig)
@@ -103,12 +109,5 @@ def plan_frontier(report: dict, path) -> Path:
             label="frontier")
     ax.scatter([report["tokens_per_s_per_chip"]], [report["tokens_per_s_per_user"]], s=80, facecolors="none",
                edgecolors="red", label=f"chosen: {report['chips']} chips")
-    ax.set_xscale("log")
-    ax.set_xlabel("tokens/s per chip")
-    ax.set_ylabel("tokens/s per user")
-    ax.set_title(f"{report['model']} on {report['system']} ({report['dtype']})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(str(path), dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, ax, path, "tokens/s per chip", "tokens/s per user",
+                 f"{report['model']} on {report['system']} ({report['dtype']})")

@@ -36,9 +36,10 @@ def lower_precision(g: Graph, dtype: str) -> None:
         return
     keep, one_byte = set(), set()
     if dtype == "fp8":  # products in fp8, everything else in fp16 (see the module docstring)
-        keep = scale_weights(g, float(ml_dtypes.finfo(target).max))
-        one_byte = {g.base(n.inputs[1]) for n in g.nodes if n.kind in _PRODUCTS and g.is_constant(g.base(n.inputs[1]))}
-        _cast_product_inputs(g, target)
+        products = fp8_products(g)
+        keep = scale_weights(g, products, float(ml_dtypes.finfo(target).max))
+        one_byte = {g.base(n.inputs[1]) for n in products}
+        _cast_product_inputs(g, products, target)
         target = STORAGE["fp16"]
     readers = {g.base(t): n.layer for n in g.nodes for t in n.inputs}
     for tid, tensor in enumerate(g.tensors):
@@ -69,15 +70,20 @@ def lower_precision(g: Graph, dtype: str) -> None:
             g.outputs[i] = host
 
 
-_PRODUCTS = ("conv2d", "matmul")
+def fp8_products(g: Graph) -> list:
+    """The products that run in fp8: matrix products and ungrouped convolutions with constant weights, but
+    not the first or the last (the input's and the output's layers stay fp16, as fp8 inference keeps them:
+    the logits are what a softmax magnifies). Depthwise convolutions run on the vector unit, in fp16."""
+    products = [n for n in g.nodes if (n.kind == "matmul" or (n.kind == "conv2d" and n.attrs["groups"] == 1))
+                and g.is_constant(g.base(n.inputs[1])) and not g.is_constant(g.base(n.inputs[0]))]
+    return products[1:-1]
 
 
-def _cast_product_inputs(g: Graph, fp8) -> None:
+def _cast_product_inputs(g: Graph, products: list, fp8) -> None:
     """A product with fp8 weights takes fp8 activations: a CAST before it (one per activation tensor)."""
-    casts, nodes = {}, []
+    casts, nodes, chosen = {}, [], {id(n) for n in products}
     for node in g.nodes:
-        if node.kind in _PRODUCTS and g.is_constant(g.base(node.inputs[1])) \
-                and not g.is_constant(g.base(node.inputs[0])):
+        if id(node) in chosen:
             x = node.inputs[0]
             if x not in casts:
                 casts[x] = g.add_tensor(g.tensors[x].shape, fp8)
@@ -87,15 +93,13 @@ def _cast_product_inputs(g: Graph, fp8) -> None:
     g.nodes[:] = nodes
 
 
-def scale_weights(g: Graph, top: float) -> set:
+def scale_weights(g: Graph, products: list, top: float) -> set:
     """fp8's range is narrow (e4m3: 2^-6 to 448, 3 mantissa bits): a weight of 0.01 is a subnormal with a
     few percent of error. Each product's weights are stored scaled per output channel to reach ``top``; the
     EPILOGUE multiplies the scale back into the fp32 sums (``act((acc + bias / s) · s)``). The bias and the
     scales stay fp32. Returns the tensors kept fp32."""
     keep = set()
-    for node in g.nodes:
-        if node.kind not in ("conv2d", "matmul") or not g.is_constant(g.base(node.inputs[1])):
-            continue
+    for node in products:
         w_id = g.base(node.inputs[1])
         weight = g.tensors[w_id].data.astype(np.float32).reshape(g.tensors[node.inputs[1]].shape)
         if weight.ndim < 2 or len(node.inputs) > 3:

@@ -111,7 +111,7 @@ def scale_weights(g: Graph, products: list, top: float) -> set:
             continue
         reduce = tuple(a for a in range(weight.ndim) if a != axis)
         peak = np.abs(weight).max(axis=reduce)
-        scale = np.where(peak > 0, peak / top, 1.0).astype(np.float32)
+        scale = np.where(peak > 1e-30, peak / top, 1.0).astype(np.float32)  # a (near) zero channel: as it is
         shaped = scale.reshape([-1 if a == axis else 1 for a in range(weight.ndim)])
         if sum(len(n.inputs) > 1 and n.inputs[1] == node.inputs[1] for n in g.nodes) > 1:  # shared: a copy
             w_id = g.constant(weight)

@@ -14,6 +14,7 @@ outputs must have, given its inputs and attributes.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from .isa import BINARY_OPS, OP_TABLE, UNARY_OPS, DType, Opcode, activation_attrs
@@ -26,7 +27,13 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return a if a.dtype == F32 else a.astype(F32)
 
 
+_F8 = DType.F8.np
+_F8_MAX = F32(ml_dtypes.finfo(_F8).max)
+
+
 def _store(out: np.ndarray, value: np.ndarray) -> None:
+    if out.dtype == _F8:  # e4m3 has no infinity: a result past ±448 saturates (NaN stays NaN)
+        value = np.clip(value, -_F8_MAX, _F8_MAX)
     if value is not out:
         np.copyto(out, value.reshape(out.shape), casting="unsafe")
 

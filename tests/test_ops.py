@@ -76,6 +76,8 @@ def test_cast_between_every_float_type_and_fp8():
     for dtype in FLOATS + [DType.F8]:
         helper_test_op(Opcode.CAST, [x], {}, x.astype(dtype.np), out_dtype=dtype, tol=0)
     helper_test_op(Opcode.RELU, [x.astype(ml_dtypes.float8_e4m3fn)], {}, np.maximum(f64(x.astype(ml_dtypes.float8_e4m3fn)), 0))
+    big = np.array([[1000.0, -1e6, 447.0, np.nan]], np.float32)  # e4m3's largest is 448 and it has no inf
+    helper_test_op(Opcode.CAST, [big], {}, np.array([[448.0, -448.0, 448.0, np.nan]]), out_dtype=DType.F8, tol=0)
 
 
 BINARY = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": np.divide, "MAXIMUM": np.maximum,

@@ -48,10 +48,28 @@ class _DepLog:
         return self.owner[kind][:n][overlaps(self.keys[kind][:, :n], footprint_key(ref))]
 
     def add(self, kind: str, ref, index: int) -> None:
+        key = footprint_key(ref)
+        if kind == "w" and key[2] == 0:  # a dense write: what it covers whole needs no edges of its own
+            self._drop_covered(key[0], key[1])
         n = self.n[kind]
-        self.keys[kind][:, n] = footprint_key(ref)
+        self.keys[kind][:, n] = key
         self.owner[kind][n] = index
         self.n[kind] = n + 1
+
+    def _drop_covered(self, lo: int, hi: int) -> None:
+        """Forget earlier accesses that lie inside [lo, hi): a later access that meets them meets this write,
+        which is ordered after them (write after write, write after read), so the edge to this write implies
+        theirs with at least their delay."""
+        for kind in ("r", "w"):
+            n = self.n[kind]
+            if not n:
+                continue
+            keys = self.keys[kind][:, :n]
+            keep = np.flatnonzero((keys[0] < lo) | (keys[1] > hi))
+            if len(keep) < n:
+                self.keys[kind][:, :len(keep)] = keys[:, keep]
+                self.owner[kind][:len(keep)] = self.owner[kind][:n][keep]
+                self.n[kind] = len(keep)
 
 
 def dependences(instructions: list, occ: list) -> list:

@@ -318,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=4096, help="KV-cache positions per sequence (default 4096)")
     p.add_argument("--prompt", type=int, default=512, help="prompt tokens, for the time to first token")
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
-    p.add_argument("--batches", type=int, nargs="*", default=[1, 4, 16], help="batch sizes on the frontier")
+    p.add_argument("--batches", type=int, nargs="*", default=[1, 4], help="batch sizes on the frontier "
+                   "(default 1 4; each costs a block's compile per width)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--chips", type=int, help="use at most this many chips")
     group.add_argument("--target-tps-per-user", type=float, help="the fewest chips that reach this speed")

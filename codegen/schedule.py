@@ -34,42 +34,56 @@ _SHARED = ("streams", "sram_read", "sram_write", "alus")
 
 
 class _DepLog:
-    """Earlier SRAM accesses by instruction, to find the ones a new access conflicts with."""
+    """Earlier SRAM accesses by instruction, to find the ones a new access conflicts with.
+
+    Entries are filed by the 16 KiB blocks of SRAM they touch, so a query compares only against accesses
+    near it; an entry a later dense write covers whole is retired (see :meth:`add`).
+    """
+
+    _SHIFT = 14
 
     def __init__(self, capacity: int):
-        self.keys = {"r": np.zeros((6, max(capacity, 1)), np.int64), "w": np.zeros((6, max(capacity, 1)), np.int64)}
-        self.owner = {"r": np.zeros(max(capacity, 1), np.int64), "w": np.zeros(max(capacity, 1), np.int64)}
+        capacity = max(capacity, 1)
+        self.keys = {"r": np.zeros((6, capacity), np.int64), "w": np.zeros((6, capacity), np.int64)}
+        self.owner = {"r": np.zeros(capacity, np.int64), "w": np.zeros(capacity, np.int64)}
+        self.live = {"r": np.zeros(capacity, bool), "w": np.zeros(capacity, bool)}
         self.n = {"r": 0, "w": 0}
+        self.blocks = {"r": defaultdict(list), "w": defaultdict(list)}
+
+    def _near(self, kind: str, lo: int, hi: int) -> np.ndarray:
+        blocks = self.blocks[kind]
+        found = [blocks[b] for b in range(lo >> self._SHIFT, ((hi - 1) >> self._SHIFT) + 1) if b in blocks]
+        if not found:
+            return np.zeros(0, np.int64)
+        ids = np.fromiter(found[0], np.int64) if len(found) == 1 else np.unique(np.concatenate(found))
+        return ids[self.live[kind][ids]]
 
     def hits(self, kind: str, ref) -> np.ndarray:
-        n = self.n[kind]
-        if not n:
-            return np.zeros(0, np.int64)
-        return self.owner[kind][:n][overlaps(self.keys[kind][:, :n], footprint_key(ref))]
+        key = footprint_key(ref)
+        ids = self._near(kind, key[0], key[1])
+        if not len(ids):
+            return ids
+        return self.owner[kind][ids[overlaps(self.keys[kind][:, ids], key)]]
 
     def add(self, kind: str, ref, index: int) -> None:
+        """Log an access. A dense write first retires the earlier accesses inside it: a later access that
+        meets them meets the write, which is ordered after them (write after write, write after read), so
+        the edge to the write implies theirs with at least their delay."""
         key = footprint_key(ref)
-        if kind == "w" and key[2] == 0:  # a dense write: what it covers whole needs no edges of its own
-            self._drop_covered(key[0], key[1])
+        lo, hi = key[0], key[1]
+        if kind == "w" and key[2] == 0:
+            for k in ("r", "w"):
+                ids = self._near(k, lo, hi)
+                keys = self.keys[k][:, ids]
+                self.live[k][ids[(keys[0] >= lo) & (keys[1] <= hi)]] = False
         n = self.n[kind]
         self.keys[kind][:, n] = key
         self.owner[kind][n] = index
+        self.live[kind][n] = True
         self.n[kind] = n + 1
-
-    def _drop_covered(self, lo: int, hi: int) -> None:
-        """Forget earlier accesses that lie inside [lo, hi): a later access that meets them meets this write,
-        which is ordered after them (write after write, write after read), so the edge to this write implies
-        theirs with at least their delay."""
-        for kind in ("r", "w"):
-            n = self.n[kind]
-            if not n:
-                continue
-            keys = self.keys[kind][:, :n]
-            keep = np.flatnonzero((keys[0] < lo) | (keys[1] > hi))
-            if len(keep) < n:
-                self.keys[kind][:, :len(keep)] = keys[:, keep]
-                self.owner[kind][:len(keep)] = self.owner[kind][:n][keep]
-                self.n[kind] = len(keep)
+        blocks = self.blocks[kind]
+        for b in range(lo >> self._SHIFT, ((hi - 1) >> self._SHIFT) + 1):
+            blocks[b].append(n)
 
 
 def dependences(instructions: list, occ: list) -> list:

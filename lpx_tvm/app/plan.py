@@ -193,12 +193,18 @@ def _as_built(chip: ChipConfig, dtype: str) -> tuple:
 
 
 @lru_cache(maxsize=256)
-def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str) -> ShardCost | None:
-    """A block shard's cycles in the middle of a stage (two blocks minus one), or None when it cannot fit."""
+def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str, alone: bool = False) -> ShardCost | None:
+    """A block shard's cycles in the middle of a stage (two blocks minus one), or None when it cannot fit.
+
+    With ``alone``, a block that fits only by itself is timed as a whole program (its host transfers and
+    pipeline fill included, so an upper bound), as for a prompt's prefill where two blocks' activations
+    and weights do not fit one chip."""
     chip, dtype = _as_built(chip, dtype)
     np_dtype = _np_dtype(dtype)
     one = _measure(block_graph(shape, np_dtype, 1), chip)
     two = _measure(block_graph(shape, np_dtype, 2), chip) if one else None
+    if one is not None and two is None and alone:
+        return ShardCost(one[0], 0, one[1], one[2], one[3], one[4])
     if one is None or two is None:
         return None
     per_block = two[0] - one[0]
@@ -340,7 +346,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     split["KV write"] = kv_write
     prefill_shape = BlockShape(spec.hidden, shape.heads, shape.kv_heads, spec.head_dim, ffn_shard, prompt, 0, 1,
                                spec.experts)
-    prefill = block_cost(chip, prefill_shape, dtype) if ttft else None
+    prefill = block_cost(chip, prefill_shape, dtype, alone=True) if ttft else None
     ttft = None
     if prefill is not None and not prefill.streamed:
         pre_bytes = prompt * spec.hidden * DTYPE_BYTES[dtype]
@@ -463,7 +469,8 @@ def table(report: dict) -> str:
             f"  {report['per_token_us']:.1f} µs a token = {report['tokens_per_s_per_user']:.0f} tokens/s per user; "
             f"{report['tokens_per_s_per_chip']:.1f} tokens/s per chip, {report['tokens_per_s_per_rack']:.0f} per rack"
             + (f"; time to first token ({report['prompt']} prompt tokens) {report['ttft_ms']:.2f} ms"
-               if report["ttft_ms"] is not None else "") + "\n"
+               if report["ttft_ms"] is not None else
+               f"; no time to first token: a block's {report['prompt']}-token prefill does not fit a chip") + "\n"
             f"  per token: {split}; bound by {report['bottleneck']}\n"
             f"  memory a chip: {report['memory_per_chip'] / 2**20:.0f} MiB (weights {report['weight_bytes'] / 1e9:.1f} GB"
             f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB in all); planned in {report['plan_s']:.1f} s")

@@ -145,3 +145,25 @@ def test_the_area_proxy_by_hand():
 def test_pareto_front_by_hand():
     points = [{"c": 1, "v": 9}, {"c": 2, "v": 5}, {"c": 3, "v": 6}, {"c": 4, "v": 1}, {"c": 2, "v": 7}]
     assert pareto_front(points, "c", "v") == [0, 1, 3]
+
+
+def test_an_llm_point_is_planned_on_a_system_of_the_variants_chips(tmp_path):
+    spec = sweep.spec_from_dict({"base": "tsp", "models": ["plan:llama-small@tsp-node"], "dtypes": ["fp16"],
+                                 "grid": {"sram_bytes": ["1x", "0.05x"]}})
+    records = sweep.run_sweep(spec, tmp_path / "r.jsonl", workers=0, progress=False)
+    assert [r["ok"] for r in records] == [True, True]
+    big, small = records
+    # llama-small by hand: 2,885,888 parameters in fp16, and a 4096-position K and V cache per layer of
+    # 4 layers x 4 kv heads x 64 dims in fp16
+    needed = 2 * 2_885_888 + 2 * 4 * 4 * 64 * 4096 * 2
+    sram = round(load_config("tsp").sram_bytes * 0.05)
+    assert needed > sram and small["chips"] >= -(-needed // sram)
+    assert big["chips"] >= 1 and big["tokens_per_s_per_user"] == pytest.approx(1e6 / big["latency_us"])
+
+
+@pytest.mark.parametrize("model, named", [("plan:llama-small", "plan:MODEL@SYSTEM"),
+                                          ("plan:gpt-5@tsp-node", "neither a preset"),
+                                          ("plan:llama-small@tsp-galaxy", "tsp-galaxy")])
+def test_a_bad_llm_point_is_rejected_naming_it(model, named):
+    with pytest.raises(sweep.SpecError, match=named):
+        sweep.spec_from_dict({"base": "tsp", "models": [model]})

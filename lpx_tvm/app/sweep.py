@@ -4,7 +4,7 @@ A spec (JSON, TOML or YAML) names a base preset, the parameters to vary, the
 models and the dtypes::
 
     base = "tsp"
-    models = ["resnet50", "squeezenet"]          # zoo names or ONNX files
+    models = ["resnet50", "squeezenet"]          # zoo names, ONNX files, or "plan:MODEL@SYSTEM"
     dtypes = ["int8", "fp16"]
     [grid]                                       # every combination ...
     sram_bytes = ["1x", "1.5x"]                  # a number, or a multiple of the base's value
@@ -38,8 +38,10 @@ from ..runtime_sim.config import ConfigError
 from .cost import AreaModel, pareto_front
 
 METRICS = ("cycles", "latency_us", "mac_utilisation", "offloaded_pct", "fits", "streamed_mb", "host_fallbacks",
-           "sram_high_water_mb", "area_mm2")
+           "sram_high_water_mb", "area_mm2", "chips", "tokens_per_s_per_user")
 SPEC_KEYS = {"base", "grid", "variants", "models", "dtypes", "metrics"}
+# an LLM planned on a system of the variant's chips (``lpx-tvm plan``): "plan:llama-3-8b@tsp-rack"
+PLAN_PREFIX = "plan:"
 # parameters a single-chip compile never reads: variants differing only in these share one compile
 _NOT_COMPILED = ("c2c_links", "c2c_bytes_per_s_per_link")
 
@@ -119,8 +121,11 @@ def spec_from_dict(data: dict, where: str = "spec") -> SweepSpec:
     if not isinstance(models, list) or not models:
         raise SpecError(f"{where}: models is a non-empty list of zoo names or ONNX files")
     for model in models:
-        if str(model) not in ZOO and not Path(str(model)).is_file():
-            raise SpecError(f"{where}: model {model!r} is neither a zoo model ({', '.join(ZOO)}) nor a file")
+        if str(model).startswith(PLAN_PREFIX):
+            _plan_target(str(model), where)
+        elif str(model) not in ZOO and not Path(str(model)).is_file():
+            raise SpecError(f"{where}: model {model!r} is neither a zoo model ({', '.join(ZOO)}), a file, nor "
+                            f"{PLAN_PREFIX}MODEL@SYSTEM")
     dtypes = data.get("dtypes", ["fp32"])
     metrics = data.get("metrics", list(METRICS))
     bad = sorted(set(metrics) - set(METRICS))
@@ -134,6 +139,21 @@ def spec_from_dict(data: dict, where: str = "spec") -> SweepSpec:
             except ValueError as err:
                 raise SpecError(f"{where}: dtypes: {err}") from None
     return spec
+
+
+def _plan_target(model: str, where: str = "spec") -> tuple:
+    """``plan:MODEL@SYSTEM`` ─► (ModelSpec, SystemConfig), both checked."""
+    from ..runtime_sim.system import load_system
+    from .plan import PlanError, model_spec
+
+    name, at, system = model[len(PLAN_PREFIX):].partition("@")
+    if not at or not name or not system:
+        raise SpecError(f"{where}: model {model!r}: an LLM point is written {PLAN_PREFIX}MODEL@SYSTEM, e.g. "
+                        f"{PLAN_PREFIX}llama-3-8b@tsp-rack")
+    try:
+        return model_spec(name), load_system(system)
+    except (PlanError, ValueError) as err:
+        raise SpecError(f"{where}: model {model!r}: {err}") from None
 
 
 def _resolved(base: ChipConfig, overrides: dict, where: str) -> dict:
@@ -167,7 +187,10 @@ def project_version() -> str:
 
 
 def model_id(model: str) -> str:
-    """What identifies a model's content: a zoo name (seeded, so fixed), or a file's hash."""
+    """What identifies a model's content: a zoo name (seeded, so fixed), a plan target, or a file's hash."""
+    if model.startswith(PLAN_PREFIX):
+        name = model[len(PLAN_PREFIX):].partition("@")[0]
+        return model + (":" + hashlib.sha256(Path(name).read_bytes()).hexdigest() if Path(name).is_file() else "")
     path = Path(model)
     if path.is_file():
         return "file:" + hashlib.sha256(path.read_bytes()).hexdigest()
@@ -187,8 +210,10 @@ def plan_tasks(spec: SweepSpec, done=frozenset()) -> list:
     version = project_version()
     tasks = {}
     for overrides, config in zip(spec.variants, spec.configs()):
-        compiled_as = {k: v for k, v in overrides.items() if k not in _NOT_COMPILED}
         for model in spec.models:
+            # a plan's network model reads the links; a single-chip compile does not
+            compiled_as = overrides if model.startswith(PLAN_PREFIX) else {
+                k: v for k, v in overrides.items() if k not in _NOT_COMPILED}
             for dtype in spec.dtypes:
                 key = point_key(config, model, dtype, version)
                 if key in done:
@@ -230,6 +255,8 @@ def _measure(task: dict) -> dict:
 
     config = derive_config(task["base"], task["overrides"]) if task["overrides"] else load_config(task["base"])
     model, dtype = task["model"], task["dtype"]
+    if model.startswith(PLAN_PREFIX):
+        return _measure_plan(model, config, dtype)
     entry = ZOO.get(model)
     proto = entry.load() if entry is not None else model
     input_shapes = entry.input_shapes if entry is not None else None
@@ -260,6 +287,21 @@ def _measure(task: dict) -> dict:
             "streamed_mb": streamed / 1e6, "host_fallbacks": fallbacks,
             "sram_high_water_mb": max((s.sram_high_water for s in stats), default=0) / 1e6,
             "compile_s": compile_s, "timing_s": time.perf_counter() - start}
+
+
+def _measure_plan(model: str, config: ChipConfig, dtype: str) -> dict:
+    """An LLM's decode planned on its system with every chip replaced by the variant."""
+    from dataclasses import replace
+
+    from .plan import plan
+
+    start = time.perf_counter()
+    spec, system = _plan_target(model)
+    report = plan(spec, replace(system, chip=config), dtype=dtype, batches=())
+    cycles = round(report["per_token_us"] * config.clock_hz / 1e6)
+    return {"ok": True, "cycles": cycles, "latency_us": report["per_token_us"], "chips": report["chips"],
+            "tokens_per_s_per_user": report["tokens_per_s_per_user"], "fits": True,
+            "bound": report["bottleneck"], "compile_s": time.perf_counter() - start, "timing_s": 0.0}
 
 
 # ---- the store, the executors and the run -----------------------------------------------------------------
@@ -393,7 +435,8 @@ def ordered_records(spec: SweepSpec, store: ResultStore) -> list:
 # ---- output --------------------------------------------------------------------------------------------------
 COLUMNS = [("variant", "chip"), ("model", "model"), ("dtype", "dtype"), ("ok", "ok"), ("cycles", "cycles"),
            ("latency_us", "latency µs"), ("mac_utilisation", "MAC util"), ("fits", "fits"),
-           ("streamed_mb", "streamed MB"), ("area_mm2", "area mm² (proxy)"), ("pareto", "Pareto")]
+           ("streamed_mb", "streamed MB"), ("chips", "chips"), ("tokens_per_s_per_user", "tokens/s per user"),
+           ("area_mm2", "area mm² (proxy)"), ("pareto", "Pareto")]
 
 
 def table(records: list, metrics=METRICS) -> str:

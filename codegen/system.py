@@ -56,15 +56,17 @@ class Stage:
 
 # ---- cost and capacity estimates ------------------------------------------------------------------------
 def node_cycles(g: Graph, node, chip: ChipConfig, dtype: str) -> float:
-    """A rough cycle estimate of one operator, only to balance stages: matrix work at the planes' peak, the
-    rest a vector per cycle."""
+    """A rough cycle estimate of one operator, only to balance stages: matrix work at the planes' peak or its
+    weights' installation over every plane, whichever is longer, the rest a vector per cycle; each plus its
+    unit's latency (which is most of a one-token decode step)."""
     out = prod(g.tensors[node.output].shape)
     if node.kind in ("conv2d", "qconv2d", "matmul", "qmatmul"):
-        w = g.tensors[node.inputs[1]].shape
-        k = prod(w[1:]) if node.kind.endswith("conv2d") else w[-2] if len(w) >= 2 else 1
+        w = g.tensors[node.inputs[1]]
+        k = prod(w.shape[1:]) if node.kind.endswith("conv2d") else w.shape[-2] if len(w.shape) >= 2 else 1
         peak = chip.mxm_peak_macs_per_cycle(dtype if dtype in chip.mxm_passes else "fp32")
-        return out * k / peak
-    return out / chip.lanes
+        install = w.nbytes / (chip.mxm_planes * chip.mxm_install_streams * chip.lanes)
+        return max(out * k / peak, install) + chip.latency_cycles["MXM"]
+    return out / chip.lanes + chip.latency_cycles["VXM"]
 
 
 def node_weights(g: Graph, node) -> set:
@@ -115,20 +117,46 @@ def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int
             raise SystemCompileError(f"layer {g.nodes[i].layer!r} alone has {need} bytes of weights, more than a "
                                      f"chip's budget of {budget} ({chip.name}): it cannot be pipelined whole")
     crossing = crossing_bytes(g)
-    inner = [crossing[i] for i in range(1, n)]
-    cheapest = min((c for c in inner if c), default=0)
-    cuts = [i for i in range(1, n) if crossing[i] <= 2 * cheapest] if cheapest else list(range(1, n))
-    if len(cuts) < chips - 1:
-        cuts = list(range(1, n))
-    ends = cuts + [n]
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
+    # "little crosses" is judged away from the ends, where a graph's first few scalars (a norm's mean) would
+    # set the bar so low that only cuts leaving all the work on one chip pass
+    margin = prefix[n] / (2 * chips)
+    interior = [crossing[i] for i in range(1, n) if margin <= prefix[i] <= prefix[n] - margin and crossing[i]]
+    cheapest = min(interior or [c for c in crossing[1:n] if c] or [0])
+    cheap = [i for i in range(1, n) if crossing[i] <= 2 * cheapest] if cheapest else []
+    reach = {}  # start ─► the first node whose weights no longer fit beside those from the start
 
     def fits(a: int, b: int) -> bool:
-        return sum(g.tensors[t].nbytes for t in set().union(*weights[a:b])) <= budget
+        if a not in reach:
+            held, size, e = set(), 0, a
+            while e < n:
+                new = weights[e] - held
+                size += sum(g.tensors[t].nbytes for t in new)
+                if size > budget:
+                    break
+                held |= new
+                e += 1
+            reach[a] = e
+        return b <= reach[a]
 
-    def stage(a: int, b: int) -> float:  # its cycles and the send of what crosses its end
+    every = list(range(1, n))
+    for cuts in ([cheap] if len(cheap) >= chips - 1 else []) + [every]:  # cheap cuts first, if they can pack
+        runs = _best_split(cuts, n, chips, prefix, crossing, chip, fits)
+        if runs is not None:
+            return runs
+    total = sum(g.tensors[t].nbytes for t in set().union(*weights)) if weights else 0
+    raise SystemCompileError(f"the model's {total} bytes of weights need more than {chips} chips at "
+                             f"{budget} bytes a chip")
+
+
+def _best_split(cuts: list, n: int, chips: int, prefix: list, crossing: list, chip: ChipConfig, fits):
+    """The runs whose largest stage (its cycles and the send of what crosses its end) is smallest, cut only
+    at ``cuts``; None when no such runs fit."""
+    ends = cuts + [n]
+
+    def stage(a: int, b: int) -> float:
         return prefix[b] - prefix[a] + (crossing[b] / chip.c2c_bytes_per_cycle if b < n else 0.0)
 
     # best[k][e]: the smallest largest stage over k stages covering nodes [0, e); starts from earlier ends
@@ -146,9 +174,7 @@ def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int
             break
     used = max((k for k in range(1, len(best)) if n in best[k]), default=None)
     if used is None:
-        total = sum(g.tensors[t].nbytes for t in set().union(*weights)) if weights else 0
-        raise SystemCompileError(f"the model's {total} bytes of weights need more than {chips} chips at "
-                                 f"{budget} bytes a chip")
+        return None
     runs, e = [], n
     for k in range(used, 0, -1):
         a = best[k][e][1]

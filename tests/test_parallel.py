@@ -88,3 +88,18 @@ def test_a_layer_too_big_for_any_chip_is_named(rng):
                        [tensor_info("y", [4, 1024])], [weights(rng, "w", (1024, 1024))])  # 4 MiB of weights
     with pytest.raises(SystemCompileError, match="4194304 bytes of weights, more than a chip's budget of 2097152"):
         lpx_tvm.compile(model, system="tiny-2", parallel="pipeline")
+
+
+def test_a_pipeline_spreads_the_blocks_over_its_chips():
+    """llama-small's 4 blocks on 4 chips: each chip gets matrix work and about a block of weights, not a few
+    norm scalars on three chips and the whole model on the fourth."""
+    config = llama.PRESETS["llama-small"]
+    model = llama.build_decode(config)
+    compiled = lpx_tvm.compile(model, system="tsp-node", parallel="pipeline", chips=4)
+    (sim,) = [s for s in compiled.simulators.values() if isinstance(s, SystemSimulator)]
+    h, kv, f = config.hidden_size, config.num_kv_heads * config.hidden_size // config.num_heads, config.intermediate_size
+    block_weights = 4 * (2 * h * h + 2 * h * kv + 3 * h * f)  # fp32 q, o, k, v, gate, up, down
+    for program in sim.program.programs:
+        assert any(ins.opcode.name == "MATMUL" for ins in program.instructions)
+        weights = sum(c.ref.nbytes for c in program.constants)
+        assert 0.5 * block_weights <= weights <= 2 * block_weights + 4 * h * config.vocab_size

@@ -83,16 +83,14 @@ def weight_budget(g: Graph, chip: ChipConfig) -> int:
 
 def crossing_bytes(g: Graph) -> list:
     """``out[i]``: bytes of the tensors a cut before node ``i`` would send on (made before it, read at or
-    after it; model inputs and resident tensors do not travel)."""
+    after it; model inputs and resident tensors do not travel, and a model output is stored by the stage that
+    makes it, as :func:`plan_pipeline` does)."""
     made = {g.nodes[i].output: i for i in range(len(g.nodes))}
     last = {}
     for i, node in enumerate(g.nodes):
         for t in node.inputs:
             if g.base(t) in made:
                 last[g.base(t)] = i
-    for t in g.outputs:
-        if g.base(t) in made:
-            last[g.base(t)] = len(g.nodes)
     delta = [0] * (len(g.nodes) + 2)
     for t, end in last.items():  # live across every cut in (made, end]
         delta[made[t] + 1] += g.tensors[t].nbytes
@@ -104,10 +102,13 @@ def crossing_bytes(g: Graph) -> list:
     return out
 
 
-def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int) -> list:
-    """Contiguous runs of node indexes, at most ``chips`` of them, each holding at most ``budget`` bytes of
-    weights, cut where little crosses (a transformer's layer boundaries: the hidden state alone), with the
-    largest estimated cycles of a stage, its outgoing transfer included, as small as possible."""
+def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int, exact: bool = True) -> list:
+    """Contiguous runs of node indexes, ``min(chips, nodes)`` of them (or, unless ``exact``, fewer where fewer
+    do as well), each holding at most ``budget`` bytes of weights. First the smallest largest stage that can
+    be had (a stage's estimated cycles and the send of what crosses its end); then, of the splits whose stages
+    all stay within 10% of that, the one whose transfers cost least: every token waits for every transfer,
+    while balance only sets the pipeline's rate. In a transformer that cuts at layer boundaries, where the
+    hidden state alone crosses."""
     costs = [node_cycles(g, n, chip, dtype) for n in g.nodes]
     weights = [node_weights(g, n) for n in g.nodes]
     n = len(g.nodes)
@@ -120,67 +121,58 @@ def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
-    # "little crosses" is judged away from the ends, where a graph's first few scalars (a norm's mean) would
-    # set the bar so low that only cuts leaving all the work on one chip pass
-    margin = prefix[n] / (2 * chips)
-    interior = [crossing[i] for i in range(1, n) if margin <= prefix[i] <= prefix[n] - margin and crossing[i]]
-    cheapest = min(interior or [c for c in crossing[1:n] if c] or [0])
-    cheap = [i for i in range(1, n) if crossing[i] <= 2 * cheapest] if cheapest else []
-    reach = {}  # start ─► the first node whose weights no longer fit beside those from the start
-
-    def fits(a: int, b: int) -> bool:
-        if a not in reach:
-            held, size, e = set(), 0, a
-            while e < n:
-                new = weights[e] - held
-                size += sum(g.tensors[t].nbytes for t in new)
-                if size > budget:
-                    break
-                held |= new
-                e += 1
-            reach[a] = e
-        return b <= reach[a]
-
-    every = list(range(1, n))
-    for cuts in ([cheap] if len(cheap) >= chips - 1 else []) + [every]:  # cheap cuts first, if they can pack
-        runs = _best_split(cuts, n, chips, prefix, crossing, chip, fits)
-        if runs is not None:
-            return runs
-    total = sum(g.tensors[t].nbytes for t in set().union(*weights)) if weights else 0
-    raise SystemCompileError(f"the model's {total} bytes of weights need more than {chips} chips at "
-                             f"{budget} bytes a chip")
-
-
-def _best_split(cuts: list, n: int, chips: int, prefix: list, crossing: list, chip: ChipConfig, fits):
-    """The runs whose largest stage (its cycles and the send of what crosses its end) is smallest, cut only
-    at ``cuts``; None when no such runs fit."""
-    ends = cuts + [n]
+    reach = []  # reach[a]: the first node whose weights no longer fit beside those of the nodes from a on
+    for start in range(n):
+        held, size, e = set(), 0, start
+        while e < n:
+            new = weights[e] - held
+            size += sum(g.tensors[t].nbytes for t in new)
+            if size > budget:
+                break
+            held |= new
+            e += 1
+        reach.append(e)
 
     def stage(a: int, b: int) -> float:
         return prefix[b] - prefix[a] + (crossing[b] / chip.c2c_bytes_per_cycle if b < n else 0.0)
 
-    # best[k][e]: the smallest largest stage over k stages covering nodes [0, e); starts from earlier ends
-    starts = [0] + cuts
-    best = [{0: (0.0, None)}]
-    for k in range(1, min(chips, len(ends)) + 1):
+    stages = min(chips, n)
+    balanced = _split(n, stages, lambda a, b: b <= reach[a], stage, max)
+    if balanced is None:
+        total = sum(g.tensors[t].nbytes for t in set().union(*weights)) if weights else 0
+        raise SystemCompileError(f"the model's {total} bytes of weights need more than {chips} chips at "
+                                 f"{budget} bytes a chip")
+    limit = 1.1 * balanced[0]
+    send = chip.latency_cycles["C2C"]  # and a hop or more: a stage fewer is a transfer fewer
+    lean = _split(n, stages, lambda a, b: b <= reach[a] and stage(a, b) <= limit,
+                  lambda a, b: crossing[b] / chip.c2c_bytes_per_cycle + send if b < n else 0.0,
+                  lambda x, y: x + y, fewer=not exact)
+    return (lean or balanced)[1]
+
+
+def _split(n: int, stages: int, allowed, cost, combine, fewer: bool = False):
+    """``(value, runs)``: ``stages`` contiguous runs (or, with ``fewer``, as many up to that as is best)
+    covering nodes ``[0, n)``, each ``[a, b)`` ``allowed``, that minimise the runs' costs folded by
+    ``combine`` (``max`` or a sum); None when there are none."""
+    best = [{0: (0.0, None)}]  # best[k][e]: the value of k runs covering [0, e), and where the last starts
+    for k in range(1, stages + 1):
         row = {}
-        for e in ends:
-            options = [(max(best[k - 1][a][0], stage(a, e)), a) for a in starts
-                       if a < e and a in best[k - 1] and fits(a, e)]
+        for e in range(k, n + 1 if fewer else n - (stages - k) + 1):
+            options = [(combine(value, cost(a, e)), a) for a, (value, _) in best[k - 1].items()
+                       if a < e and allowed(a, e)]
             if options:
                 row[e] = min(options)
         best.append(row)
-        if n in row and k == min(chips, len(ends)):
-            break
-    used = max((k for k in range(1, len(best)) if n in best[k]), default=None)
-    if used is None:
+    done = [k for k in range(1, stages + 1) if n in best[k]] if fewer else [stages] * (n in best[stages])
+    if not done:
         return None
+    used = min(done, key=lambda k: (best[k][n][0], k))
     runs, e = [], n
     for k in range(used, 0, -1):
         a = best[k][e][1]
         runs.append(list(range(a, e)))
         e = a
-    return runs[::-1]
+    return best[used][n][0], runs[::-1]
 
 
 # ---- pipeline ---------------------------------------------------------------------------------------------
@@ -248,8 +240,8 @@ def link_ops(g: Graph, ops: list, system: SystemConfig, chip: int, stage: Stage,
 
 def compile_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, in_order: bool = False,
                      chips: int | None = None) -> tuple:
-    """Compile ``g`` as a pipeline over ``chips`` chips of ``system`` (default: all of them), each a neighbour
-    of the one before where the topology allows.
+    """Compile ``g`` as a pipeline over ``chips`` chips of ``system`` (default: as many of them as shorten its
+    longest stage, :func:`split_stages`), each a neighbour of the one before where the topology allows.
 
     Returns
     -------
@@ -259,7 +251,7 @@ def compile_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: st
     """
     n = min(chips or system.chips, system.chips, max(len(g.nodes), 1))
     budget = weight_budget(g, chip)
-    runs = split_stages(g, chip, n, dtype, budget)
+    runs = split_stages(g, chip, n, dtype, budget, exact=chips is not None)
     stages = plan_pipeline(g, runs, _chip_order(system, len(runs)))
     tags = {}
     for stage in stages:

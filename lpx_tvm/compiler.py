@@ -198,7 +198,8 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         With ``system``: ``"pipeline"`` (consecutive layers on consecutive chips), ``"tensor"`` (every
         product's columns split over the chips, all-gathered) or ``"auto"`` (the faster of the two).
     chips : int, optional
-        With ``system``: use this many of its chips (default: all).
+        With ``system``: use this many of its chips (default: a pipeline takes as many as shorten its longest
+        stage, tensor parallel all of them).
     state : sequence of str
         Model inputs that stay resident on the chips from call to call (a decoder's ``past_key_values.*``):
         never sent by the host; :meth:`CompiledModel.write_state` updates them between calls.

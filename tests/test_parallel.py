@@ -99,7 +99,10 @@ def test_a_pipeline_spreads_the_blocks_over_its_chips():
     (sim,) = [s for s in compiled.simulators.values() if isinstance(s, SystemSimulator)]
     h, kv, f = config.hidden_size, config.num_kv_heads * config.hidden_size // config.num_heads, config.intermediate_size
     block_weights = 4 * (2 * h * h + 2 * h * kv + 3 * h * f)  # fp32 q, o, k, v, gate, up, down
-    for program in sim.program.programs:
+    for k, program in enumerate(sim.program.programs):
         assert any(ins.opcode.name == "MATMUL" for ins in program.instructions)
         weights = sum(c.ref.nbytes for c in program.constants)
         assert 0.5 * block_weights <= weights <= 2 * block_weights + 4 * h * config.vocab_size
+        sent = sum(ins.srcs[0].nbytes for ins in program.instructions if ins.opcode.name == "SEND")
+        # cut between blocks: only the fp32 hidden state and the mask over the cache and the new token cross
+        assert sent == (4 * h + 4 * (config.max_context + 1) if k < 3 else 0)

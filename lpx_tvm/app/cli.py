@@ -262,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor", "auto"],
                            help="with --system: consecutive layers on consecutive chips (pipeline), every "
                            "product split over the chips (tensor), or the faster (auto)")
-            p.add_argument("--chips", type=int, help="with --system: use this many of its chips (default: all)")
+            p.add_argument("--chips", type=int, help="with --system: use this many of its chips (default: a pipeline takes as many "
+                           "as shorten its longest stage, tensor parallel all)")
         p.add_argument("--dtype", default="fp32", choices=DTYPES, help="storage type on lpx (default fp32)")
         p.set_defaults(func=func)
         return p
@@ -301,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=8, help="prompt tokens for a preset (default 8)")
     p.add_argument("--system", help=f"a system of chips ({', '.join(available_systems())}); default one chip")
     p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor", "auto"])
-    p.add_argument("--chips", type=int, help="use this many of the system's chips (default: all)")
+    p.add_argument("--chips", type=int, help="use this many of the system's chips (default: a pipeline takes as many as "
+                   "shorten its longest stage)")
     p.add_argument("--config", help=config_help)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="storage type on the chips")
     p.add_argument("--json", help="write the run as JSON")

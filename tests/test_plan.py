@@ -25,6 +25,31 @@ def test_plan_agrees_with_the_full_multi_chip_simulation():
     assert planned["chips"] == len(simulated["chips"]) == 4
 
 
+@pytest.mark.slow
+def test_plan_needs_the_chips_the_compiler_needs_and_times_them(tmp_path):
+    """A decoder too big for one tsp chip (322 MB of fp32 weights on the chips): the plan's fewest pipeline
+    chips are the fewest the compiler can pipeline it on, and there its per-token latency is the simulation's
+    within 5%."""
+    import lpx_tvm
+    from lpx_tvm.app import llama
+    from lpx_tvm.codegen.system import SystemCompileError
+
+    config = llama.LlamaConfig(hidden_size=1024, num_layers=4, num_heads=16, num_kv_heads=8,
+                               intermediate_size=2816, vocab_size=32000, max_context=128)
+    llama.save_llama(config, tmp_path, prompt_len=8)
+    planned = plan(config, "tsp-node", dtype="fp32", context=128, prompt=8)
+    fewest = min(m["chips"] for m in planned["frontier"] if m["width"] == 1)
+    assert fewest > 1
+    with pytest.raises(SystemCompileError, match="need more than"):
+        lpx_tvm.compile(llama.build_decode(config), system="tsp-node", parallel="pipeline", chips=fewest - 1,
+                        state=llama.cache_names(config))
+    simulated = generate(str(tmp_path), tokens=2, system="tsp-node", chips=fewest, parallel="pipeline")
+    at = plan(config, "tsp-node", dtype="fp32", context=128, prompt=8, mapping=(fewest, 1))
+    tsp = load_config("tsp")
+    assert len(simulated["chips"]) == fewest
+    assert at["per_token_us"] * tsp.clock_hz / 1e6 == pytest.approx(simulated["per_token_cycles"], rel=0.05)
+
+
 def test_a_model_no_system_holds_is_named_with_its_bytes():
     with pytest.raises(PlanError, match=r"llama-3.1-405b needs [\d,]+ bytes .* but lpx-rack holds [\d,]+"):
         plan("llama-3.1-405b", "lpx-rack", dtype="fp8")

@@ -96,6 +96,11 @@ class ModelSpec:
     def params(self) -> int:
         return self.layers * self.block_params() + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
+    def chip_params(self) -> int:
+        """The parameters the chips hold: all but an untied token-embedding table, whose lookup runs on the
+        host (as the compiler places it; a tied table is the LM head on the chips)."""
+        return self.params() - (0 if self.tied else self.vocab * self.hidden)
+
     def cache_bytes(self, context: int, batch: int, dtype: str) -> int:
         return 2 * self.layers * batch * context * self.kv_heads * self.head_dim * DTYPE_BYTES[dtype]
 
@@ -386,7 +391,7 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     chip = system.chip
     chip.check_dtype(dtype)
     limit = min(chips or system.chips, system.chips)
-    weights = spec.params() * DTYPE_BYTES[dtype]
+    weights = spec.chip_params() * DTYPE_BYTES[dtype]
     cache = spec.cache_bytes(context, batch, dtype)
     capacity = system.chips * chip.sram_bytes
     if weights + cache > capacity:
@@ -473,7 +478,8 @@ def table(report: dict) -> str:
                f"; no time to first token: a block's {report['prompt']}-token prefill does not fit a chip") + "\n"
             f"  per token: {split}; bound by {report['bottleneck']}\n"
             f"  memory a chip: {report['memory_per_chip'] / 2**20:.0f} MiB (weights {report['weight_bytes'] / 1e9:.1f} GB"
-            f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB in all); planned in {report['plan_s']:.1f} s")
+            f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB on the chips in all; the token embedding is looked "
+            f"up on the host); planned in {report['plan_s']:.1f} s")
     rows = [[r["chips"], f"{r['stages']}×{r['width']}", r["batch"], f"{r['per_token_us']:.1f}",
              f"{r['tokens_per_s_per_user']:.0f}", f"{r['tokens_per_s_per_chip']:.2f}"] for r in report["frontier"]]
     return head + "\n\n" + tabulate(rows, headers=["chips", "stages×TP", "batch", "µs a token", "tokens/s per user",

@@ -159,6 +159,9 @@ def test_an_llm_point_is_planned_on_a_system_of_the_variants_chips(tmp_path):
     sram = round(load_config("tsp").sram_bytes * 0.05)
     assert needed > sram and small["chips"] >= -(-needed // sram)
     assert big["chips"] >= 1 and big["tokens_per_s_per_user"] == pytest.approx(1e6 / big["latency_us"])
+    # the silicon of an LLM point is every chip its plan takes
+    small_chip = derive_config("tsp", {"sram_bytes": sram})
+    assert small["area_mm2"] == pytest.approx(small["chips"] * AreaModel.from_tsp().area_mm2(small_chip))
 
 
 @pytest.mark.parametrize("model, named", [("plan:llama-small", "plan:MODEL@SYSTEM"),

@@ -238,12 +238,12 @@ def run_task(task: dict) -> list:
         message = str(err).strip().splitlines()[0] if str(err).strip() else ""
         figures = {"ok": False, "error": f"{type(err).__name__}: {message}"}
     figures["task_s"] = time.perf_counter() - start
-    area = AreaModel.from_tsp()
+    area = AreaModel.from_tsp()  # an LLM point's area is its system's: every chip it plans on
     records = []
     for point in task["points"]:
         config = derive_config(task["base"], point["overrides"]) if point["overrides"] else load_config(task["base"])
         records.append({"key": point["key"], "variant": point["variant"], "overrides": point["overrides"], **base,
-                        **figures, "area_mm2": area.area_mm2(config)})
+                        **figures, "area_mm2": area.area_mm2(config) * (figures.get("chips") or 1)})
     return records
 
 

@@ -43,6 +43,15 @@ def test_a_config_path_that_does_not_exist_says_so_once(capsys):
     assert err.count("\n") == 1 and "nothere.json" in err and "no such file" in err
 
 
+def test_zoo_save_into_a_new_directory_writes_one_file_a_model(tmp_path, capsys):
+    """The README's `lpx-tvm zoo --save models --models ...`: was one file named `models`, overwritten."""
+    target = tmp_path / "models"
+    assert main(["zoo", "--save", str(target), "--models", "squeezenet", "shufflenet"]) == 0
+    assert sorted(p.name for p in target.iterdir()) == ["shufflenet.onnx", "squeezenet.onnx"]
+    assert main(["zoo", "--save", str(tmp_path / "one.onnx"), "--models", "squeezenet", "shufflenet"]) == 1
+    assert "a .onnx file holds one model" in capsys.readouterr().err
+
+
 def test_saved_zoo_model_has_seeded_weights_static_inputs_and_runs_on_lpx(tmp_path, capsys):
     from lpx_tvm.app.zoo import constant_weights, save
 

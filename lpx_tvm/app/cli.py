@@ -132,6 +132,9 @@ def cmd_zoo(args) -> int:
 
     names = check_names(args.models or DEFAULT_MODELS)
     if args.save:
+        if len(names) > 1 and args.save.endswith(".onnx"):
+            raise ValueError(f"--save {args.save}: a .onnx file holds one model; give a directory for "
+                             f"{len(names)}")
         for name in names:
             print(f"wrote {save(name, args.save, 'int8' if args.dtype == 'int8' else 'fp32')}")
         return 0
@@ -254,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def model_command(name, help_text, func):
         p = sub.add_parser(name, help=help_text, parents=[debug_anywhere])
-        p.add_argument("model", help="an ONNX file")
+        p.add_argument("model", help="an ONNX file or an encoded program (compile --emit-program)"
+                       if name == "disasm" else "an ONNX file")
         p.add_argument("--config", help=config_help)
         p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
         if name in ("compile", "run", "profile"):
@@ -285,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", nargs="+", metavar="NAME", help=f"zoo models (default: all): {', '.join(ZOO)}")
     p.add_argument("--config", default="tsp", help=config_help)
     p.add_argument("--save", metavar="DIR", help="write the models as ONNX files with their seeded weights (int8 "
-                   "with --dtype int8) instead of running them")
+                   "with --dtype int8) into DIR (created when missing; FILE.onnx for one model) instead of running "
+                   "them")
     p.add_argument("--json", help="write one record per model")
     p.add_argument("--csv", help="write the table as CSV")
     p.add_argument("--skip-llvm", action="store_true", help="do not time TVM's llvm-only build")

@@ -243,7 +243,8 @@ def save(name: str, path, dtype: str = "fp32") -> Path:
     name : str
         A zoo model (``lpx-tvm zoo --help`` lists them).
     path : str or Path
-        A file, or an existing directory to write ``<name>.onnx`` (``<name>_int8.onnx``) into.
+        A ``.onnx`` file, or a directory (created when missing) to write ``<name>.onnx``
+        (``<name>_int8.onnx``) into.
     dtype : str
         ``"fp32"`` (the model itself) or ``"int8"`` (quantised).
     """
@@ -251,6 +252,8 @@ def save(name: str, path, dtype: str = "fp32") -> Path:
     if dtype not in ("fp32", "int8"):
         raise ValueError(f"zoo models are saved as fp32 or int8 (other dtypes are a compile option), not {dtype!r}")
     path = Path(path)
+    if path.suffix != ".onnx":
+        path.mkdir(parents=True, exist_ok=True)
     directory = path if path.is_dir() else path.parent
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no such directory")

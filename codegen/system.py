@@ -26,11 +26,12 @@ from math import prod
 import numpy as np
 
 from ..runtime_sim import ChipConfig, Opcode
+from ..runtime_sim.isa import OP_TABLE, Group
 from ..runtime_sim.system import SystemConfig
 from ..runtime_sim.system_sim import SystemProgram
 from .alloc import allocate
 from .emit import emit, resolve
-from .graph import Graph
+from .graph import Graph, Node
 from .schedule import schedule
 from .tile import TileOp, tile
 from .views import whole
@@ -348,16 +349,106 @@ def _splittable(g: Graph, node, ranks: int):
     return axis, n
 
 
+def _row_split_regions(g: Graph, ranks: int) -> dict:
+    """Megatron's pairing: product index ─► the nodes between it and the products whose columns it consumes.
+
+    A product ``B`` (a float matmul by a constant ``[K, N]`` weight, no fused activation, ``K`` and ``N``
+    splitting over ``ranks``) whose input is made by column-split products (``N = K``) and elementwise ops
+    on them alone (scalar constants aside), read by nothing else, splits by rows: each chip keeps its slice
+    of the columns from the first products on and sums ``B``'s partial results once (an all-reduce) instead
+    of all-gathering after every product."""
+    producer = {node.output: i for i, node in enumerate(g.nodes)}
+    readers = {}
+    for i, node in enumerate(g.nodes):
+        for t in node.inputs:
+            readers.setdefault(g.base(t), set()).add(i)
+    aliased = {g.base(t) for t in range(len(g.tensors)) if g.tensors[t].alias_of is not None}
+    outputs = {g.base(t) for t in g.outputs}
+    regions = {}
+    for b, node in enumerate(g.nodes):
+        split = _splittable(g, node, ranks)
+        if node.kind != "matmul" or split is None or node.attrs.get("act", Opcode.NOP) != Opcode.NOP:
+            continue
+        h = node.inputs[0]
+        k = g.tensors[node.inputs[1]].shape[0]
+        if k % ranks or g.base(h) != h:
+            continue
+        region, stack, columns = set(), [h], 0
+        while stack is not None and stack:
+            t = stack.pop()
+            i = producer.get(t)
+            if i is None or t in aliased or t in outputs:
+                stack = None
+                break
+            if i in region:
+                continue
+            made = g.nodes[i]
+            column = _splittable(g, made, ranks)
+            if made.kind == "matmul" and column is not None and column[1] == k:
+                region.add(i)
+                columns += 1
+            elif made.kind in _ELEMENTWISE and g.tensors[made.output].shape == g.tensors[h].shape:
+                region.add(i)
+                for t2 in made.inputs:
+                    if prod(g.tensors[t2].shape) == 1 and g.is_constant(g.base(t2)):
+                        continue
+                    if g.tensors[t2].shape != g.tensors[h].shape:
+                        stack = None
+                        break
+                    stack.append(t2)
+            else:
+                stack = None
+        if stack is None or not columns:
+            continue
+        # everything the region makes is read only inside it or by B
+        if all(readers.get(g.nodes[i].output, set()) <= region | {b} for i in region):
+            regions[b] = region
+    return regions
+
+
+_ELEMENTWISE = {op.name for op, spec in OP_TABLE.items() if spec.group in (Group.UNARY, Group.BINARY)}
+
+
 def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) -> tuple:
-    """Chip ``rank``'s graph: each splittable product computes its slice of output columns (channels) from its
-    slice of the weights, and an all-gather rebuilds the full tensor for what follows. Returns (graph, the
-    number of all-gathers)."""
+    """Chip ``rank``'s graph. Products fed by column-split products through elementwise ops split by rows
+    and sum their partial results in one ring all-reduce (:func:`_row_split_regions`); every other splittable
+    product computes its slice of output columns (channels) from its slice of the weights, and an all-gather
+    rebuilds the full tensor for what follows. Returns (graph, all-gathers, all-reduces)."""
     part = copy.copy(g)
     part.tensors = list(g.tensors)
     part.quantized = dict(g.quantized)
     part.nodes, part.streamed = [], []
-    gathers = 0
-    for node in g.nodes:
+    regions = _row_split_regions(g, ranks)
+    in_region = {i for region in regions.values() for i in region}
+    sliced = {}  # full tensor ─► this chip's slice of its columns
+    gathers = reduces = 0
+    tag = first_tag
+    for index, node in enumerate(g.nodes):
+        if index in in_region and node.kind not in ("matmul", "qmatmul"):  # elementwise, on the slices
+            full = g.tensors[node.output]
+            out = part.add_tensor(full.shape[:-1] + (full.shape[-1] // ranks,), full.dtype)
+            sliced[node.output] = out
+            part.nodes.append(_with(node, inputs=[sliced.get(t, t) for t in node.inputs], output=out))
+            continue
+        if index in regions:  # rows of the weight, the partial sums added up around the ring
+            h = node.inputs[0]
+            k = g.tensors[node.inputs[1]].shape[0]
+            lo, hi = rank * k // ranks, (rank + 1) * k // ranks
+            weight = g.tensors[g.base(node.inputs[1])].data.reshape(g.tensors[node.inputs[1]].shape)
+            # the partial sums' columns rotated by this chip's rank: its block j is block rank + j, so every
+            # chip sends and adds the same addresses at the same steps (one schedule for all, as the ring needs)
+            turn = -rank * (weight.shape[1] // ranks)
+            inputs = [sliced[h], part.constant(np.ascontiguousarray(np.roll(weight[lo:hi], turn, axis=1)))]
+            for extra in node.inputs[2:]:  # the bias is added once: zeros elsewhere keep every chip's program alike
+                data = g.tensors[g.base(extra)].data.reshape(g.tensors[extra].shape)
+                inputs.append(extra if rank == 0 else part.constant(np.zeros_like(data)))
+            partial = part.add_tensor(g.tensors[node.output].shape, g.tensors[node.output].dtype)
+            part.nodes.append(_with(node, inputs=inputs, output=partial))
+            part.nodes.append(Node("allreduce", [partial], node.output,
+                                   {"rank": rank, "ranks": ranks, "tag": tag, **ring}, node.layer + "+allreduce"))
+            tag += 2 * ranks
+            reduces += 1
+            continue
         split = _splittable(g, node, ranks)
         if split is None:
             part.nodes.append(node)
@@ -368,8 +459,8 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
         inputs = list(node.inputs)
         w = g.base(node.inputs[1])
         weight = g.tensors[w].data.reshape(g.tensors[node.inputs[1]].shape)
-        sliced = weight[:, lo:hi] if node.kind.endswith("matmul") else weight[lo:hi]
-        inputs[1] = part.constant(np.ascontiguousarray(sliced))
+        sliced_weight = weight[:, lo:hi] if node.kind.endswith("matmul") else weight[lo:hi]
+        inputs[1] = part.constant(np.ascontiguousarray(sliced_weight))
         if w in g.quantized:
             q, scale, zp = g.quantized[w]
             q = q.reshape(weight.shape)
@@ -389,10 +480,13 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
         out_shape[axis] = width
         slice_id = part.add_tensor(out_shape, full.dtype)
         part.nodes.append(_with(node, inputs=inputs, output=slice_id))
-        part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, ring, first_tag + gathers * ranks,
-                                     node.layer))
+        if index in in_region:  # a column product of a row-split pair: its slice is all the next ops need
+            sliced[node.output] = slice_id
+            continue
+        part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, ring, tag, node.layer))
+        tag += ranks
         gathers += 1
-    return part, gathers
+    return part, gathers, reduces
 
 
 def _with(node, **changes):
@@ -426,7 +520,7 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
         nxt, prev = order[(rank + 1) % ranks], order[(rank - 1) % ranks]
         ring = {"next": nxt, "next_port": system.route(chip_id, nxt)[0][1],
                 "prev": prev, "prev_port": system.route(prev, chip_id)[-1][3]}
-        part, gathers = tensor_graph(g, rank, ranks, ring, 0)
+        part, gathers, reduces = tensor_graph(g, rank, ranks, ring, 0)
         if rank:  # every chip computes everything; one stores the results
             part.outputs = []
         ops = tile(part, chip)
@@ -441,14 +535,15 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
         scheduled, makespan = schedule(instructions, chip, in_order=in_order, fixed_units=fixed, pairs=pairs)
         programs.append(emit(part, addr, scheduled, layers, makespan, chip))
         weights = {g2 for node in part.nodes for g2 in node_weights(part, node)}
-        report.append({"chip": chip_id, "cycles": makespan, "all_gathers": gathers,
+        report.append({"chip": chip_id, "cycles": makespan, "all_gathers": gathers, "all_reduces": reduces,
                        "weight_bytes": sum(part.tensors[t].nbytes for t in weights),
                        "sram_high_water": addr["high_water"]})
     inputs = tuple(tuple((c, g.inputs.index(t)) for c in order) for t in g.inputs)
     outputs = tuple((order[0], k) for k in range(len(g.outputs)))
     bundle = SystemProgram(system.name, system.digest, tuple(order), tuple(programs), inputs, outputs,
                            max(p.predicted_cycles for p in programs), "tensor",
-                           f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers")
+                           f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers, "
+                           f"{report[0]['all_reduces']} all-reduces")
     return bundle, {"parallel": "tensor", "chips": report}
 
 

@@ -202,6 +202,42 @@ class _Tiler:
             self.emit(Opcode.RECV, [], [block((rank - step) % ranks)], {"peer": a["prev"], "tag": tag},
                       node.layer, a["prev_port"])
 
+    def allreduce(self, node: Node) -> None:
+        """A ring all-reduce of this chip's partial sums (a row-split product's), over blocks of the last axis.
+
+        The partial sums arrive with their columns rotated by the rank (their block ``j`` is block
+        ``rank + j``), so every chip touches the same addresses at the same step. Reduce-scatter: at step ``s``
+        each chip sends block ``rank - s + 1``, receives the previous chip's block ``rank - s`` into the output
+        (as scratch: the all-gather overwrites it) and adds it into its own. After ``ranks - 1`` steps block
+        ``rank + 1`` holds the whole sum; an all-gather then passes the summed blocks round, as
+        :meth:`allgather` does."""
+        g, a = self.g, node.attrs
+        partial, out = node.inputs[0], node.output
+        shape = g.tensors[out].shape
+        rank, ranks = a["rank"], a["ranks"]
+        width = shape[-1] // ranks
+
+        def block(t, r):
+            return view(g, t, ranges=[(0, d) for d in shape[:-1]] + [((r % ranks) * width, (r % ranks + 1) * width)])
+
+        def mine(r):  # global block r of the rotated partial sums
+            return block(partial, r - rank)
+        for step in range(1, ranks):
+            tag = a["tag"] + step
+            self.emit(Opcode.SEND, [mine(rank - step + 1)], [], {"peer": a["next"], "tag": tag},
+                      node.layer, a["next_port"])
+            self.emit(Opcode.RECV, [], [block(out, rank - step)], {"peer": a["prev"], "tag": tag},
+                      node.layer, a["prev_port"])
+            self.emit(Opcode.ADD, [mine(rank - step), block(out, rank - step)], [mine(rank - step)], {},
+                      node.layer)
+        self.emit(Opcode.COPY, [mine(rank + 1)], [block(out, rank + 1)], {}, node.layer)
+        for step in range(1, ranks):
+            tag = a["tag"] + ranks + step
+            self.emit(Opcode.SEND, [block(out, rank - step + 2)], [], {"peer": a["next"], "tag": tag},
+                      node.layer, a["next_port"])
+            self.emit(Opcode.RECV, [], [block(out, rank - step + 1)], {"peer": a["prev"], "tag": tag},
+                      node.layer, a["prev_port"])
+
     # ---- everything else -------------------------------------------------
     def single(self, node: Node) -> None:
         # a single-instruction node's attributes are named as the op table names them
@@ -325,6 +361,8 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
             tiler.matmul(node, streamed.get(i))
         elif node.kind == "allgather":
             tiler.allgather(node)
+        elif node.kind == "allreduce":
+            tiler.allreduce(node)
         else:
             tiler.single(node)
     for i, t in enumerate(g.outputs):

@@ -5,6 +5,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from conftest import mlp_model
 import lpx_tvm
 from lpx_tvm.app import llama
 from lpx_tvm.app.zoo import ZOO
@@ -106,3 +107,19 @@ def test_a_pipeline_spreads_the_blocks_over_its_chips():
         sent = sum(ins.srcs[0].nbytes for ins in program.instructions if ins.opcode.name == "SEND")
         # cut between blocks: only the fp32 hidden state and the mask over the cache and the new token cross
         assert sent == (4 * h + 4 * (config.max_context + 1) if k < 3 else 0)
+
+
+def test_a_product_pair_splits_columns_then_rows_and_sums_once(rng):
+    """Megatron's MLP: the first Gemm's columns and the second's rows split over the chips, the ReLU between
+    runs on each chip's slice, and the partial sums meet in one ring all-reduce: no all-gather at all."""
+    model = mlp_model()
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    (out,), sim = _run_on_system(model, [x], system="tiny-2", parallel="tensor")
+    assert "0 all-gathers, 1 all-reduces" in sim.program.notes
+    np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
+    # each chip holds half of each weight: 32x64/2 + 10x32/2 floats, and the first bias's half
+    for chip in sim.program.programs:
+        weights = sum(c.ref.nbytes for c in chip.constants)
+        assert 4 * (32 * 64 // 2 + 10 * 32 // 2 + 16) <= weights <= 4 * (32 * 64 // 2 + 10 * 32 // 2 + 16 + 10)

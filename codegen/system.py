@@ -29,7 +29,7 @@ from ..runtime_sim import ChipConfig, Opcode
 from ..runtime_sim.isa import OP_TABLE, Group
 from ..runtime_sim.system import SystemConfig
 from ..runtime_sim.system_sim import SystemProgram
-from .alloc import allocate
+from .alloc import CapacityError, allocate
 from .emit import emit, resolve
 from .graph import Graph, Node
 from .schedule import schedule
@@ -524,7 +524,11 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
         if rank:  # every chip computes everything; one stores the results
             part.outputs = []
         ops = tile(part, chip)
-        addr = allocate(part, ops, chip)
+        try:
+            addr = allocate(part, ops, chip)
+        except CapacityError as err:
+            raise SystemCompileError(f"{ranks}-way tensor parallel does not fit chip {chip_id}: {err}; "
+                                     + _unsplit_weights(g, ranks)) from None
         instructions, layers, fixed = resolve(part, ops, addr)
         pairs, last_send = {}, None
         for k, ins in enumerate(instructions):
@@ -545,6 +549,17 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
                            f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers, "
                            f"{report[0]['all_reduces']} all-reduces")
     return bundle, {"parallel": "tensor", "chips": report}
+
+
+def _unsplit_weights(g: Graph, ranks: int) -> str:
+    """The largest weights every chip holds whole, because their products do not split over ``ranks``."""
+    whole = sorted(((g.tensors[node.inputs[1]].nbytes, node.layer) for node in g.nodes
+                    if node.kind in ("matmul", "qmatmul", "conv2d", "qconv2d") and g.is_constant(g.base(node.inputs[1]))
+                    and _splittable(g, node, ranks) is None), reverse=True)
+    if not whole:
+        return "every product's weights are split"
+    listed = ", ".join(f"{layer} ({nbytes:,} bytes)" for nbytes, layer in whole[:3])
+    return f"these products do not split evenly over {ranks} chips and every chip holds their weights whole: {listed}"
 
 
 def _ring(system: SystemConfig, count: int) -> list:

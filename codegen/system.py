@@ -439,9 +439,11 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
             # chip sends and adds the same addresses at the same steps (one schedule for all, as the ring needs)
             turn = -rank * (weight.shape[1] // ranks)
             inputs = [sliced[h], part.constant(np.ascontiguousarray(np.roll(weight[lo:hi], turn, axis=1)))]
-            for extra in node.inputs[2:]:  # the bias is added once: zeros elsewhere keep every chip's program alike
-                data = g.tensors[g.base(extra)].data.reshape(g.tensors[extra].shape)
-                inputs.append(extra if rank == 0 else part.constant(np.zeros_like(data)))
+            for k, extra in enumerate(node.inputs[2:], 2):  # per output column: rotated as the partial sums are
+                data = np.roll(g.tensors[g.base(extra)].data.reshape(g.tensors[extra].shape), turn, axis=-1)
+                if k == 2 and rank:  # the bias is added once; zeros elsewhere keep every chip's program alike
+                    data = np.zeros_like(data)
+                inputs.append(part.constant(np.ascontiguousarray(data)))  # (fp8's scale, k == 3, on every chip)
             partial = part.add_tensor(g.tensors[node.output].shape, g.tensors[node.output].dtype)
             part.nodes.append(_with(node, inputs=inputs, output=partial))
             part.nodes.append(Node("allreduce", [partial], node.output,

@@ -66,8 +66,8 @@ class _DepLog:
         return self.owner[kind][ids[overlaps(self.keys[kind][:, ids], key)]]
 
     def add(self, kind: str, ref, index: int) -> None:
-        """Log an access. A dense write first retires the earlier accesses inside it: a later access that
-        meets them meets the write, which is ordered after them (write after write, write after read), so
+        """Log an access. A dense write first retires the earlier plain-range accesses inside it: a later
+        access that meets them meets the write, which is ordered after them (write after write, write after read), so
         the edge to the write implies theirs with at least their delay."""
         key = footprint_key(ref)
         lo, hi = key[0], key[1]
@@ -75,7 +75,9 @@ class _DepLog:
             for k in ("r", "w"):
                 ids = self._near(k, lo, hi)
                 keys = self.keys[k][:, ids]
-                self.live[k][ids[(keys[0] >= lo) & (keys[1] <= hi)]] = False
+                # plain ranges only: a strided entry can meet a later access of another stride through its
+                # bounding range (as :func:`overlaps` compares them) where that access misses the write
+                self.live[k][ids[(keys[0] >= lo) & (keys[1] <= hi) & (keys[2] == 0)]] = False
         n = self.n[kind]
         self.keys[kind][:, n] = key
         self.owner[kind][n] = index

@@ -384,8 +384,8 @@ def _row_split_regions(g: Graph, ranks: int) -> dict:
                 continue
             made = g.nodes[i]
             column = _splittable(g, made, ranks)
-            if made.kind == "matmul" and column is not None and column[1] == k:
-                region.add(i)
+            if made.kind == "matmul" and column is not None and column[1] == k and i not in regions:
+                region.add(i)  # (a product already split by rows sums whole columns: it cannot start a region)
                 columns += 1
             elif made.kind in _ELEMENTWISE and g.tensors[made.output].shape == g.tensors[h].shape:
                 region.add(i)
@@ -400,8 +400,11 @@ def _row_split_regions(g: Graph, ranks: int) -> dict:
                 stack = None
         if stack is None or not columns:
             continue
-        # everything the region makes is read only inside it or by B
-        if all(readers.get(g.nodes[i].output, set()) <= region | {b} for i in region):
+        made_inside = {g.nodes[i].output for i in region}
+        # everything the region makes is read only inside it or by B, and its column products read whole
+        # tensors from outside it (inside, tensors exist only as slices)
+        if all(readers.get(g.nodes[i].output, set()) <= region | {b} for i in region) and not any(
+                g.base(g.nodes[i].inputs[0]) in made_inside for i in region if g.nodes[i].kind == "matmul"):
             regions[b] = region
     return regions
 

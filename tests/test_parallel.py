@@ -123,3 +123,27 @@ def test_a_product_pair_splits_columns_then_rows_and_sums_once(rng):
     for chip in sim.program.programs:
         weights = sum(c.ref.nbytes for c in chip.constants)
         assert 4 * (32 * 64 // 2 + 10 * 32 // 2 + 16) <= weights <= 4 * (32 * 64 // 2 + 10 * 32 // 2 + 16 + 10)
+
+
+@pytest.mark.parametrize("shape", ["chain", "residual"])
+def test_row_split_regions_do_not_overlap_or_read_their_own_slices(shape):
+    """relu(x·W1)·W2·W3: W2's product is already split by rows, so it cannot also start W3's region.
+    t = relu(x·W1); (t + t·W2)·W3: W2 would read t, which exists only as slices. Both once failed."""
+    from conftest import make_model, tensor_info
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = {n: rng.standard_normal((16, 16)).astype(np.float32) * 0.3 for n in ("w1", "w2", "w3")}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["t1"]),
+             helper.make_node("MatMul", ["t1", "w2"], ["t2"])]
+    if shape == "chain":
+        nodes.append(helper.make_node("MatMul", ["t2", "w3"], ["y"]))
+    else:
+        nodes += [helper.make_node("Add", ["t1", "t2"], ["h"]), helper.make_node("MatMul", ["h", "w3"], ["y"])]
+    model = make_model(nodes, [tensor_info("x", [4, 16])], [tensor_info("y", [4, 16])],
+                       [numpy_helper.from_array(v, n) for n, v in w.items()])
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    t1 = np.maximum(x @ w["w1"], 0)
+    want = t1 @ w["w2"] @ w["w3"] if shape == "chain" else (t1 + t1 @ w["w2"]) @ w["w3"]
+    (out,), _ = _run_on_system(model, [x], system="tiny-2", parallel="tensor")
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

@@ -35,3 +35,25 @@ def test_matrix_work_spreads_over_every_plane(rng):
     (blob,) = compiled.programs.values()
     planes = {i.unit_index for i in decode(blob).instructions if i.opcode == Opcode.MATMUL}
     assert planes == {0, 1}  # the tiny chip's two planes both work
+
+
+def test_a_strided_access_inside_a_later_dense_write_keeps_its_dependence():
+    """Accesses of different row strides are compared by their bounding ranges: a strided write inside a later
+    dense write can still order a read the dense write does not meet, so the scheduler must keep its edge
+    (it once retired it and the checker rejected the schedule with a RAW hazard)."""
+    import importlib
+    import types
+
+    from lpx_tvm.runtime_sim import DType, Instruction, TensorRef, check_timing, load_config
+
+    schedule = importlib.import_module("lpx_tvm.codegen.schedule")
+    u8, tiny = DType.U8, load_config("tiny")
+    strided = TensorRef(100, (2, 10), u8, (50, 1))        # bytes [100, 110) and [150, 160)
+    reader = TensorRef(0, (2, 10), u8, (300, 1))          # [0, 10) and [300, 310): bounding range [0, 310)
+    ins = [Instruction(Opcode.COPY, 0, 0, (TensorRef(40000, (2, 10), u8),), (reader,)),
+           Instruction(Opcode.COPY, 0, 0, (TensorRef(40000, (2, 10), u8),), (strided,)),
+           Instruction(Opcode.COPY, 0, 0, (TensorRef(40000, (100,), u8),), (TensorRef(100, (100,), u8),)),
+           Instruction(Opcode.COPY, 0, 0, (reader,), (TensorRef(30000, (2, 10), u8),))]
+    scheduled, makespan = schedule.schedule(ins, tiny)
+    check_timing(types.SimpleNamespace(instructions=scheduled, predicted_cycles=makespan), tiny,
+                 constants=(TensorRef(40000, (200,), u8),), sram_size=65536)

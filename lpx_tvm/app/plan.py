@@ -208,7 +208,7 @@ def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str, alone: bool = Fa
     np_dtype = _np_dtype(dtype)
     one = _measure(block_graph(shape, np_dtype, 1), chip)
     two = _measure(block_graph(shape, np_dtype, 2), chip) if one else None
-    if one is not None and two is None and alone:
+    if alone and one is not None and not one[4] and (two is None or two[4]):  # one fits where two do not
         return ShardCost(one[0], 0, one[1], one[2], one[3], one[4])
     if one is None or two is None:
         return None
@@ -429,7 +429,8 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         chosen = min(at_batch, key=lambda m: (m.per_token_cycles, m.chips))
         why = f"the lowest per-token latency on at most {limit} chips"
     # the time to first token of the chosen mapping only: a prefill block is the largest to compile
-    chosen = evaluate(spec, system, dtype, chosen.stages, chosen.width, chosen.batch, context, prompt)
+    with_ttft = evaluate(spec, system, dtype, chosen.stages, chosen.width, chosen.batch, context, prompt)
+    candidates[candidates.index(chosen)] = chosen = with_ttft
     return _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights, cache,
                    time.perf_counter() - start)
 

@@ -188,9 +188,10 @@ def project_version() -> str:
 
 def model_id(model: str) -> str:
     """What identifies a model's content: a zoo name (seeded, so fixed), a plan target, or a file's hash."""
-    if model.startswith(PLAN_PREFIX):
-        name = model[len(PLAN_PREFIX):].partition("@")[0]
-        return model + (":" + hashlib.sha256(Path(name).read_bytes()).hexdigest() if Path(name).is_file() else "")
+    if model.startswith(PLAN_PREFIX):  # a config.json or a system file is known by its content
+        name, _, system = model[len(PLAN_PREFIX):].partition("@")
+        return model + "".join(":" + hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in (name, system)
+                               if Path(f).is_file())
     path = Path(model)
     if path.is_file():
         return "file:" + hashlib.sha256(path.read_bytes()).hexdigest()

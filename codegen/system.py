@@ -341,7 +341,8 @@ def _splittable(g: Graph, node, ranks: int):
         axis = 1
     else:
         return None
-    if n % ranks or n // ranks < 1:
+    uneven = node.kind == "matmul" and g.base(node.inputs[1]) not in g.quantized  # a float product's may
+    if n < ranks or (n % ranks and not uneven):
         return None
     for extra in node.inputs[2:]:  # per-output-channel vectors split with the weight
         if prod(g.tensors[extra].shape) not in (1, n):
@@ -371,7 +372,7 @@ def _row_split_regions(g: Graph, ranks: int) -> dict:
             continue
         h = node.inputs[0]
         k = g.tensors[node.inputs[1]].shape[0]
-        if k % ranks or g.base(h) != h:
+        if k % ranks or split[1] % ranks or g.base(h) != h:
             continue
         region, stack, columns = set(), [h], 0
         while stack is not None and stack:
@@ -459,12 +460,14 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
             part.nodes.append(node)
             continue
         axis, n = split
-        width = n // ranks
-        lo, hi = rank * width, (rank + 1) * width
+        width = -(-n // ranks)  # uneven (a float product's): the last chips' slices are padded with zero columns
+        lo, hi = min(rank * width, n), min((rank + 1) * width, n)
         inputs = list(node.inputs)
         w = g.base(node.inputs[1])
         weight = g.tensors[w].data.reshape(g.tensors[node.inputs[1]].shape)
         sliced_weight = weight[:, lo:hi] if node.kind.endswith("matmul") else weight[lo:hi]
+        if hi - lo < width:
+            sliced_weight = np.pad(sliced_weight, ((0, 0), (0, width - (hi - lo))))
         inputs[1] = part.constant(np.ascontiguousarray(sliced_weight))
         if w in g.quantized:
             q, scale, zp = g.quantized[w]
@@ -477,7 +480,7 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
             data = g.tensors[g.base(extra)].data
             if data is not None and prod(g.tensors[extra].shape) == n:
                 shape = list(g.tensors[extra].shape)
-                flat = data.reshape(-1)[lo:hi]
+                flat = np.pad(data.reshape(-1)[lo:hi], (0, width - (hi - lo)))
                 shape[[i for i, d in enumerate(shape) if d == n][-1]] = width
                 inputs[k] = part.constant(np.ascontiguousarray(flat).reshape(shape))
         full = g.tensors[node.output]
@@ -488,7 +491,14 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
         if index in in_region:  # a column product of a row-split pair: its slice is all the next ops need
             sliced[node.output] = slice_id
             continue
-        part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, ring, tag, node.layer))
+        if n % ranks:  # gathered with the padding, then the real columns copied out
+            padded_shape = list(full.shape)
+            padded_shape[axis] = width * ranks
+            padded = part.add_tensor(padded_shape, full.dtype)
+            part.nodes.append(_allgather(slice_id, padded, axis, rank, ranks, ring, tag, node.layer))
+            part.nodes.append(Node("narrow", [padded], node.output, {"axis": axis}, node.layer + "+narrow"))
+        else:
+            part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, ring, tag, node.layer))
         tag += ranks
         gathers += 1
     return part, gathers, reduces

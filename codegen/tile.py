@@ -238,6 +238,13 @@ class _Tiler:
             self.emit(Opcode.RECV, [], [block(out, rank - step + 1)], {"peer": a["prev"], "tag": tag},
                       node.layer, a["prev_port"])
 
+    def narrow(self, node: Node) -> None:
+        """The leading columns (along ``axis``) of a padded tensor: an uneven split's all-gather, unpadded."""
+        g, axis = self.g, node.attrs["axis"]
+        full = g.tensors[node.output].shape
+        src = view(g, node.inputs[0], ranges=[(0, d) for d in full[:axis + 1]])
+        self.emit(Opcode.COPY, [src], [whole(g, node.output)], {}, node.layer)
+
     # ---- everything else -------------------------------------------------
     def single(self, node: Node) -> None:
         # a single-instruction node's attributes are named as the op table names them
@@ -363,6 +370,8 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
             tiler.allgather(node)
         elif node.kind == "allreduce":
             tiler.allreduce(node)
+        elif node.kind == "narrow":
+            tiler.narrow(node)
         else:
             tiler.single(node)
     for i, t in enumerate(g.outputs):

@@ -147,3 +147,21 @@ def test_row_split_regions_do_not_overlap_or_read_their_own_slices(shape):
     want = t1 @ w["w2"] @ w["w3"] if shape == "chain" else (t1 + t1 @ w["w2"]) @ w["w3"]
     (out,), _ = _run_on_system(model, [x], system="tiny-2", parallel="tensor")
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_columns_that_do_not_split_evenly_are_padded_and_narrowed(rng):
+    """1001 output columns over 4 chips: 251 a chip, the last chip's padded with 3 zero columns, all-gathered
+    and the real 1001 copied out (an LM head's vocabulary rarely divides by the chip count)."""
+    from conftest import make_model, tensor_info, weights
+    from onnx import helper
+
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [4, 64])],
+                       [tensor_info("y", [4, 1001])], [weights(rng, "w", (64, 1001))])
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    (out,), sim = _run_on_system(model, [x], system="tiny-4", parallel="tensor")
+    assert "1 all-gathers" in sim.program.notes
+    np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
+    for chip in sim.program.programs:  # a quarter of the weight each, padded: 64 x 251 floats
+        assert max(c.ref.nbytes for c in chip.constants) == 64 * 251 * 4

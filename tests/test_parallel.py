@@ -35,6 +35,15 @@ def _run_on_system(model, args, **options):
     return outputs, sim
 
 
+def _tensor_parallel_matches_ort(model, x, system):
+    """Run a one-input model tensor parallel on ``system``, check it against ONNX Runtime; the system sim."""
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {model.graph.input[0].name: x})[0]
+    (out,), sim = _run_on_system(model, [x], system=system, parallel="tensor")
+    np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
+    return sim
+
+
 @pytest.mark.parametrize("chips", [2, 4, 8])
 def test_bert_pipeline_equals_the_single_chip_run(bert, chips):
     model, args, reference, single = bert
@@ -112,13 +121,8 @@ def test_a_pipeline_spreads_the_blocks_over_its_chips():
 def test_a_product_pair_splits_columns_then_rows_and_sums_once(rng):
     """Megatron's MLP: the first Gemm's columns and the second's rows split over the chips, the ReLU between
     runs on each chip's slice, and the partial sums meet in one ring all-reduce: no all-gather at all."""
-    model = mlp_model()
-    x = rng.standard_normal((4, 64)).astype(np.float32)
-    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x})[0]
-    (out,), sim = _run_on_system(model, [x], system="tiny-2", parallel="tensor")
+    sim = _tensor_parallel_matches_ort(mlp_model(), rng.standard_normal((4, 64)).astype(np.float32), "tiny-2")
     assert "0 all-gathers, 1 all-reduces" in sim.program.notes
-    np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
     # each chip holds half of each weight: 32x64/2 + 10x32/2 floats, and the first bias's half
     for chip in sim.program.programs:
         weights = sum(c.ref.nbytes for c in chip.constants)
@@ -157,11 +161,7 @@ def test_columns_that_do_not_split_evenly_are_padded_and_narrowed(rng):
 
     model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [4, 64])],
                        [tensor_info("y", [4, 1001])], [weights(rng, "w", (64, 1001))])
-    x = rng.standard_normal((4, 64)).astype(np.float32)
-    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x})[0]
-    (out,), sim = _run_on_system(model, [x], system="tiny-4", parallel="tensor")
+    sim = _tensor_parallel_matches_ort(model, rng.standard_normal((4, 64)).astype(np.float32), "tiny-4")
     assert "1 all-gathers" in sim.program.notes
-    np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
     for chip in sim.program.programs:  # a quarter of the weight each, padded: 64 x 251 floats
         assert max(c.ref.nbytes for c in chip.constants) == 64 * 251 * 4

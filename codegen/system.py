@@ -341,8 +341,9 @@ def _splittable(g: Graph, node, ranks: int):
         axis = 1
     else:
         return None
-    uneven = node.kind == "matmul" and g.base(node.inputs[1]) not in g.quantized  # a float product's may
-    if n < ranks or (n % ranks and not uneven):
+    uneven = node.kind == "matmul" and g.base(node.inputs[1]) not in g.quantized  # a float product's may,
+    width = -(-n // ranks)  # as long as no chip's slice is all padding (it would idle and fall out of step)
+    if n < ranks or (n % ranks and (not uneven or ranks * width - n >= width)):
         return None
     for extra in node.inputs[2:]:  # per-output-channel vectors split with the weight
         if prod(g.tensors[extra].shape) not in (1, n):
@@ -529,8 +530,8 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
     ranks = min(chips or system.chips, system.chips)
     order = _ring(system, ranks)
     if not any(_splittable(g, node, ranks) for node in g.nodes):
-        raise SystemCompileError(f"no matrix product of the model splits evenly over {ranks} chips")
-    programs, report = [], []
+        raise SystemCompileError(f"no matrix product of the model splits over {ranks} chips")
+    programs, report, sends = [], [], {}
     for rank, chip_id in enumerate(order):
         nxt, prev = order[(rank + 1) % ranks], order[(rank - 1) % ranks]
         ring = {"next": nxt, "next_port": system.route(chip_id, nxt)[0][1],
@@ -552,6 +553,7 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
             elif ins.opcode == Opcode.RECV:
                 pairs[k] = last_send
         scheduled, makespan = schedule(instructions, chip, in_order=in_order, fixed_units=fixed, pairs=pairs)
+        _check_lockstep(sends, scheduled, chip_id, ranks)
         programs.append(emit(part, addr, scheduled, layers, makespan, chip))
         weights = {g2 for node in part.nodes for g2 in node_weights(part, node)}
         report.append({"chip": chip_id, "cycles": makespan, "all_gathers": gathers, "all_reduces": reduces,
@@ -564,6 +566,20 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
                            f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers, "
                            f"{report[0]['all_reduces']} all-reduces")
     return bundle, {"parallel": "tensor", "chips": report}
+
+
+def _check_lockstep(sends: dict, scheduled: list, chip_id: int, ranks: int) -> None:
+    """Each chip places a RECV one hop after its own SEND of the same step, which holds only while every chip
+    sends each step at the same cycle. A consumer reading part of a gathered tensor can let one chip run
+    ahead; that is a compile error here rather than a network error at the first run."""
+    for ins in scheduled:
+        if ins.opcode == Opcode.SEND:
+            first = sends.setdefault(ins.attrs["tag"], (chip_id, ins.cycle))
+            if first[1] != ins.cycle:
+                raise SystemCompileError(
+                    f"{ranks}-way tensor parallel: the chips' schedules part (transfer {ins.attrs['tag']} leaves "
+                    f"chip {first[0]} at cycle {first[1]} but chip {chip_id} at cycle {ins.cycle}, so their ring "
+                    f"steps would not meet); try --parallel pipeline")
 
 
 def _unsplit_weights(g: Graph, ranks: int) -> str:

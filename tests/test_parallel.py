@@ -165,3 +165,37 @@ def test_columns_that_do_not_split_evenly_are_padded_and_narrowed(rng):
     assert "1 all-gathers" in sim.program.notes
     for chip in sim.program.programs:  # a quarter of the weight each, padded: 64 x 251 floats
         assert max(c.ref.nbytes for c in chip.constants) == 64 * 251 * 4
+
+
+def test_a_split_that_would_leave_a_chip_only_padding_is_not_made(rng):
+    """9 columns over 8 chips would give chips 5-7 nothing but zero columns; they would run ahead of the
+    others and break the ring's lockstep at the next collective. That product stays whole."""
+    from conftest import make_model, tensor_info, weights
+    from onnx import helper
+
+    model = make_model([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])],
+                       [tensor_info("x", [1, 16])], [tensor_info("y", [1, 16])],
+                       [weights(rng, "w1", (16, 9)), weights(rng, "w2", (9, 16))])
+    sim = _tensor_parallel_matches_ort(model, rng.standard_normal((1, 16)).astype(np.float32), "tiny-8")
+    assert "1 all-gathers, 0 all-reduces" in sim.program.notes
+
+
+def test_chips_that_would_fall_out_of_step_are_a_compile_error_and_auto_pipelines(rng):
+    """A consumer reading a few heads of a gathered tensor lets each chip start on different blocks: the ring
+    steps would not meet. Tensor parallel says so when compiling; auto takes the pipeline."""
+    from conftest import make_model, tensor_info, weights
+    from onnx import helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([1, 4, 1, 16], np.int64), "shape")
+    model = make_model([helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("Reshape", ["q", "shape"], ["q4"]),
+                        helper.make_node("MatMul", ["q4", "r"], ["qr"]), helper.make_node("Add", ["q4", "qr"], ["y"])],
+                       [tensor_info("x", [1, 64])], [tensor_info("y", [1, 4, 1, 16])],
+                       [weights(rng, "wq", (64, 64)), weights(rng, "r", (16, 16)), shape])
+    with pytest.raises(SystemCompileError, match="schedules part .* try --parallel pipeline"):
+        lpx_tvm.compile(model, system="tiny-8", parallel="tensor")
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    (out,), sim = _run_on_system(model, [x], system="tiny-8", parallel="auto")
+    assert sim.program.parallel == "pipeline" and "schedules part" in sim.program.notes
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)

@@ -352,19 +352,20 @@ def _splittable(g: Graph, node, ranks: int):
 
 
 def _row_split_regions(g: Graph, ranks: int) -> dict:
-    """Megatron's pairing: product index ─► the nodes between it and the products whose columns it consumes.
+    """Megatron's pairing: product index ─► (the nodes between it and the products whose columns it consumes,
+    tensor ─► the axis it is split along).
 
     A product ``B`` (a float matmul by a constant ``[K, N]`` weight, no fused activation, ``K`` and ``N``
-    splitting over ``ranks``) whose input is made by column-split products (``N = K``) and elementwise ops
-    on them alone (scalar constants aside), read by nothing else, splits by rows: each chip keeps its slice
-    of the columns from the first products on and sums ``B``'s partial results once (an all-reduce) instead
-    of all-gathering after every product."""
+    splitting over ``ranks``) whose input is made, through ops that keep a split axis whole per chip
+    (elementwise ops, transposes, reshapes that keep the split contiguous, a softmax along another axis,
+    products of two activations batched over it: attention's heads), from column-split products, and is read
+    by nothing else, splits by rows: each chip keeps its slice from the first products on and sums ``B``'s
+    partial results once (an all-reduce) instead of all-gathering after every product."""
     producer = {node.output: i for i, node in enumerate(g.nodes)}
     readers = {}
     for i, node in enumerate(g.nodes):
         for t in node.inputs:
             readers.setdefault(g.base(t), set()).add(i)
-    aliased = {g.base(t) for t in range(len(g.tensors)) if g.tensors[t].alias_of is not None}
     outputs = {g.base(t) for t in g.outputs}
     regions = {}
     for b, node in enumerate(g.nodes):
@@ -373,42 +374,83 @@ def _row_split_regions(g: Graph, ranks: int) -> dict:
             continue
         h = node.inputs[0]
         k = g.tensors[node.inputs[1]].shape[0]
-        if k % ranks or split[1] % ranks or g.base(h) != h:
+        if k % ranks or split[1] % ranks:
             continue
-        region, stack, columns = set(), [h], 0
-        while stack is not None and stack:
-            t = stack.pop()
-            i = producer.get(t)
-            if i is None or t in aliased or t in outputs:
-                stack = None
-                break
-            if i in region:
-                continue
-            made = g.nodes[i]
-            column = _splittable(g, made, ranks)
-            if made.kind == "matmul" and column is not None and column[1] == k and i not in regions:
-                region.add(i)  # (a product already split by rows sums whole columns: it cannot start a region)
-                columns += 1
-            elif made.kind in _ELEMENTWISE and g.tensors[made.output].shape == g.tensors[h].shape:
-                region.add(i)
-                for t2 in made.inputs:
-                    if prod(g.tensors[t2].shape) == 1 and g.is_constant(g.base(t2)):
-                        continue
-                    if g.tensors[t2].shape != g.tensors[h].shape:
-                        stack = None
-                        break
-                    stack.append(t2)
-            else:
-                stack = None
-        if stack is None or not columns:
+        found = _region_behind(g, h, len(g.tensors[h].shape) - 1, ranks, producer, outputs, regions)
+        if found is None:
             continue
+        region, axes, whole = found
         made_inside = {g.nodes[i].output for i in region}
-        # everything the region makes is read only inside it or by B, and its column products read whole
-        # tensors from outside it (inside, tensors exist only as slices)
+        # everything the region makes is read only inside it or by B; its column products and broadcast
+        # operands read whole tensors from outside it (inside, tensors exist only as slices)
         if all(readers.get(g.nodes[i].output, set()) <= region | {b} for i in region) and not any(
-                g.base(g.nodes[i].inputs[0]) in made_inside for i in region if g.nodes[i].kind == "matmul"):
-            regions[b] = region
+                g.base(t) in made_inside for t in whole):
+            regions[b] = (region, axes)
     return regions
+
+
+def _region_behind(g: Graph, h: int, axis: int, ranks: int, producer: dict, outputs: set, taken: dict):
+    """Walk back from ``h`` split along ``axis``: (region nodes, tensor ─► axis, tensors read whole), or None."""
+    region, axes, whole, columns = set(), {}, [], 0
+    stack = [(h, axis)]
+    while stack:
+        t, ax = stack.pop()
+        if t in axes:
+            if axes[t] != ax:
+                return None
+            continue
+        axes[t] = ax
+        shape = g.tensors[t].shape
+        if shape[ax] % ranks:
+            return None
+        base = g.base(t)
+        if base != t:  # a reshape: the base's axis that holds the same contiguous split
+            base_ax = _same_split(shape, ax, g.tensors[base].shape)
+            if base_ax is None:
+                return None
+            stack.append((base, base_ax))
+            continue
+        i = producer.get(t)
+        if i is None or t in outputs:
+            return None
+        made = g.nodes[i]
+        region.add(i)
+        weight = made.inputs[1] if len(made.inputs) > 1 else None
+        if made.kind == "matmul" and weight is not None and g.is_constant(g.base(weight)):
+            column = _splittable(g, made, ranks)
+            if column is None or column[1] % ranks or ax != len(shape) - 1 or i in taken:
+                return None  # (a product already split by rows sums whole columns: it cannot start a region)
+            whole.append(made.inputs[0])
+            columns += 1
+        elif made.kind == "matmul" and ax < len(shape) - 2:  # two activations, batched over the split axis
+            if any(len(g.tensors[x].shape) != len(shape) for x in made.inputs[:2]) or len(made.inputs) > 2:
+                return None
+            stack += [(x, ax) for x in made.inputs[:2]]
+        elif made.kind == "TRANSPOSE":
+            stack.append((made.inputs[0], made.attrs["perm"][ax]))
+        elif made.kind == "SOFTMAX" and made.attrs["axis"] % len(shape) != ax:
+            stack.append((made.inputs[0], ax))
+        elif made.kind in _ELEMENTWISE:
+            for x in made.inputs:
+                xs = g.tensors[x].shape
+                if xs == shape:
+                    stack.append((x, ax))
+                elif prod(xs) == 1 or (len(xs) == len(shape) and xs[ax] == 1):
+                    whole.append(x)  # broadcast along the split axis: every chip reads it whole
+                else:
+                    return None
+        else:
+            return None
+    return (region, axes, whole) if columns else None
+
+
+def _same_split(shape: tuple, axis: int, base_shape: tuple):
+    """The axis of ``base_shape`` that splits as ``shape``'s ``axis`` does (same elements before it), or None."""
+    outer = prod(shape[:axis])
+    for a in range(len(base_shape)):
+        if prod(base_shape[:a]) == outer and prod(base_shape[a:]) == prod(shape[axis:]) and base_shape[a] > 1:
+            return a
+    return None
 
 
 _ELEMENTWISE = {op.name for op, spec in OP_TABLE.items() if spec.group in (Group.UNARY, Group.BINARY)}
@@ -424,16 +466,26 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
     part.quantized = dict(g.quantized)
     part.nodes, part.streamed = [], []
     regions = _row_split_regions(g, ranks)
-    in_region = {i for region in regions.values() for i in region}
-    sliced = {}  # full tensor ─► this chip's slice of its columns
+    in_region = {i for region, _ in regions.values() for i in region}
+    axes = {t: ax for _, found in regions.values() for t, ax in found.items()}
+    sliced = {}  # full tensor ─► this chip's slice of it (along its axis in ``axes``)
+
+    def slice_of(t: int) -> int:
+        if t not in sliced and t in axes:
+            shape = list(g.tensors[t].shape)
+            shape[axes[t]] //= ranks
+            base = g.base(t)
+            sliced[t] = part.add_tensor(shape, g.tensors[t].dtype,
+                                        alias_of=slice_of(base) if base != t else None)
+        return sliced.get(t, t)
+
     gathers = reduces = 0
     tag = first_tag
     for index, node in enumerate(g.nodes):
-        if index in in_region and node.kind not in ("matmul", "qmatmul"):  # elementwise, on the slices
-            full = g.tensors[node.output]
-            out = part.add_tensor(full.shape[:-1] + (full.shape[-1] // ranks,), full.dtype)
-            sliced[node.output] = out
-            part.nodes.append(_with(node, inputs=[sliced.get(t, t) for t in node.inputs], output=out))
+        column = index in in_region and node.kind == "matmul" and g.is_constant(g.base(node.inputs[1]))
+        if index in in_region and not column:  # on the slices: each chip its own heads or columns
+            inputs = [slice_of(t) for t in node.inputs]
+            part.nodes.append(_with(node, inputs=inputs, output=slice_of(node.output)))
             continue
         if index in regions:  # rows of the weight, the partial sums added up around the ring
             h = node.inputs[0]
@@ -443,7 +495,7 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
             # the partial sums' columns rotated by this chip's rank: its block j is block rank + j, so every
             # chip sends and adds the same addresses at the same steps (one schedule for all, as the ring needs)
             turn = -rank * (weight.shape[1] // ranks)
-            inputs = [sliced[h], part.constant(np.ascontiguousarray(np.roll(weight[lo:hi], turn, axis=1)))]
+            inputs = [slice_of(h), part.constant(np.ascontiguousarray(np.roll(weight[lo:hi], turn, axis=1)))]
             for k, extra in enumerate(node.inputs[2:], 2):  # per output column: rotated as the partial sums are
                 data = np.roll(g.tensors[g.base(extra)].data.reshape(g.tensors[extra].shape), turn, axis=-1)
                 if k == 2 and rank:  # the bias is added once; zeros elsewhere keep every chip's program alike
@@ -487,11 +539,11 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
         full = g.tensors[node.output]
         out_shape = list(full.shape)
         out_shape[axis] = width
+        if column:  # a column product of a row-split pair: its slice is all the next ops need
+            part.nodes.append(_with(node, inputs=inputs, output=slice_of(node.output)))
+            continue
         slice_id = part.add_tensor(out_shape, full.dtype)
         part.nodes.append(_with(node, inputs=inputs, output=slice_id))
-        if index in in_region:  # a column product of a row-split pair: its slice is all the next ops need
-            sliced[node.output] = slice_id
-            continue
         if n % ranks:  # gathered with the padding, then the real columns copied out
             padded_shape = list(full.shape)
             padded_shape[axis] = width * ranks

@@ -59,6 +59,8 @@ def test_bert_tensor_parallel_agrees_with_onnx_runtime(bert, chips):
     model, args, reference, single = bert
     outputs, sim = _run_on_system(model, args, system="tsp-node", parallel="tensor", chips=chips)
     assert sim.program.parallel == "tensor"
+    # Megatron's split: attention by heads (4 of them) and the MLP, one all-reduce each, where heads divide
+    assert ("0 all-gathers, 4 all-reduces" in sim.program.notes) == (chips in (2, 4))
     # each chip holds 1/chips of every split weight: the chips' weights add up to less than chips × one chip's
     np.testing.assert_allclose(outputs[0], reference[0], rtol=1e-4, atol=1e-4)
     # fp32 sums of a narrower product are blocked differently by numpy's BLAS: equal to rounding, not bitwise

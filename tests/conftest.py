@@ -20,6 +20,14 @@ def weights(rng, name, shape, scale=0.3):
     return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
 
 
+def add_model(rows, cols):
+    """z = x + y on two [rows, cols] inputs: bound by the host link, its cycles worked by hand in
+    ``programs.host_bound_add_cycles``."""
+    return make_model([helper.make_node("Add", ["x", "y"], ["z"])],
+                      [tensor_info("x", [rows, cols]), tensor_info("y", [rows, cols])],
+                      [tensor_info("z", [rows, cols])], [])
+
+
 def mlp_model(seed=0):
     rng = np.random.default_rng(seed)
     inits = [weights(rng, "w1", (32, 64)), weights(rng, "b1", (32,)),

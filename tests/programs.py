@@ -1,4 +1,7 @@
-"""Hand-built LPX programs for tests: constants placed in SRAM, instructions, a Program around them."""
+"""Hand-built LPX programs for tests: constants placed in SRAM, instructions, a Program around them; and cycle
+counts worked out by hand from a preset's parameters."""
+
+from math import ceil
 
 import numpy as np
 
@@ -57,3 +60,21 @@ def system_program(system, chip_programs: dict, inputs=(), outputs=(), predicted
     if predicted is None:
         predicted = max(p.predicted_cycles for p in programs)
     return SystemProgram(system.name, system.digest, chips, programs, tuple(inputs), tuple(outputs), predicted)
+
+
+def host_bound_add_cycles(chip, rows: int, cols: int) -> int:
+    """``conftest.add_model(rows, cols)`` compiled for ``chip``, by hand: both fp32 inputs cross the one host
+    link in turn, then the add, then the result crosses back.
+
+    The add moves one vector (``lanes`` floats) of each operand and of the result per step: 12 bytes an
+    element need 12 streams a vector; more than one direction's streams make each vector take several
+    cycles, fewer let several vectors go at once (as far as the lane's ALUs allow).
+    """
+    host = chip.host_bytes_per_s / chip.clock_hz
+    transfer = ceil(rows * cols * 4 / host)
+    streams_per_vector = 12
+    step = max(1, ceil(streams_per_vector / chip.streams_per_direction))
+    rate = max(1, min(chip.vxm_alus_per_lane, chip.streams_per_direction // streams_per_vector))
+    add = ceil(rows / rate) * step
+    return 2 * transfer + chip.latency_cycles["MEM"] + add + chip.latency_cycles["VXM"] + transfer + \
+        chip.latency_cycles["MEM"]

@@ -8,12 +8,11 @@ from math import ceil
 
 import numpy as np
 import pytest
-from onnx import helper
 
 import lpx_tvm
 from lpx_tvm.runtime_sim import DType, Opcode, ScheduleError, Simulator, Space, TensorRef, load_config
-from conftest import make_model, ort_run, tensor_info
-from programs import Layout, TINY, ins, program
+from conftest import add_model, ort_run
+from programs import Layout, TINY, host_bound_add_cycles, ins, program
 
 TSP = load_config("tsp")
 F32 = DType.F32
@@ -98,22 +97,10 @@ def test_a_host_link_bound_model_compiles_to_the_hand_worked_cycles(config):
     """x + y for big x, y: both inputs cross the one host link in turn, then the add, then the result."""
     chip = load_config(config)
     rows, cols = 100, chip.lanes
-    model = make_model([helper.make_node("Add", ["x", "y"], ["z"])], [tensor_info("x", [rows, cols]),
-                                                                     tensor_info("y", [rows, cols])],
-                       [tensor_info("z", [rows, cols])], [])
+    model = add_model(rows, cols)
     compiled = lpx_tvm.compile(model, config=config)
     (sim,) = compiled.simulators.values()
-    host = chip.host_bytes_per_s / chip.clock_hz
-    nbytes = rows * cols * 4
-    transfer = ceil(nbytes / host)
-    # the add: one vector (a row of `lanes` floats) of each operand and of the result per step; 12 bytes an
-    # element need 12 streams a vector, more than one direction's, so each vector takes 2 cycles on tiny
-    streams_per_vector = 12
-    step = max(1, ceil(streams_per_vector / chip.streams_per_direction))
-    rate = max(1, min(chip.vxm_alus_per_lane, chip.streams_per_direction // streams_per_vector))
-    add = ceil(rows / rate) * step
-    expected = 2 * transfer + chip.latency_cycles["MEM"] + add + chip.latency_cycles["VXM"] + transfer + \
-        chip.latency_cycles["MEM"]
+    expected = host_bound_add_cycles(chip, rows, cols)
     assert sim.stats.cycles == sim.program.predicted_cycles == expected
     assert sim.stats.layers and min(r["bound"] for r in sim.stats.layers if r["name"] == "load") == "host link"
     x, y = (np.random.default_rng(i).standard_normal((rows, cols)).astype(np.float32) for i in range(2))

@@ -231,7 +231,7 @@ def _groups(instructions: list, occ: list, pairs: dict | None = None) -> tuple:
 
 
 def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fixed_units=None,
-             pinned: dict | None = None, with_order: bool = False, pairs: dict | None = None) -> tuple:
+             pinned: dict | None = None, pairs: dict | None = None) -> tuple:
     """Assign issue cycles, unit instances, stream numbers and weight buffers.
 
     Parameters
@@ -250,16 +250,14 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
     pinned : dict, optional
         Instruction ─► the cycle it must issue at (a RECV takes its data exactly as it arrives); placed
         before anything else, so that nothing takes what it needs then.
-    with_order : bool
-        Also return, for each scheduled instruction, its index in ``instructions``.
     pairs : dict, optional
         RECV ─► the SEND it is placed one hop (the SEND's latency) after: a collective in which every chip
         runs this schedule, so the data each RECV takes left a neighbour at its own SEND's cycle.
 
     Returns
     -------
-    (list of Instruction, int) or (list of Instruction, int, list of int)
-        The scheduled instructions (sorted by issue cycle), the makespan (and the order).
+    (list of Instruction, int)
+        The scheduled instructions (sorted by issue cycle) and the makespan.
     """
     fixed_units = set(fixed_units or ())
     n = len(instructions)
@@ -319,8 +317,7 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
                 heapq.heappush(ready, (key(s), s))
     if len(placer.issue) != n:
         raise RuntimeError("schedule: the dependence graph has a cycle")
-    scheduled, makespan, order = placer.finish()
-    return (scheduled, makespan, order) if with_order else (scheduled, makespan)
+    return placer.finish()
 
 
 class _Placer:
@@ -386,4 +383,4 @@ class _Placer:
                                    ins.layer))
         order = sorted(range(len(out)), key=lambda i: (out[i].cycle, i))
         makespan = max((self.issue[i] + self.occ[i].finish for i in range(len(out))), default=0)
-        return [out[i] for i in order], makespan, order
+        return [out[i] for i in order], makespan

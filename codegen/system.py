@@ -20,7 +20,7 @@ chip because every chip sends at the same cycles.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
 import numpy as np
@@ -188,17 +188,14 @@ def plan_pipeline(g: Graph, runs: list, chips: list) -> list:
         for i in run:
             for t in g.nodes[i].inputs:
                 last_use[g.base(t)] = max(last_use.get(g.base(t), -1), s)
-    for t in g.outputs:
-        last_use.setdefault(g.base(t), -1)
     stages = [Stage(chips[s], list(run), [], [], [], []) for s, run in enumerate(runs)]
-    model_inputs = {g.base(t) for t in g.inputs}
     for s, stage in enumerate(stages):
         reads = {g.base(t) for i in stage.nodes for t in g.nodes[i].inputs}
         stage.inputs = [t for t in g.inputs if g.base(t) in reads]
         stage.outputs = [t for t in g.outputs if stage_of.get(g.base(t)) == s]
     for t, last in last_use.items():  # a tensor travels stage to stage from its maker to its last reader
         made = stage_of.get(t)
-        if made is None or t in model_inputs or g.is_resident(t):
+        if made is None:  # a model input or a resident tensor: each stage loads or holds its own
             continue
         for s in range(made, last):
             stages[s].sent.append((t, stages[s + 1].chip))
@@ -216,9 +213,9 @@ def _stage_graph(g: Graph, stage: Stage) -> Graph:
     return part
 
 
-def link_ops(g: Graph, ops: list, system: SystemConfig, chip: int, stage: Stage, tags: dict) -> list:
+def link_ops(g: Graph, ops: list, system: SystemConfig, stage: Stage, tags: dict) -> list:
     """Replace the LOADs of received tensors by one RECV each, and the STOREs of sent ones by SENDs."""
-    n_in, n_out = len(stage.inputs), len(stage.outputs)
+    n_in, n_out, chip = len(stage.inputs), len(stage.outputs), stage.chip
     out, done = [], set()
     for op in ops:
         if op.opcode == Opcode.LOAD and op.attrs["index"] >= n_in:
@@ -264,7 +261,7 @@ def compile_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: st
         part = _stage_graph(g, stage)
         ops = tile(part, chip, resident_budget=budget)
         addr = allocate(part, ops, chip)
-        ops = link_ops(part, ops, system, stage.chip, stage, tags)
+        ops = link_ops(part, ops, system, stage, tags)
         instructions, layers, fixed = resolve(part, ops, addr)
         pinned = {k: arrivals[op.attrs["tag"]] for k, op in enumerate(ops) if op.opcode == Opcode.RECV}
         scheduled, makespan = schedule(instructions, chip, in_order=in_order, fixed_units=fixed, pinned=pinned)
@@ -324,8 +321,7 @@ def compile_parallel(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: st
     why = ", ".join(f"{k} {v.predicted_cycles} cycles" if not isinstance(v, Exception) else f"{k}: {v}"
                     for k, v in candidates.items())
     chosen = built[best]
-    return SystemProgram(chosen.system_name, chosen.system_digest, chosen.chips, chosen.programs, chosen.inputs,
-                         chosen.outputs, chosen.predicted_cycles, best, f"auto chose {best} ({why}); {chosen.notes}")
+    return replace(chosen, parallel=best, notes=f"auto chose {best} ({why}); {chosen.notes}")
 
 
 def _splittable(g: Graph, node, ranks: int):
@@ -456,16 +452,16 @@ def _same_split(shape: tuple, axis: int, base_shape: tuple):
 _ELEMENTWISE = {op.name for op, spec in OP_TABLE.items() if spec.group in (Group.UNARY, Group.BINARY)}
 
 
-def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) -> tuple:
+def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> tuple:
     """Chip ``rank``'s graph. Products fed by column-split products through elementwise ops split by rows
     and sum their partial results in one ring all-reduce (:func:`_row_split_regions`); every other splittable
     product computes its slice of output columns (channels) from its slice of the weights, and an all-gather
-    rebuilds the full tensor for what follows. Returns (graph, all-gathers, all-reduces)."""
+    rebuilds the full tensor for what follows. ``regions``: :func:`_row_split_regions` of ``g`` (the same for
+    every rank). Returns (graph, all-gathers, all-reduces)."""
     part = copy.copy(g)
     part.tensors = list(g.tensors)
     part.quantized = dict(g.quantized)
     part.nodes, part.streamed = [], []
-    regions = _row_split_regions(g, ranks)
     in_region = {i for region, _ in regions.values() for i in region}
     axes = {t: ax for _, found in regions.values() for t, ax in found.items()}
     sliced = {}  # full tensor ─► this chip's slice of it (along its axis in ``axes``)
@@ -480,12 +476,12 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
         return sliced.get(t, t)
 
     gathers = reduces = 0
-    tag = first_tag
+    tag = 0
     for index, node in enumerate(g.nodes):
         column = index in in_region and node.kind == "matmul" and g.is_constant(g.base(node.inputs[1]))
         if index in in_region and not column:  # on the slices: each chip its own heads or columns
             inputs = [slice_of(t) for t in node.inputs]
-            part.nodes.append(_with(node, inputs=inputs, output=slice_of(node.output)))
+            part.nodes.append(replace(node, inputs=inputs, output=slice_of(node.output)))
             continue
         if index in regions:  # rows of the weight, the partial sums added up around the ring
             h = node.inputs[0]
@@ -495,14 +491,14 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
             # the partial sums' columns rotated by this chip's rank: its block j is block rank + j, so every
             # chip sends and adds the same addresses at the same steps (one schedule for all, as the ring needs)
             turn = -rank * (weight.shape[1] // ranks)
-            inputs = [slice_of(h), part.constant(np.ascontiguousarray(np.roll(weight[lo:hi], turn, axis=1)))]
+            inputs = [slice_of(h), part.constant(np.roll(weight[lo:hi], turn, axis=1))]
             for k, extra in enumerate(node.inputs[2:], 2):  # per output column: rotated as the partial sums are
                 data = np.roll(g.tensors[g.base(extra)].data.reshape(g.tensors[extra].shape), turn, axis=-1)
                 if k == 2 and rank:  # the bias is added once; zeros elsewhere keep every chip's program alike
                     data = np.zeros_like(data)
-                inputs.append(part.constant(np.ascontiguousarray(data)))  # (fp8's scale, k == 3, on every chip)
+                inputs.append(part.constant(data))  # (fp8's scale, k == 3, on every chip)
             partial = part.add_tensor(g.tensors[node.output].shape, g.tensors[node.output].dtype)
-            part.nodes.append(_with(node, inputs=inputs, output=partial))
+            part.nodes.append(replace(node, inputs=inputs, output=partial))
             part.nodes.append(Node("allreduce", [partial], node.output,
                                    {"rank": rank, "ranks": ranks, "tag": tag, **ring}, node.layer + "+allreduce"))
             tag += 2 * ranks
@@ -521,7 +517,7 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
         sliced_weight = weight[:, lo:hi] if node.kind.endswith("matmul") else weight[lo:hi]
         if hi - lo < width:
             sliced_weight = np.pad(sliced_weight, ((0, 0), (0, width - (hi - lo))))
-        inputs[1] = part.constant(np.ascontiguousarray(sliced_weight))
+        inputs[1] = part.constant(sliced_weight)
         if w in g.quantized:
             q, scale, zp = g.quantized[w]
             q = q.reshape(weight.shape)
@@ -535,15 +531,15 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
                 shape = list(g.tensors[extra].shape)
                 flat = np.pad(data.reshape(-1)[lo:hi], (0, width - (hi - lo)))
                 shape[[i for i, d in enumerate(shape) if d == n][-1]] = width
-                inputs[k] = part.constant(np.ascontiguousarray(flat).reshape(shape))
+                inputs[k] = part.constant(flat.reshape(shape))
         full = g.tensors[node.output]
         out_shape = list(full.shape)
         out_shape[axis] = width
         if column:  # a column product of a row-split pair: its slice is all the next ops need
-            part.nodes.append(_with(node, inputs=inputs, output=slice_of(node.output)))
+            part.nodes.append(replace(node, inputs=inputs, output=slice_of(node.output)))
             continue
         slice_id = part.add_tensor(out_shape, full.dtype)
-        part.nodes.append(_with(node, inputs=inputs, output=slice_id))
+        part.nodes.append(replace(node, inputs=inputs, output=slice_id))
         if n % ranks:  # gathered with the padding, then the real columns copied out
             padded_shape = list(full.shape)
             padded_shape[axis] = width * ranks
@@ -557,16 +553,7 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, first_tag: int) ->
     return part, gathers, reduces
 
 
-def _with(node, **changes):
-    out = copy.copy(node)
-    for key, value in changes.items():
-        setattr(out, key, value)
-    return out
-
-
 def _allgather(src: int, out: int, axis: int, rank: int, ranks: int, ring: dict, tag: int, layer: str):
-    from .graph import Node
-
     return Node("allgather", [src], out, {"axis": axis, "rank": rank, "ranks": ranks, "tag": tag, **ring},
                 layer + "+allgather")
 
@@ -584,11 +571,12 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
     if not any(_splittable(g, node, ranks) for node in g.nodes):
         raise SystemCompileError(f"no matrix product of the model splits over {ranks} chips")
     programs, report, sends = [], [], {}
+    regions = _row_split_regions(g, ranks)
     for rank, chip_id in enumerate(order):
         nxt, prev = order[(rank + 1) % ranks], order[(rank - 1) % ranks]
         ring = {"next": nxt, "next_port": system.route(chip_id, nxt)[0][1],
                 "prev": prev, "prev_port": system.route(prev, chip_id)[-1][3]}
-        part, gathers, reduces = tensor_graph(g, rank, ranks, ring, 0)
+        part, gathers, reduces = tensor_graph(g, rank, ranks, ring, regions)
         if rank:  # every chip computes everything; one stores the results
             part.outputs = []
         ops = tile(part, chip)
@@ -598,12 +586,9 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
             raise SystemCompileError(f"{ranks}-way tensor parallel does not fit chip {chip_id}: {err}; "
                                      + _unsplit_weights(g, ranks)) from None
         instructions, layers, fixed = resolve(part, ops, addr)
-        pairs, last_send = {}, None
-        for k, ins in enumerate(instructions):
-            if ins.opcode == Opcode.SEND:
-                last_send = k
-            elif ins.opcode == Opcode.RECV:
-                pairs[k] = last_send
+        # every chip runs this schedule, so a RECV's data leaves the neighbour as this chip's SEND of that tag
+        send_of = {ins.attrs["tag"]: k for k, ins in enumerate(instructions) if ins.opcode == Opcode.SEND}
+        pairs = {k: send_of[ins.attrs["tag"]] for k, ins in enumerate(instructions) if ins.opcode == Opcode.RECV}
         scheduled, makespan = schedule(instructions, chip, in_order=in_order, fixed_units=fixed, pairs=pairs)
         _check_lockstep(sends, scheduled, chip_id, ranks)
         programs.append(emit(part, addr, scheduled, layers, makespan, chip))

@@ -182,25 +182,37 @@ class _Tiler:
                             node.layer)
 
     # ---- chip to chip ------------------------------------------------------
+    def _block(self, t: int, axis: int, width: int, r: int, ranks: int):
+        """Block ``r`` (mod ``ranks``) of ``t`` along ``axis``: ``width`` elements from ``r · width``."""
+        g = self.g
+        r %= ranks
+        return view(g, t, ranges=[(0, d) for d in g.tensors[t].shape[:axis]] + [(r * width, (r + 1) * width)])
+
+    def _ring(self, node: Node, first_tag: int, sent, received, then=None) -> None:
+        """``ranks - 1`` ring steps: send ``sent(step)`` to the next chip, receive ``received(step)`` from the
+        previous one (every chip sends each step at the same cycle: the scheduler places each RECV one hop
+        after this chip's SEND of its tag), then ``then(step)``."""
+        a = node.attrs
+        for step in range(1, a["ranks"]):
+            tag = first_tag + step
+            self.emit(Opcode.SEND, [sent(step)], [], {"peer": a["next"], "tag": tag}, node.layer, a["next_port"])
+            self.emit(Opcode.RECV, [], [received(step)], {"peer": a["prev"], "tag": tag}, node.layer,
+                      a["prev_port"])
+            if then is not None:
+                then(step)
+
     def allgather(self, node: Node) -> None:
         """A ring all-gather (tensor parallel): this chip's slice into its block of the full tensor, then
         ``ranks - 1`` steps, each sending to the next chip the block it got last and receiving the previous
-        chip's into its place. Each RECV pairs with the step's SEND (``pair`` attribute: the scheduler places it
-        one hop after), as every chip sends the same step at the same cycle."""
-        g, a = self.g, node.attrs
-        full = g.tensors[node.output].shape
-        axis, width, rank, ranks = a["axis"], g.tensors[node.inputs[0]].shape[a["axis"]], a["rank"], a["ranks"]
+        chip's into its place."""
+        a = node.attrs
+        axis, rank, ranks, out = a["axis"], a["rank"], a["ranks"], node.output
+        width = self.g.tensors[node.inputs[0]].shape[axis]
 
         def block(r):
-            ranges = [(0, d) for d in full[:axis]] + [(r * width, (r + 1) * width)]
-            return view(g, node.output, ranges=ranges)
-        self.emit(Opcode.COPY, [whole(g, node.inputs[0])], [block(rank)], {}, node.layer)
-        for step in range(1, ranks):
-            tag = a["tag"] + step
-            self.emit(Opcode.SEND, [block((rank - step + 1) % ranks)], [], {"peer": a["next"], "tag": tag},
-                      node.layer, a["next_port"])
-            self.emit(Opcode.RECV, [], [block((rank - step) % ranks)], {"peer": a["prev"], "tag": tag},
-                      node.layer, a["prev_port"])
+            return self._block(out, axis, width, r, ranks)
+        self.emit(Opcode.COPY, [whole(self.g, node.inputs[0])], [block(rank)], {}, node.layer)
+        self._ring(node, a["tag"], lambda s: block(rank - s + 1), lambda s: block(rank - s))
 
     def allreduce(self, node: Node) -> None:
         """A ring all-reduce of this chip's partial sums (a row-split product's), over blocks of the last axis.
@@ -211,32 +223,23 @@ class _Tiler:
         (as scratch: the all-gather overwrites it) and adds it into its own. After ``ranks - 1`` steps block
         ``rank + 1`` holds the whole sum; an all-gather then passes the summed blocks round, as
         :meth:`allgather` does."""
-        g, a = self.g, node.attrs
+        a = node.attrs
         partial, out = node.inputs[0], node.output
-        shape = g.tensors[out].shape
         rank, ranks = a["rank"], a["ranks"]
-        width = shape[-1] // ranks
+        axis = len(self.g.tensors[out].shape) - 1
+        width = self.g.tensors[out].shape[axis] // ranks
 
-        def block(t, r):
-            return view(g, t, ranges=[(0, d) for d in shape[:-1]] + [((r % ranks) * width, (r % ranks + 1) * width)])
+        def block(r):
+            return self._block(out, axis, width, r, ranks)
 
         def mine(r):  # global block r of the rotated partial sums
-            return block(partial, r - rank)
-        for step in range(1, ranks):
-            tag = a["tag"] + step
-            self.emit(Opcode.SEND, [mine(rank - step + 1)], [], {"peer": a["next"], "tag": tag},
-                      node.layer, a["next_port"])
-            self.emit(Opcode.RECV, [], [block(out, rank - step)], {"peer": a["prev"], "tag": tag},
-                      node.layer, a["prev_port"])
-            self.emit(Opcode.ADD, [mine(rank - step), block(out, rank - step)], [mine(rank - step)], {},
-                      node.layer)
-        self.emit(Opcode.COPY, [mine(rank + 1)], [block(out, rank + 1)], {}, node.layer)
-        for step in range(1, ranks):
-            tag = a["tag"] + ranks + step
-            self.emit(Opcode.SEND, [block(out, rank - step + 2)], [], {"peer": a["next"], "tag": tag},
-                      node.layer, a["next_port"])
-            self.emit(Opcode.RECV, [], [block(out, rank - step + 1)], {"peer": a["prev"], "tag": tag},
-                      node.layer, a["prev_port"])
+            return self._block(partial, axis, width, r - rank, ranks)
+
+        def add(step):
+            self.emit(Opcode.ADD, [mine(rank - step), block(rank - step)], [mine(rank - step)], {}, node.layer)
+        self._ring(node, a["tag"], lambda s: mine(rank - s + 1), lambda s: block(rank - s), add)
+        self.emit(Opcode.COPY, [mine(rank + 1)], [block(rank + 1)], {}, node.layer)
+        self._ring(node, a["tag"] + ranks, lambda s: block(rank - s + 2), lambda s: block(rank - s + 1))
 
     def narrow(self, node: Node) -> None:
         """The leading columns (along ``axis``) of a padded tensor: an uneven split's all-gather, unpadded."""

@@ -46,30 +46,31 @@ class _DepLog:
         capacity = max(capacity, 1)
         self.keys = {"r": np.zeros((6, capacity), np.int64), "w": np.zeros((6, capacity), np.int64)}
         self.owner = {"r": np.zeros(capacity, np.int64), "w": np.zeros(capacity, np.int64)}
-        self.live = {"r": np.zeros(capacity, bool), "w": np.zeros(capacity, bool)}
         self.n = {"r": 0, "w": 0}
         self.blocks = {"r": defaultdict(list), "w": defaultdict(list)}
 
+    def _spanned(self, lo: int, hi: int) -> range:
+        return range(lo >> self._SHIFT, ((hi - 1) >> self._SHIFT) + 1)
+
     def _near(self, kind: str, lo: int, hi: int) -> np.ndarray:
         blocks = self.blocks[kind]
-        found = [blocks[b] for b in range(lo >> self._SHIFT, ((hi - 1) >> self._SHIFT) + 1) if b in blocks]
+        found = [blocks[b] for b in self._spanned(lo, hi) if blocks.get(b)]
         if not found:
             return np.zeros(0, np.int64)
-        ids = np.fromiter(found[0], np.int64) if len(found) == 1 else np.unique(np.concatenate(found))
-        return ids[self.live[kind][ids]]
+        return np.fromiter(found[0], np.int64) if len(found) == 1 else np.unique(np.concatenate(found))
 
-    def hits(self, kind: str, ref) -> np.ndarray:
-        key = footprint_key(ref)
+    def hits(self, kind: str, key: tuple) -> np.ndarray:
+        """Owners of the earlier accesses of ``kind`` that meet the footprint ``key``."""
         ids = self._near(kind, key[0], key[1])
         if not len(ids):
             return ids
         return self.owner[kind][ids[overlaps(self.keys[kind][:, ids], key)]]
 
-    def add(self, kind: str, ref, index: int) -> None:
+    def add(self, kind: str, key: tuple, index: int) -> None:
         """Log an access. A dense write first retires the earlier plain-range accesses inside it: a later
-        access that meets them meets the write, which is ordered after them (write after write, write after read), so
-        the edge to the write implies theirs with at least their delay."""
-        key = footprint_key(ref)
+        access that meets them meets the write, which is ordered after them (write after write, write after
+        read), so the edge to the write implies theirs with at least their delay. A retired entry lies in the
+        blocks the write spans and nowhere else, so dropping it there forgets it."""
         lo, hi = key[0], key[1]
         if kind == "w" and key[2] == 0:
             for k in ("r", "w"):
@@ -77,14 +78,18 @@ class _DepLog:
                 keys = self.keys[k][:, ids]
                 # plain ranges only: a strided entry can meet a later access of another stride through its
                 # bounding range (as :func:`overlaps` compares them) where that access misses the write
-                self.live[k][ids[(keys[0] >= lo) & (keys[1] <= hi) & (keys[2] == 0)]] = False
+                retired = ids[(keys[0] >= lo) & (keys[1] <= hi) & (keys[2] == 0)]
+                if len(retired):
+                    gone, blocks = set(retired.tolist()), self.blocks[k]
+                    for b in self._spanned(lo, hi):
+                        if b in blocks:
+                            blocks[b] = [j for j in blocks[b] if j not in gone]
         n = self.n[kind]
         self.keys[kind][:, n] = key
         self.owner[kind][n] = index
-        self.live[kind][n] = True
         self.n[kind] = n + 1
         blocks = self.blocks[kind]
-        for b in range(lo >> self._SHIFT, ((hi - 1) >> self._SHIFT) + 1):
+        for b in self._spanned(lo, hi):
             blocks[b].append(n)
 
 
@@ -101,23 +106,21 @@ def dependences(instructions: list, occ: list) -> list:
 
     log = _DepLog(sum(len(ins.srcs) + len(ins.dsts) for ins in instructions))
     for i, ins in enumerate(instructions):
-        for ref in ins.srcs:
-            if ref.in_sram:
-                for j in log.hits("w", ref):
-                    need(i, j, occ[j].finish)  # read after write
-        for ref in ins.dsts:
-            if ref.in_sram:
-                for j in log.hits("r", ref):
-                    if j != i:
-                        need(i, j, occ[j].busy)  # write after read
-                for j in log.hits("w", ref):
-                    need(i, j, occ[j].finish)  # write after write
-        for ref in ins.srcs:
-            if ref.in_sram:
-                log.add("r", ref, i)
-        for ref in ins.dsts:
-            if ref.in_sram:
-                log.add("w", ref, i)
+        reads = [footprint_key(ref) for ref in ins.srcs if ref.in_sram]
+        writes = [footprint_key(ref) for ref in ins.dsts if ref.in_sram]
+        for key in reads:
+            for j in log.hits("w", key):
+                need(i, j, occ[j].finish)  # read after write
+        for key in writes:
+            for j in log.hits("r", key):
+                if j != i:
+                    need(i, j, occ[j].busy)  # write after read
+            for j in log.hits("w", key):
+                need(i, j, occ[j].finish)  # write after write
+        for key in reads:
+            log.add("r", key, i)
+        for key in writes:
+            log.add("w", key, i)
     return [list(p.items()) for p in preds]
 
 

@@ -36,12 +36,12 @@ def sweep_rate(workers: int) -> dict:
     (both are reported too: a sweep pays them once)."""
     import ray
 
-    from lpx_tvm.app.sweep import run_sweep, spec_from_dict
+    from lpx_tvm.app.sweep import ONE_THREAD, run_sweep, spec_from_dict
 
     spec = spec_from_dict(SPEC)
     start = time.perf_counter()
     ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}})
+             runtime_env={"env_vars": ONE_THREAD})
     try:
         ray.get([ray.remote(num_cpus=1)(_warm).remote(k) for k in range(workers)])
         startup = time.perf_counter() - start

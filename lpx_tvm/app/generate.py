@@ -116,35 +116,31 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     feeds = llama.prefill_feeds(cfg, prompt)
     got = dict(zip(llama.output_names(cfg), prefill(**feeds)))
     want = dict(zip(llama.output_names(cfg), ort_prefill.run(None, feeds)))
-    cache = llama.initial_cache(cfg)  # ORT's, on the host
+    cache = llama.write_cache(llama.initial_cache(cfg), want, 0)  # ORT's, on the host
     presents = llama.present_names(cfg)
-    nbytes = {}
-    for cache_name, present in zip(names, presents):
-        decode.write_state(cache_name, got[present], (slice(None), slice(None), slice(0, prompt_len)))
-        cache[cache_name][:, :, :prompt_len] = want[present]
-        nbytes[cache_name] = got[present].nbytes
+    nbytes = {cache_name: decode.write_state(cache_name, got[present], (slice(None), slice(None),
+                                                                         slice(0, prompt_len)))
+              for cache_name, present in zip(names, presents)}
     ttft_cycles = _cycles(prefill) + _write_back_cycles(decode, names, nbytes)
     steps = [_compare(got["logits"][0, -1], want["logits"][0, -1])]
     token = int(np.argmax(got["logits"][0, -1]))
     chosen = [token]
     blank = {n: np.zeros_like(cache[n]) for n in names}  # resident on the chips: the host sends nothing
-    write_cycles = 0
     for step in range(tokens):
         position = prompt_len + step
         say(f"decode step {step + 1}/{tokens} (position {position})")
         step_feeds = llama.decode_feeds(cfg, token, position, cache)
         got = dict(zip(llama.output_names(cfg), decode(**{**step_feeds, **blank})))
         want = dict(zip(llama.output_names(cfg), ort_decode.run(None, step_feeds)))
-        for cache_name, present in zip(names, presents):
-            slot = (slice(None), slice(None), slice(position, position + 1))
-            decode.write_state(cache_name, got[present], slot)
-            cache[cache_name][slot] = want[present]
-            nbytes[cache_name] = got[present].nbytes
-        write_cycles = _write_back_cycles(decode, names, nbytes)
+        slot = (slice(None), slice(None), slice(position, position + 1))
+        nbytes = {cache_name: decode.write_state(cache_name, got[present], slot)
+                  for cache_name, present in zip(names, presents)}
+        llama.write_cache(cache, want, position)
         steps.append(_compare(got["logits"][0, -1], want["logits"][0, -1]))
         token = int(np.argmax(got["logits"][0, -1]))
         chosen.append(token)
     chip = _chip_of(decode)
+    write_cycles = _write_back_cycles(decode, names, nbytes) if tokens else 0  # a step writes one slot a cache
     step_cycles = _cycles(decode) + write_cycles
     report = {"model": str(model), "system": system or chip.name, "parallel": parallel if system else "single chip",
               "dtype": dtype, "prompt_len": prompt_len, "new_tokens": tokens, "prompt": prompt.tolist(),

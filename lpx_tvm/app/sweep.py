@@ -31,6 +31,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from ..runtime_sim import ChipConfig, derive_config, load_config
@@ -40,6 +41,8 @@ from .cost import AreaModel, pareto_front
 METRICS = ("cycles", "latency_us", "mac_utilisation", "offloaded_pct", "fits", "streamed_mb", "host_fallbacks",
            "sram_high_water_mb", "area_mm2", "chips", "tokens_per_s_per_user")
 SPEC_KEYS = {"base", "grid", "variants", "models", "dtypes", "metrics"}
+# a Ray worker runs one point at a time on one core: its BLAS and OpenMP pools get one thread
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # an LLM planned on a system of the variant's chips (``lpx-tvm plan``): "plan:llama-3-8b@tsp-rack"
 PLAN_PREFIX = "plan:"
 # parameters a single-chip compile never reads: variants differing only in these share one compile
@@ -62,8 +65,12 @@ class SweepSpec:
 
     def configs(self) -> list:
         """Each variant's config (validated and registered in this process)."""
-        return [derive_config(self.base, overrides) if overrides else load_config(self.base)
-                for overrides in self.variants]
+        return [variant_config(self.base, overrides) for overrides in self.variants]
+
+
+def variant_config(base: str, overrides: dict) -> ChipConfig:
+    """The base preset with ``overrides`` (validated and registered in this process), or the base itself."""
+    return derive_config(base, overrides) if overrides else load_config(base)
 
 
 def load_spec(path) -> SweepSpec:
@@ -190,12 +197,21 @@ def model_id(model: str) -> str:
     """What identifies a model's content: a zoo name (seeded, so fixed), a plan target, or a file's hash."""
     if model.startswith(PLAN_PREFIX):  # a config.json or a system file is known by its content
         name, _, system = model[len(PLAN_PREFIX):].partition("@")
-        return model + "".join(":" + hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in (name, system)
-                               if Path(f).is_file())
-    path = Path(model)
-    if path.is_file():
-        return "file:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        return model + "".join(":" + _file_digest(f) for f in (name, system) if Path(f).is_file())
+    if Path(model).is_file():
+        return "file:" + _file_digest(model)
     return "zoo:" + model
+
+
+def _file_digest(path: str) -> str:
+    stat = Path(path).stat()
+    return _digest(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=64)
+def _digest(path: str, mtime_ns: int, size: int) -> str:
+    """A file's SHA-256, read once while it is unchanged (every variant and dtype of a point asks for it)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def point_key(config: ChipConfig, model: str, dtype: str, version: str | None = None) -> str:
@@ -242,7 +258,7 @@ def run_task(task: dict) -> list:
     area = AreaModel.from_tsp()  # an LLM point's area is its system's: every chip it plans on
     records = []
     for point in task["points"]:
-        config = derive_config(task["base"], point["overrides"]) if point["overrides"] else load_config(task["base"])
+        config = variant_config(task["base"], point["overrides"])
         records.append({"key": point["key"], "variant": point["variant"], "overrides": point["overrides"], **base,
                         **figures, "area_mm2": area.area_mm2(config) * (figures.get("chips") or 1)})
     return records
@@ -254,7 +270,7 @@ def _measure(task: dict) -> dict:
     from ..runtime_sim import Simulator
     from .zoo import ZOO, quantized_for_zoo, seeded_inputs
 
-    config = derive_config(task["base"], task["overrides"]) if task["overrides"] else load_config(task["base"])
+    config = variant_config(task["base"], task["overrides"])
     model, dtype = task["model"], task["dtype"]
     if model.startswith(PLAN_PREFIX):
         return _measure_plan(model, config, dtype)
@@ -385,14 +401,13 @@ def _run_on_ray(tasks, workers, address, finished) -> None:
     except ImportError:
         raise RuntimeError("lpx-tvm sweep runs on Ray: pip install \"lpx-tvm[sweep]\" (or --workers 0 to run the "
                            "points in this process)") from None
-    one_thread = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     started = not ray.is_initialized()
     if started:
         if address:
-            ray.init(address=address, runtime_env={"env_vars": one_thread}, log_to_driver=False)
+            ray.init(address=address, runtime_env={"env_vars": ONE_THREAD}, log_to_driver=False)
         else:
             ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": one_thread})
+                     runtime_env={"env_vars": ONE_THREAD})
     remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
     limit = workers or int(ray.cluster_resources().get("CPU", 1))
     pending, queue = [], list(tasks)

@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import ceil
 from pathlib import Path
 
-from ..runtime_sim import ChipConfig
+from ..runtime_sim import ChipConfig, DType
 from ..runtime_sim.system import SystemConfig, load_system
 from .plan_graph import BlockShape, block_graph, head_graph
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
 # Hugging Face config.json keys the plan reads, and keys it knows and does not need
 _HF_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -102,7 +101,8 @@ class ModelSpec:
         return self.params() - (0 if self.tied else self.vocab * self.hidden)
 
     def cache_bytes(self, context: int, batch: int, dtype: str) -> int:
-        return 2 * self.layers * batch * context * self.kv_heads * self.head_dim * DTYPE_BYTES[dtype]
+        per_position = 2 * self.layers * self.kv_heads * self.head_dim * DType.from_name(dtype).itemsize
+        return per_position * batch * context
 
 
 def model_spec(model) -> ModelSpec:
@@ -155,14 +155,13 @@ class ShardCost:
     """What the codegen measured for one program shape: cycles, where they went, what it keeps resident."""
 
     cycles: int
-    fixed_cycles: int  # a program's own host transfers and pipeline fill, not repeated per block
     breakdown: dict  # bound ─► cycles of the block (matrix, vector, SRAM bandwidth, latency, host link)
     resident_bytes: int  # weights and cache of one block shard
     activation_bytes: int
     streamed: bool  # some weights would stream from the host: the shard does not fit
 
 
-def _measure(graph, chip: ChipConfig) -> tuple:
+def _measure(graph, chip: ChipConfig) -> ShardCost | None:
     from ..codegen.alloc import CapacityError, allocate
     from ..codegen.emit import emit, resolve
     from ..codegen.schedule import schedule
@@ -183,7 +182,7 @@ def _measure(graph, chip: ChipConfig) -> tuple:
     bounds = {}
     for row in stats.layers:
         bounds[row["bound"]] = bounds.get(row["bound"], 0) + row["cycles"]
-    return stats.cycles, bounds, resident, addr["high_water"] - resident, bool(program.streamed)
+    return ShardCost(stats.cycles, bounds, resident, addr["high_water"] - resident, bool(program.streamed))
 
 
 def _as_built(chip: ChipConfig, dtype: str) -> tuple:
@@ -205,32 +204,24 @@ def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str, alone: bool = Fa
     pipeline fill included, so an upper bound), as for a prompt's prefill where two blocks' activations
     and weights do not fit one chip."""
     chip, dtype = _as_built(chip, dtype)
-    np_dtype = _np_dtype(dtype)
+    np_dtype = DType.from_name(dtype).np
     one = _measure(block_graph(shape, np_dtype, 1), chip)
     two = _measure(block_graph(shape, np_dtype, 2), chip) if one else None
-    if alone and one is not None and not one[4] and (two is None or two[4]):  # one fits where two do not
-        return ShardCost(one[0], 0, one[1], one[2], one[3], one[4])
+    if alone and one is not None and not one.streamed and (two is None or two.streamed):  # fits only alone
+        return one
     if one is None or two is None:
         return None
-    per_block = two[0] - one[0]
-    scale = per_block / max(sum(one[1].values()), 1)
-    breakdown = {k: v * scale for k, v in one[1].items()}
-    return ShardCost(per_block, one[0] - per_block, breakdown, two[2] - one[2], one[3], one[4] or two[4])
+    per_block = two.cycles - one.cycles
+    scale = per_block / max(sum(one.breakdown.values()), 1)
+    breakdown = {k: v * scale for k, v in one.breakdown.items()}
+    return ShardCost(per_block, breakdown, two.resident_bytes - one.resident_bytes, one.activation_bytes,
+                     one.streamed or two.streamed)
 
 
 @lru_cache(maxsize=64)
 def head_cost(chip: ChipConfig, hidden: int, vocab: int, tokens: int, dtype: str) -> ShardCost | None:
     chip, dtype = _as_built(chip, dtype)
-    measured = _measure(head_graph(hidden, vocab, tokens, _np_dtype(dtype)), chip)
-    if measured is None:
-        return None
-    return ShardCost(measured[0], 0, measured[1], measured[2], measured[3], measured[4])
-
-
-def _np_dtype(dtype: str):
-    from ..runtime_sim.isa import DType
-
-    return {d.short: d.np for d in DType}[dtype]
+    return _measure(head_graph(hidden, vocab, tokens, DType.from_name(dtype).np), chip)
 
 
 # ---- the network -----------------------------------------------------------------------------------------
@@ -255,6 +246,11 @@ def stage_hops(system: SystemConfig, stages: int, width: int) -> int:
     return int(system.figures.get("max_hops", 3))
 
 
+# a layer's bound as the plan's split names it (the rest is latency: chains of dependent instructions)
+_SPLIT_OF_BOUND = {"matrix": "matrix", "vector": "vector", "switch": "vector", "SRAM bandwidth": "SRAM",
+                   "host link": "host link"}
+
+
 # ---- mappings ----------------------------------------------------------------------------------------
 @dataclass
 class Mapping:
@@ -269,7 +265,6 @@ class Mapping:
     split: dict
     memory_per_chip: int
     expert_placement: str = ""
-    notes: list = field(default_factory=list)
 
     def tokens_per_s_per_user(self, clock: int) -> float:
         return clock / self.per_token_cycles
@@ -307,7 +302,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     if block is None or block.streamed:
         return None
     if spec.experts:  # the other experts this chip holds add their weights, not their time (top-k run in parallel)
-        extra = (experts_per_chip - 1) * 3 * spec.hidden * ffn_shard * DTYPE_BYTES[dtype]
+        extra = (experts_per_chip - 1) * 3 * spec.hidden * ffn_shard * DType.from_name(dtype).itemsize
     else:
         extra = 0
     per_stage = ceil(spec.layers / stages)
@@ -322,7 +317,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
         return None
     memory = min(per_stage, regular) * per_block + chip.sram_bytes - room
     memory = max(memory, min(last, spec.layers) * per_block + head.resident_bytes + chip.sram_bytes - room)
-    hidden_bytes = batch * spec.hidden * DTYPE_BYTES[dtype]
+    hidden_bytes = batch * spec.hidden * DType.from_name(dtype).itemsize
     hops = stage_hops(system, stages, width)
     blocks = spec.layers  # one token passes every layer once, stage after stage
     # per block: the attention's all-reduce, and the MLP's (a mixture of experts: a dispatch and a combine)
@@ -340,8 +335,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     split = {"matrix": 0.0, "vector": 0.0, "SRAM": 0.0, "latency": 0.0}
     for breakdown, times in ((block.breakdown, blocks), (head.breakdown, 1)):
         for bound, cycles in breakdown.items():
-            key = {"matrix": "matrix", "vector": "vector", "switch": "vector", "SRAM bandwidth": "SRAM",
-                   "host link": "host link"}.get(bound, "latency")
+            key = _SPLIT_OF_BOUND.get(bound, "latency")
             split[key] = split.get(key, 0.0) + cycles * times
     scale = compute / max(sum(split.values()), 1)
     split = {k: v * scale for k, v in split.items()}
@@ -354,7 +348,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     prefill = block_cost(chip, prefill_shape, dtype, alone=True) if ttft else None
     ttft = None
     if prefill is not None and not prefill.streamed:
-        pre_bytes = prompt * spec.hidden * DTYPE_BYTES[dtype]
+        pre_bytes = prompt * spec.hidden * DType.from_name(dtype).itemsize
         ttft = spec.layers * (prefill.cycles + 2 * all_reduce_cycles(pre_bytes, width, chip, hop)) \
             + (stages - 1) * transfer_cycles(pre_bytes, hops, chip, hop) + head.cycles
     return Mapping(stages, width, batch, stages * width, per_token, ttft, split, memory, placement)
@@ -391,7 +385,7 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     chip = system.chip
     chip.check_dtype(dtype)
     limit = min(chips or system.chips, system.chips)
-    weights = spec.chip_params() * DTYPE_BYTES[dtype]
+    weights = spec.chip_params() * DType.from_name(dtype).itemsize
     cache = spec.cache_bytes(context, batch, dtype)
     capacity = system.chips * chip.sram_bytes
     if weights + cache > capacity:

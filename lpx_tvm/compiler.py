@@ -40,11 +40,14 @@ class CompiledModel:
         Their names as the model gives them (an ONNX file's, before the importer made them identifiers).
     dtype : str
         The storage type on lpx the programs were compiled for.
+    state_where : dict, optional
+        Resident state input name ─► the (program, argument) pairs that hold it.
     """
 
     def __init__(self, executable, report: OffloadReport, programs: dict, params, dtype: str = "fp32",
-                 input_names=None):
+                 input_names=None, state_where=None):
         self.executable = executable
+        self.state_where = state_where or {}
         self.dtype = dtype
         self.report = report
         self._programs = programs  # name -> uint8 array, shared with the executable's constants
@@ -73,7 +76,7 @@ class CompiledModel:
     def state_views(self, name: str) -> list:
         """Every resident copy (one per chip that reads it) of state input ``name``, as writable arrays."""
         views = []
-        for symbol, arg in getattr(self, "state_where", {}).get(name, ()):
+        for symbol, arg in self.state_where.get(name, ()):
             sim = load_program(self._programs[symbol])
             if hasattr(sim, "sims"):  # a system: the chips whose programs take that argument
                 for chip, index in sim.program.inputs[arg]:
@@ -219,9 +222,7 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         programs = {}
         lowered, _, state_where = lower_lpx_calls(partitioned, options, programs_out=programs, state=tuple(state))
         executable = tvm.compile(lowered, target="lpx", relax_pipeline=original_default_pipeline()())
-    model = CompiledModel(executable, report, programs, params, dtype, input_names)
-    model.state_where = state_where
-    return model
+    return CompiledModel(executable, report, programs, params, dtype, input_names, state_where)
 
 
 def compile_programs(model, config: str | None = "tsp", input_shapes: dict | None = None,

@@ -255,6 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     config_help = f"chip preset ({', '.join(available_configs())}) or a JSON preset file (default tsp)"
 
+    def system_args(p) -> None:
+        p.add_argument("--system", help=f"run on a system of chips ({', '.join(available_systems())}); default "
+                       "one chip")
+        p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor", "auto"],
+                       help="with --system: consecutive layers on consecutive chips (pipeline), the products "
+                       "split over the chips (tensor), or the faster (auto)")
+        p.add_argument("--chips", type=int, help="with --system: use this many of its chips (default: a pipeline "
+                       "takes as many as shorten its longest stage, tensor parallel all)")
+
     def model_command(name, help_text, func):
         p = sub.add_parser(name, help=help_text, parents=[debug_anywhere])
         p.add_argument("model", help="an ONNX file or an encoded program (compile --emit-program)"
@@ -262,12 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", help=config_help)
         p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
         if name in ("compile", "run", "profile"):
-            p.add_argument("--system", help=f"run on a system of chips ({', '.join(available_systems())})")
-            p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor", "auto"],
-                           help="with --system: consecutive layers on consecutive chips (pipeline), every "
-                           "product split over the chips (tensor), or the faster (auto)")
-            p.add_argument("--chips", type=int, help="with --system: use this many of its chips (default: a pipeline takes as many "
-                           "as shorten its longest stage, tensor parallel all)")
+            system_args(p)
         p.add_argument("--dtype", default="fp32", choices=DTYPES, help="storage type on lpx (default fp32)")
         p.set_defaults(func=func)
         return p
@@ -305,10 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "decode.onnx (lpx_tvm.app.llama.save_llama)")
     p.add_argument("--tokens", type=int, default=16, help="decode steps after the prefill (default 16)")
     p.add_argument("--prompt-len", type=int, default=8, help="prompt tokens for a preset (default 8)")
-    p.add_argument("--system", help=f"a system of chips ({', '.join(available_systems())}); default one chip")
-    p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor", "auto"])
-    p.add_argument("--chips", type=int, help="use this many of the system's chips (default: a pipeline takes as many as "
-                   "shorten its longest stage)")
+    system_args(p)
     p.add_argument("--config", help=config_help)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="storage type on the chips")
     p.add_argument("--json", help="write the run as JSON")

@@ -453,8 +453,9 @@ _ELEMENTWISE = {op.name for op, spec in OP_TABLE.items() if spec.group in (Group
 
 
 def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> tuple:
-    """Chip ``rank``'s graph. Products fed by column-split products through elementwise ops split by rows
-    and sum their partial results in one ring all-reduce (:func:`_row_split_regions`); every other splittable
+    """Chip ``rank``'s graph. Products fed by column-split products through ops that keep a split axis whole
+    per chip split by rows and sum their partial results in one ring all-reduce (:func:`_row_split_regions`);
+    every other splittable
     product computes its slice of output columns (channels) from its slice of the weights, and an all-gather
     rebuilds the full tensor for what follows. ``regions``: :func:`_row_split_regions` of ``g`` (the same for
     every rank). Returns (graph, all-gathers, all-reduces)."""
@@ -511,27 +512,7 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
         axis, n = split
         width = -(-n // ranks)  # uneven (a float product's): the last chips' slices are padded with zero columns
         lo, hi = min(rank * width, n), min((rank + 1) * width, n)
-        inputs = list(node.inputs)
-        w = g.base(node.inputs[1])
-        weight = g.tensors[w].data.reshape(g.tensors[node.inputs[1]].shape)
-        sliced_weight = weight[:, lo:hi] if node.kind.endswith("matmul") else weight[lo:hi]
-        if hi - lo < width:
-            sliced_weight = np.pad(sliced_weight, ((0, 0), (0, width - (hi - lo))))
-        inputs[1] = part.constant(sliced_weight)
-        if w in g.quantized:
-            q, scale, zp = g.quantized[w]
-            q = q.reshape(weight.shape)
-            cut = (lambda a: a[:, lo:hi] if a.shape[-1] == n else a) if node.kind.endswith("matmul") else \
-                (lambda a: a[lo:hi] if a.shape[0] == n else a)
-            part.quantized[inputs[1]] = (np.ascontiguousarray(cut(q)), np.ascontiguousarray(cut(scale)),
-                                         np.ascontiguousarray(cut(zp)))
-        for k, extra in enumerate(node.inputs[2:], 2):
-            data = g.tensors[g.base(extra)].data
-            if data is not None and prod(g.tensors[extra].shape) == n:
-                shape = list(g.tensors[extra].shape)
-                flat = np.pad(data.reshape(-1)[lo:hi], (0, width - (hi - lo)))
-                shape[[i for i, d in enumerate(shape) if d == n][-1]] = width
-                inputs[k] = part.constant(flat.reshape(shape))
+        inputs = _column_inputs(g, part, node, n, lo, hi, width)
         full = g.tensors[node.output]
         out_shape = list(full.shape)
         out_shape[axis] = width
@@ -551,6 +532,37 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
         tag += ranks
         gathers += 1
     return part, gathers, reduces
+
+
+def _columns(a: np.ndarray, axis: int, lo: int, hi: int, width: int) -> np.ndarray:
+    """Columns ``[lo, hi)`` of ``a`` along ``axis``, zero-padded to ``width`` (an uneven split's last slices)."""
+    index = [slice(None)] * a.ndim
+    index[axis] = slice(lo, hi)
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (0, width - (hi - lo))
+    return np.ascontiguousarray(np.pad(a[tuple(index)], pad) if hi - lo < width else a[tuple(index)])
+
+
+def _column_inputs(g: Graph, part: Graph, node, n: int, lo: int, hi: int, width: int) -> list:
+    """``node``'s inputs for the columns (output channels) ``[lo, hi)`` of its ``n``: its weight's, their
+    integers, scales and zero points where it was dequantised, and its per-channel vectors', each padded
+    to ``width``."""
+    inputs = list(node.inputs)
+    w = g.base(node.inputs[1])
+    weight = g.tensors[w].data.reshape(g.tensors[node.inputs[1]].shape)
+    axis = 1 if node.kind.endswith("matmul") else 0
+    inputs[1] = part.constant(_columns(weight, axis, lo, hi, width))
+    if w in g.quantized:  # (never uneven) scales and zero points may be one for all columns
+        q, scale, zp = g.quantized[w]
+        part.quantized[inputs[1]] = tuple(_columns(a, axis, lo, hi, width) if a.shape[axis] == n else a
+                                          for a in (q.reshape(weight.shape), scale, zp))
+    for k, extra in enumerate(node.inputs[2:], 2):
+        data = g.tensors[g.base(extra)].data
+        if data is not None and prod(g.tensors[extra].shape) == n:
+            shape = list(g.tensors[extra].shape)
+            shape[[i for i, d in enumerate(shape) if d == n][-1]] = width
+            inputs[k] = part.constant(_columns(data.reshape(-1), 0, lo, hi, width).reshape(shape))
+    return inputs
 
 
 def _allgather(src: int, out: int, axis: int, rank: int, ranks: int, ring: dict, tag: int, layer: str):

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ChipConfig
-from .hazards import AccessLog, block_view, footprint_key, overlaps
+from .hazards import AccessLog, block_view, footprint_key, overlaps, range_key
 from .isa import Opcode, Space
 from .program import ProgramFormatError
 from .timing import Occupancy, occupancy
@@ -260,7 +260,7 @@ class _Resident:
     def __init__(self, constants, protected):
         self.constant_ranges = sorted((ref.addr, ref.end) for ref in constants)
         self._starts = [lo for lo, _ in self.constant_ranges]
-        keys = [footprint_key(ref) for ref in constants] + [(lo, hi, 0, lo, 1, hi - lo) for lo, hi in protected]
+        keys = [footprint_key(ref) for ref in constants] + [range_key(lo, hi) for lo, hi in protected]
         self.keys = np.array(keys, np.int64).T.reshape(6, len(keys))
 
     def holds(self, ref) -> bool:

@@ -21,8 +21,13 @@ def footprint_key(ref) -> tuple:
     addr, rows, run, stride = ref.footprint()
     lo, hi = addr, addr + (rows - 1) * stride + run
     if rows == 1:
-        return (lo, hi, 0, lo, 1, hi - lo)
+        return range_key(lo, hi)
     return (lo, hi, stride, addr, rows, run)
+
+
+def range_key(lo: int, hi: int) -> tuple:
+    """:func:`footprint_key` of the plain byte range ``[lo, hi)``."""
+    return (lo, hi, 0, lo, 1, hi - lo)
 
 
 def _blocks_meet(ax, rx, nx, ay, ry, ny, stride):

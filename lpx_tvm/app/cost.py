@@ -22,35 +22,27 @@ TSP_DIE_MM2 = 725.0  # ISCA 2020: 25 × 29 mm
 _SHARES = {"sram": 0.40, "mxm": 0.27, "vxm": 0.05, "switch_and_control": 0.15, "io": 0.09, "other": 0.04}
 
 
+def _units(chip: ChipConfig) -> dict:
+    """What each block holds: MiB of SRAM, MACs, vector ALUs, lanes (switch, streams, control), links."""
+    return {"sram": chip.sram_bytes / 2**20, "mxm": chip.mxm_planes * chip.mxm_rows * chip.mxm_cols,
+            "vxm": chip.vxm_alus, "switch_and_control": chip.lanes, "io": chip.c2c_links, "other": 1}
+
+
 @dataclass(frozen=True)
 class AreaModel:
-    """mm² per unit of each block, derived once from the tsp preset and the assumed shares."""
+    """mm² per unit of each block (:func:`_units`), derived once from the tsp preset and the assumed shares."""
 
-    sram_mm2_per_mib: float
-    mxm_mm2_per_mac: float
-    vxm_mm2_per_alu: float
-    switch_mm2_per_lane: float
-    io_mm2_per_link: float
-    fixed_mm2: float
+    mm2_per_unit: dict
 
     @classmethod
     def from_tsp(cls) -> "AreaModel":
-        tsp = load_config("tsp")
-        return cls(sram_mm2_per_mib=_SHARES["sram"] * TSP_DIE_MM2 / (tsp.sram_bytes / 2**20),
-                   mxm_mm2_per_mac=_SHARES["mxm"] * TSP_DIE_MM2 / (tsp.mxm_planes * tsp.mxm_rows * tsp.mxm_cols),
-                   vxm_mm2_per_alu=_SHARES["vxm"] * TSP_DIE_MM2 / tsp.vxm_alus,
-                   switch_mm2_per_lane=_SHARES["switch_and_control"] * TSP_DIE_MM2 / tsp.lanes,
-                   io_mm2_per_link=_SHARES["io"] * TSP_DIE_MM2 / tsp.c2c_links,
-                   fixed_mm2=_SHARES["other"] * TSP_DIE_MM2)
+        tsp = _units(load_config("tsp"))
+        return cls({block: share * TSP_DIE_MM2 / tsp[block] for block, share in _SHARES.items()})
 
     def breakdown(self, chip: ChipConfig) -> dict:
         """mm² of each block of ``chip``."""
-        return {"sram": self.sram_mm2_per_mib * chip.sram_bytes / 2**20,
-                "mxm": self.mxm_mm2_per_mac * chip.mxm_planes * chip.mxm_rows * chip.mxm_cols,
-                "vxm": self.vxm_mm2_per_alu * chip.vxm_alus,
-                "switch_and_control": self.switch_mm2_per_lane * chip.lanes,
-                "io": self.io_mm2_per_link * chip.c2c_links,
-                "other": self.fixed_mm2}
+        units = _units(chip)
+        return {block: rate * units[block] for block, rate in self.mm2_per_unit.items()}
 
     def area_mm2(self, chip: ChipConfig) -> float:
         """The cost proxy: the chip's die area under the assumed split (the tsp preset gives 725 mm²)."""

@@ -261,6 +261,17 @@ class SystemSimulator:
         self.stats = SystemStats(makespan, program.predicted_cycles, self.system.chip.clock_hz,
                                  {c: s.stats for c, s in zip(program.chips, self.sims)}, links)
         self.timing_only = timing_only
+        if timing_only:
+            return
+        # the schedule is static: every chip's instructions in one global issue order, worked out once
+        self._steps = list(heapq.merge(*[[(sim.program.instructions[i].cycle, k, pos)
+                                          for pos, i in enumerate(sim.order)] for k, sim in enumerate(self.sims)]))
+        self._chip_index = {c: k for k, c in enumerate(program.chips)}
+        given = {(self._chip_index[chip], index) for destinations in program.inputs for chip, index in destinations}
+        # a chip input the model does not give is a state the runtime set (or data a RECV brings): never LOADed,
+        # so one placeholder serves every call
+        self._placeholders = {(k, i): np.zeros(sig.shape, sig.dtype.np) for k, sim in enumerate(self.sims)
+                              for i, sig in enumerate(sim.inputs) if (k, i) not in given}
 
     @property
     def inputs(self) -> tuple:
@@ -276,20 +287,14 @@ class SystemSimulator:
             raise CallError("a timing-only simulator measures cycles and runs no arithmetic")
         if len(inputs) != len(self.program.inputs):
             raise CallError(f"system program takes {len(self.program.inputs)} inputs, got {len(inputs)}")
-        where = {c: k for k, c in enumerate(self.program.chips)}
-        per_in = [[None] * len(s.inputs) for s in self.sims]
+        where = self._chip_index
+        per_in = [[self._placeholders.get((k, i)) for i in range(len(s.inputs))] for k, s in enumerate(self.sims)]
         for value, destinations in zip(inputs, self.program.inputs):
             for chip, index in destinations:
                 per_in[where[chip]][index] = value
-        for k, sim in enumerate(self.sims):  # a chip input the model does not give is a state the runtime set
-            for i, sig in enumerate(sim.inputs):
-                if per_in[k][i] is None:
-                    per_in[k][i] = np.zeros(sig.shape, sig.dtype.np)
         sessions = [sim.session(per_in[k]) for k, sim in enumerate(self.sims)]
         mailbox = {}
-        steps = heapq.merge(*[[(sim.program.instructions[i].cycle, k, pos) for pos, i in enumerate(sim.order)]
-                              for k, sim in enumerate(self.sims)])
-        for _, k, pos in steps:
+        for _, k, pos in self._steps:
             sim = self.sims[k]
             fn, op, outs, ins, attrs = sim.bound(pos)
             if op == Opcode.SEND:

@@ -15,7 +15,7 @@ from .codegen import CodegenOptions
 from .diagnostics import native_output_to_log
 from .frontend import from_onnx
 from .patterns import partition_for_lpx
-from .pipeline import lower_lpx_calls
+from .pipeline import lower_lpx_calls, lpx_functions
 from .registration import original_default_pipeline
 from .report import OffloadReport, offload_report
 from .runtime import load_program, program_key, release
@@ -243,9 +243,7 @@ def compile_programs(model, config: str | None = "tsp", input_shapes: dict | Non
         partitioned = partition_for_lpx(mod, options.config, dtype)
         del mod
         report = offload_report(partitioned)
-        functions = {str(f.attrs["global_symbol"]): f for _, f in partitioned.functions.items()
-                     if isinstance(f, relax.Function) and f.attrs is not None and f.attrs.get("Codegen") == "lpx"}
-        return compile_model(functions, options), report
+        return compile_model(lpx_functions(partitioned), options), report
 
 
 def _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips) -> tuple:

@@ -42,6 +42,11 @@ def _is_lpx_function(func) -> bool:
     return isinstance(func, relax.Function) and func.attrs is not None and func.attrs.get("Codegen") == "lpx"
 
 
+def lpx_functions(mod) -> dict:
+    """A partitioned module's lpx functions by their global symbol (the name their programs go by)."""
+    return {str(f.attrs["global_symbol"]): f for _, f in mod.functions.items() if _is_lpx_function(f)}
+
+
 @mutator
 class _CallRewriter(PyExprMutator):
     def __init__(self, mod, programs: dict):

@@ -160,10 +160,8 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
     """
     instructions = program.instructions
     size = sram_size or chip.sram_bytes
-    written = np.zeros(size, np.bool_)  # bytes instructions wrote (untouched pages cost nothing)
-    resident = _Resident(constants, protected)
+    memory = _Memory(size, constants, protected)
     order = sorted(range(len(instructions)), key=lambda i: (instructions[i].cycle, i))
-    log = AccessLog(sum(len(i.srcs) + len(i.dsts) for i in instructions))
     limits = _limits(chip)
     free = {}
     running = _Running([key for key, _ in _CAPACITY])
@@ -187,9 +185,7 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
                 raise ScheduleError(rule, index, issue, f"{used} > {limits[key]} ({key.replace('_', ' ')}) with "
                                     f"{len(running)} instructions running")
         running.start(issue + occ.busy, index, occ)
-        log.forget_ended_by(issue)  # instructions come in issue order: only accesses still in flight can matter
-        _check_sram(index, ins, issue, log, written, resident)
-        log.record(ins.srcs, ins.dsts, issue + occ.busy, issue + occ.finish)
+        memory.check(index, ins, issue, occ)
         if ins.opcode == Opcode.INSTALL:
             buffers.install(index, ins, issue, occ)
         elif ins.opcode == Opcode.MATMUL:
@@ -260,38 +256,61 @@ class _Resident:
     def __init__(self, constants, protected):
         self.constant_ranges = sorted((ref.addr, ref.end) for ref in constants)
         self._starts = [lo for lo, _ in self.constant_ranges]
-        keys = [footprint_key(ref) for ref in constants] + [range_key(lo, hi) for lo, hi in protected]
+        keys = sorted([footprint_key(ref) for ref in constants] + [range_key(lo, hi) for lo, hi in protected])
         self.keys = np.array(keys, np.int64).T.reshape(6, len(keys))
+        # with the footprints sorted by their first byte, those that can meet [lo, hi) start below hi; the
+        # running maximum of their ends says at once whether any reaches past lo
+        self._los = [k[0] for k in keys]
+        self._reach = np.maximum.accumulate([k[1] for k in keys]).tolist() if keys else []
 
     def holds(self, ref) -> bool:
         """Whether ``ref`` lies within one constant (read from the load on)."""
         k = bisect.bisect_right(self._starts, ref.addr) - 1
         return k >= 0 and ref.end <= self.constant_ranges[k][1]
 
-    def overwritten_by(self, ref) -> bool:
-        return bool(self.keys.shape[1]) and bool(overlaps(self.keys, footprint_key(ref)).any())
+    def overwritten_by(self, key: tuple) -> bool:
+        below = bisect.bisect_left(self._los, key[1])
+        if not below or self._reach[below - 1] <= key[0]:
+            return False
+        return bool(overlaps(self.keys[:, :below], key).any())
 
 
-def _check_sram(index, ins, issue, log, written, resident) -> None:
-    for ref in ins.srcs:
-        if not ref.in_sram:
-            continue
-        produced = log.raw(ref)
-        if produced > issue:
-            raise ScheduleError("RAW hazard", index, issue, f"reads {ref} before its producer finishes at cycle {produced}")
-        if not resident.holds(ref) and not block_view(written, ref).all():
-            raise ScheduleError("read before write", index, issue, f"reads {ref}, which nothing has written")
-    for ref in ins.dsts:
-        if not ref.in_sram:
-            continue
-        read_until = log.war(ref)
-        if read_until > issue:
-            raise ScheduleError("WAR hazard", index, issue,
-                                f"overwrites {ref} while a reader reads it until cycle {read_until}")
-        written_at = log.raw(ref)
-        if written_at > issue:
-            raise ScheduleError("WAW hazard", index, issue,
-                                f"writes {ref} before an earlier write finishes at cycle {written_at}")
-        if resident.overwritten_by(ref):
-            raise ScheduleError("live constant overwritten", index, issue, f"writes {ref} over resident weights")
-        block_view(written, ref)[...] = True
+class _Memory:
+    """The SRAM rules: hazards against the accesses in flight, reads only of written bytes, resident weights
+    never written."""
+
+    def __init__(self, size, constants, protected):
+        self.log = AccessLog()
+        self.written = np.zeros(size, np.bool_)  # bytes instructions wrote (untouched pages cost nothing)
+        self.whole = set()  # footprints known to be written in full: written bytes stay written
+        self.resident = _Resident(constants, protected)
+
+    def check(self, index, ins, issue, occ) -> None:
+        """Check ``ins``'s SRAM operands at ``issue``, then log its accesses."""
+        log = self.log
+        log.forget_ended_by(issue)  # instructions come in issue order: only accesses still in flight can matter
+        reads = [(ref, footprint_key(ref)) for ref in ins.srcs if ref.in_sram]
+        writes = [(ref, footprint_key(ref)) for ref in ins.dsts if ref.in_sram]
+        for ref, key in reads:
+            produced = log.raw(key)
+            if produced > issue:
+                raise ScheduleError("RAW hazard", index, issue,
+                                    f"reads {ref} before its producer finishes at cycle {produced}")
+            if key not in self.whole and not self.resident.holds(ref):
+                if not block_view(self.written, ref).all():
+                    raise ScheduleError("read before write", index, issue, f"reads {ref}, which nothing has written")
+                self.whole.add(key)
+        for ref, key in writes:
+            read_until = log.war(key)
+            if read_until > issue:
+                raise ScheduleError("WAR hazard", index, issue,
+                                    f"overwrites {ref} while a reader reads it until cycle {read_until}")
+            written_at = log.raw(key)
+            if written_at > issue:
+                raise ScheduleError("WAW hazard", index, issue,
+                                    f"writes {ref} before an earlier write finishes at cycle {written_at}")
+            if self.resident.overwritten_by(key):
+                raise ScheduleError("live constant overwritten", index, issue, f"writes {ref} over resident weights")
+            block_view(self.written, ref)[...] = True
+            self.whole.add(key)
+        log.record([key for _, key in reads], [key for _, key in writes], issue + occ.busy, issue + occ.finish)

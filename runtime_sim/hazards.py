@@ -31,13 +31,13 @@ def range_key(lo: int, hi: int) -> tuple:
 
 
 def _blocks_meet(ax, rx, nx, ay, ry, ny, stride):
-    """Whether two blocks of one row stride share a byte (numpy-broadcastable, exact).
+    """Whether two blocks of one row stride share a byte (exact; numpy arrays or plain ints).
 
     With ``ay - ax = q·stride + r`` (``0 <= r < stride``), a byte of X's row ``i``
     meets one of Y's row ``i - q`` when ``r < nx``, or of row ``i - q - 1`` when
     ``r > stride - ny``; the rows must exist in both.
     """
-    q, r = np.divmod(ay - ax, stride)
+    q, r = (ay - ax) // stride, (ay - ax) % stride
     same_row = (r < nx) & (q > -ry) & (q < rx)
     next_row = (r > stride - ny) & (q + 1 > -ry) & (q + 1 < rx)
     return same_row | next_row
@@ -49,7 +49,7 @@ def overlaps(keys: np.ndarray, key: tuple) -> np.ndarray:
     Blocks of one row stride compare exactly; a plain range meets a block as
     the block of that stride covering it (exact when it fits in a row);
     blocks of different strides compare by their bounding ranges. Nothing that
-    overlaps is ever missed.
+    overlaps is ever missed. :func:`meets` is the same test for one pair.
     """
     lo, hi, stride, addr, rows, run = key
     hit = (keys[0] < hi) & (keys[1] > lo)
@@ -68,70 +68,55 @@ def overlaps(keys: np.ndarray, key: tuple) -> np.ndarray:
     return hit
 
 
-class AccessLog:
-    """SRAM blocks read and written so far, with the cycle each access ends.
+def meets(a: tuple, b: tuple) -> bool:
+    """Whether footprints ``a`` and ``b`` share a byte, by :func:`overlaps`' rules, in plain Python: the
+    simulator's checker asks about a handful of accesses in flight at a time, where numpy's per-call cost
+    is most of the work."""
+    if a[0] >= b[1] or a[1] <= b[0]:
+        return False
+    if a[2] == b[2] == 0:
+        return True
+    if a[2] == 0:
+        a, b = b, a  # the plain range, if there is one, second
+    stride = a[2]
+    if b[2] == 0:
+        lo, hi = b[0], b[1]
+        return bool(_blocks_meet(a[3], a[4], a[5], lo, -(-(hi - lo) // stride), min(hi - lo, stride), stride))
+    if b[2] != stride:
+        return True  # different strides: the bounding ranges meet
+    return bool(_blocks_meet(a[3], a[4], a[5], b[3], b[4], b[5], stride))
 
-    Parameters
-    ----------
-    capacity : int
-        Upper bound on the number of reads (and of writes) that will be recorded.
+
+class AccessLog:
+    """SRAM blocks read and written and still in flight, with the cycle each access ends.
+
+    The checker walks a program in issue order and forgets what has ended, so
+    only a few accesses are ever in the log: plain lists beat arrays here.
+    Accesses are given as :func:`footprint_key` keys.
     """
 
-    _FIELDS = 7  # lo, hi, stride, addr, rows, run, end
-
-    def __init__(self, capacity: int):
-        capacity = max(capacity, 1)
-        self._w = np.zeros((self._FIELDS, capacity), np.int64)
-        self._r = np.zeros((self._FIELDS, capacity), np.int64)
-        self._nw = self._nr = 0
-
-    def _latest(self, log, n, ref) -> int:
-        if not n:
-            return 0
-        hit = overlaps(log[:6, :n], footprint_key(ref))
-        return int(log[6, :n][hit].max()) if hit.any() else 0
+    def __init__(self):
+        self._writes, self._reads = [], []  # (footprint key, end)
 
     def forget_ended_by(self, cycle: int) -> None:
         """Drop accesses that end by ``cycle``. Only for a caller that asks in non-decreasing cycle order (the
         checker walks the program in issue order): such an access can never delay a later instruction."""
-        for name in ("_w", "_r"):
-            log, n = getattr(self, name), getattr(self, "_n" + name[1])
-            live = np.flatnonzero(log[6, :n] > cycle)
-            if len(live) < n:
-                log[:, :len(live)] = log[:, live]
-                setattr(self, "_n" + name[1], len(live))
+        self._writes = [e for e in self._writes if e[1] > cycle]
+        self._reads = [e for e in self._reads if e[1] > cycle]
 
-    def raw(self, ref) -> int:
-        """Cycle the last write to bytes of ``ref`` finishes (reads must not start before)."""
-        return self._latest(self._w, self._nw, ref)
+    def raw(self, key: tuple) -> int:
+        """Cycle the last write to bytes of ``key`` finishes (reads must not start before)."""
+        return max((end for other, end in self._writes if meets(other, key)), default=0)
 
-    def war(self, ref) -> int:
-        """Cycle the last read of bytes of ``ref`` ends (writes must not start before)."""
-        return self._latest(self._r, self._nr, ref)
+    def war(self, key: tuple) -> int:
+        """Cycle the last read of bytes of ``key`` ends (writes must not start before)."""
+        return max((end for other, end in self._reads if meets(other, key)), default=0)
 
-    def ready(self, srcs, dsts) -> int:
-        """Earliest cycle an instruction reading ``srcs`` and writing ``dsts`` may issue."""
-        cycle = 0
-        for ref in srcs:
-            if ref.in_sram:
-                cycle = max(cycle, self.raw(ref))
-        for ref in dsts:
-            if ref.in_sram:
-                cycle = max(cycle, self.war(ref), self.raw(ref))
-        return cycle
-
-    def record(self, srcs, dsts, read_end: int, write_end: int) -> None:
-        """Note that an instruction reads ``srcs`` until ``read_end`` and writes ``dsts`` until ``write_end``."""
-        for ref in srcs:
-            if ref.in_sram:
-                self._r[:6, self._nr] = footprint_key(ref)
-                self._r[6, self._nr] = read_end
-                self._nr += 1
-        for ref in dsts:
-            if ref.in_sram:
-                self._w[:6, self._nw] = footprint_key(ref)
-                self._w[6, self._nw] = write_end
-                self._nw += 1
+    def record(self, reads, writes, read_end: int, write_end: int) -> None:
+        """Note that an instruction reads the blocks ``reads`` until ``read_end`` and writes ``writes`` until
+        ``write_end``."""
+        self._reads += [(key, read_end) for key in reads]
+        self._writes += [(key, write_end) for key in writes]
 
 
 def block_view(bitmap: np.ndarray, ref) -> np.ndarray:
@@ -139,4 +124,6 @@ def block_view(bitmap: np.ndarray, ref) -> np.ndarray:
     addr, rows, run, stride = ref.footprint()
     if rows == 1:
         return bitmap[addr:addr + run].reshape(1, run)
+    if addr + rows * stride <= len(bitmap):  # a reshape of the rows' span: far cheaper than as_strided
+        return bitmap[addr:addr + rows * stride].reshape(rows, stride)[:, :run]
     return np.lib.stride_tricks.as_strided(bitmap[addr:], shape=(rows, run), strides=(stride, 1))

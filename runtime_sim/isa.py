@@ -522,11 +522,11 @@ class TensorRef:
     strides: tuple | None = None
     space: Space = Space.SRAM
 
-    @property
+    @cached_property  # a frozen ref's size is asked for by every timing and checking rule: computed once
     def size(self) -> int:
         return prod(self.shape)
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         """Bytes of data (what moves), not of the span it lies in."""
         return self.size * self.dtype.itemsize
@@ -549,7 +549,7 @@ class TensorRef:
         last = sum((d - 1) * st for d, st in zip(self.shape, self.element_strides))
         return self.addr + (last + 1) * self.dtype.itemsize
 
-    @property
+    @cached_property
     def in_sram(self) -> bool:
         return self.space == Space.SRAM
 

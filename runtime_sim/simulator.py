@@ -370,7 +370,7 @@ def _install_view(outs, ins, attrs):
 def _stable_installs(program, order) -> set:
     """INSTALLs whose source no instruction overwrites before the tile's last MATMUL: those can be bound
     to a view of SRAM instead of a copy (the values are the same; the copy costs time)."""
-    from .hazards import footprint_key, overlaps
+    from .hazards import footprint_key, meets
 
     instructions = program.instructions
     users = {}  # INSTALL index -> position (in issue order) of the last MATMUL using its tile
@@ -387,9 +387,9 @@ def _stable_installs(program, order) -> set:
     position = {i: pos for pos, i in enumerate(order)}
     stable = set()
     for i, last in users.items():
-        source = np.array(footprint_key(instructions[i].srcs[0]), np.int64).reshape(6, 1)
+        source = footprint_key(instructions[i].srcs[0])
         written = [r for k in order[position[i] + 1:last + 1] for r in instructions[k].dsts if r.in_sram]
-        if not any(overlaps(source, footprint_key(r))[0] for r in written):
+        if not any(meets(source, footprint_key(r)) for r in written):
             stable.add(i)
     return stable
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from math import ceil
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,9 +163,8 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
     size = sram_size or chip.sram_bytes
     memory = _Memory(size, constants, protected)
     order = sorted(range(len(instructions)), key=lambda i: (instructions[i].cycle, i))
-    limits = _limits(chip)
     free = {}
-    running = _Running([key for key, _ in _CAPACITY])
+    running = _Running(_limits(chip))
     buffers, streams = _Buffers(), _Streams()
     occupancies = [None] * len(instructions)
     makespan = 0
@@ -178,13 +178,7 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
                 if producer_busy > occ.busy:
                     occ = _stretched(occ, producer_busy)
         _check_exclusive(index, issue, occ, free)
-        running.finish_by(issue)
-        for key, rule in _CAPACITY:
-            used = running.total[key] + getattr(occ, key)
-            if used > limits[key]:
-                raise ScheduleError(rule, index, issue, f"{used} > {limits[key]} ({key.replace('_', ' ')}) with "
-                                    f"{len(running)} instructions running")
-        running.start(issue + occ.busy, index, occ)
+        running.admit(index, issue, occ)
         memory.check(index, ins, issue, occ)
         if ins.opcode == Opcode.INSTALL:
             buffers.install(index, ins, issue, occ)
@@ -208,22 +202,26 @@ class _Running:
     """Instructions still busy, and what they use of each shared resource together (kept as running sums:
     a program has thousands of instructions and dozens in flight)."""
 
-    def __init__(self, keys):
-        self.keys, self.total, self._ends = keys, dict.fromkeys(keys, 0), []
+    def __init__(self, limits: dict):
+        self.limits = tuple(limits[key] for key, _ in _CAPACITY)
+        self.total = [0] * len(_CAPACITY)
+        self._ends = []  # (end, index, rates)
 
-    def __len__(self):
-        return len(self._ends)
-
-    def start(self, end: int, index: int, occ: Occupancy) -> None:
-        heapq.heappush(self._ends, (end, index, occ))
-        for key in self.keys:
-            self.total[key] += getattr(occ, key)
-
-    def finish_by(self, cycle: int) -> None:
-        while self._ends and self._ends[0][0] <= cycle:
-            occ = heapq.heappop(self._ends)[2]
-            for key in self.keys:
-                self.total[key] -= getattr(occ, key)
+    def admit(self, index: int, issue: int, occ: Occupancy) -> None:
+        """Retire what has ended by ``issue``, check that ``occ``'s rates fit beside the rest, and start it."""
+        total, ends = self.total, self._ends
+        while ends and ends[0][0] <= issue:
+            for k, rate in enumerate(heapq.heappop(ends)[2]):
+                total[k] -= rate
+        rates = tuple(getattr(occ, key) for key, _ in _CAPACITY)
+        for k, rate in enumerate(rates):
+            if rate and total[k] + rate > self.limits[k]:
+                key, rule = _CAPACITY[k]
+                raise ScheduleError(rule, index, issue, f"{total[k] + rate} > {self.limits[k]} "
+                                    f"({key.replace('_', ' ')}) with {len(ends)} instructions running")
+        heapq.heappush(ends, (issue + occ.busy, index, rates))
+        for k, rate in enumerate(rates):
+            total[k] += rate
 
 
 def _stretched(occ: Occupancy, busy: int) -> Occupancy:
@@ -232,7 +230,7 @@ def _stretched(occ: Occupancy, busy: int) -> Occupancy:
     scale = occ.busy / busy if busy else 1.0
 
     def spread(value):
-        return int(np.ceil(value * scale)) if value else 0
+        return ceil(value * scale) if value else 0
     return Occupancy(occ.exclusive, busy, occ.latency, spread(occ.streams), spread(occ.sram_read),
                      spread(occ.sram_write), spread(occ.alus), occ.macs, occ.flops, occ.sram_bytes,
                      occ.host_bytes, occ.bound)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from math import ceil
+from operator import attrgetter
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +64,9 @@ class Timeline:
 _EXCLUSIVE_RULES = {"HOST": "host link", "MXM.load": "install port"}
 _CAPACITY = (("sram_read", "SRAM read bandwidth"), ("sram_write", "SRAM write bandwidth"),
              ("streams", "stream bandwidth"), ("alus", "vector ALUs"))
+
+
+_RATES = attrgetter(*(key for key, _ in _CAPACITY))
 
 
 def _limits(chip: ChipConfig) -> dict:
@@ -213,7 +217,7 @@ class _Running:
         while ends and ends[0][0] <= issue:
             for k, rate in enumerate(heapq.heappop(ends)[2]):
                 total[k] -= rate
-        rates = tuple(getattr(occ, key) for key, _ in _CAPACITY)
+        rates = _RATES(occ)
         for k, rate in enumerate(rates):
             if rate and total[k] + rate > self.limits[k]:
                 key, rule = _CAPACITY[k]
@@ -309,6 +313,7 @@ class _Memory:
                                     f"writes {ref} before an earlier write finishes at cycle {written_at}")
             if self.resident.overwritten_by(key):
                 raise ScheduleError("live constant overwritten", index, issue, f"writes {ref} over resident weights")
-            block_view(self.written, ref)[...] = True
-            self.whole.add(key)
+            if key not in self.whole:
+                block_view(self.written, ref)[...] = True
+                self.whole.add(key)
         log.record([key for _, key in reads], [key for _, key in writes], issue + occ.busy, issue + occ.finish)

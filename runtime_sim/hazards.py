@@ -13,6 +13,8 @@ overlap serves planning and checking.
 
 from __future__ import annotations
 
+from math import inf
+
 import numpy as np
 
 
@@ -97,26 +99,39 @@ class AccessLog:
 
     def __init__(self):
         self._writes, self._reads = [], []  # (footprint key, end)
+        self._first_end = inf  # nothing in the log ends before this cycle: forgetting waits until it comes
 
     def forget_ended_by(self, cycle: int) -> None:
         """Drop accesses that end by ``cycle``. Only for a caller that asks in non-decreasing cycle order (the
         checker walks the program in issue order): such an access can never delay a later instruction."""
+        if cycle < self._first_end:
+            return
         self._writes = [e for e in self._writes if e[1] > cycle]
         self._reads = [e for e in self._reads if e[1] > cycle]
+        self._first_end = min([e[1] for e in self._writes] + [e[1] for e in self._reads], default=inf)
+
+    @staticmethod
+    def _latest(log, key) -> int:
+        lo, hi = key[0], key[1]
+        return max([end for other, end in log if other[0] < hi and other[1] > lo and meets(other, key)], default=0)
 
     def raw(self, key: tuple) -> int:
         """Cycle the last write to bytes of ``key`` finishes (reads must not start before)."""
-        return max((end for other, end in self._writes if meets(other, key)), default=0)
+        return self._latest(self._writes, key)
 
     def war(self, key: tuple) -> int:
         """Cycle the last read of bytes of ``key`` ends (writes must not start before)."""
-        return max((end for other, end in self._reads if meets(other, key)), default=0)
+        return self._latest(self._reads, key)
 
     def record(self, reads, writes, read_end: int, write_end: int) -> None:
         """Note that an instruction reads the blocks ``reads`` until ``read_end`` and writes ``writes`` until
         ``write_end``."""
         self._reads += [(key, read_end) for key in reads]
         self._writes += [(key, write_end) for key in writes]
+        if reads:
+            self._first_end = min(self._first_end, read_end)
+        if writes:
+            self._first_end = min(self._first_end, write_end)
 
 
 def block_view(bitmap: np.ndarray, ref) -> np.ndarray:

@@ -4,7 +4,7 @@
 
 1. Points per minute of a 24-point sweep (3 chip variants × 4 zoo models × 2 dtypes) on a local Ray with
    1 worker, then with 2 (fresh stores, so nothing is skipped); the ratio is the scaling.
-2. ResNet-50 (fp32, tsp): a timing-only simulator (schedule verified, cycles counted) against a full one
+2. ResNet-50 on tsp, in fp32, fp16, bf16 and int8 (the zoo's QDQ model): a timing-only simulator (schedule verified, cycles counted) against a full one
    (also placing the weights, binding every instruction and running the arithmetic once), median of 5. Also
    timed: loading without the schedule check (validation, each instruction's timing rules and the
    statistics only), the part of a load that no check can speed up; full ÷ that is the ceiling on the
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tabulate import tabulate
 
 SPEC = {"base": "tsp", "models": ["squeezenet", "shufflenet", "bert_encoder", "ppocr_cls"],
         "dtypes": ["fp32", "fp16"], "grid": {"mxm_planes": [2, 4, 6]}}
@@ -58,13 +59,14 @@ def sweep_rate(workers: int) -> dict:
             "startup_s": startup, "seconds": seconds, "points_per_min": 60 * len(records) / seconds}
 
 
-def timing_only_speed(model: str = "resnet50", repeat: int = 5) -> dict:
+def timing_only_speed(model: str = "resnet50", dtype: str = "fp32", repeat: int = 5) -> dict:
     import lpx_tvm
-    from lpx_tvm.app.zoo import ZOO
+    from lpx_tvm.app.zoo import ZOO, quantized_for_zoo
     from lpx_tvm.runtime_sim import Simulator
 
     entry = ZOO[model]
-    programs, _ = lpx_tvm.compile_programs(entry.load(), config="tsp", input_shapes=entry.input_shapes)
+    onnx_model = quantized_for_zoo(entry, entry.load()) if dtype == "int8" else entry.load()
+    programs, _ = lpx_tvm.compile_programs(onnx_model, config="tsp", input_shapes=entry.input_shapes, dtype=dtype)
     (program,) = programs.values()
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(t.shape).astype(t.dtype.np) for t in program.inputs]
@@ -90,7 +92,7 @@ def timing_only_speed(model: str = "resnet50", repeat: int = 5) -> dict:
     result = {k: statistics.median(v) for k, v in times.items()}
     result["speedup"] = result["full_s"] / result["timing_only_s"]
     result["ceiling"] = result["full_s"] / result["unchecked_s"]
-    result["model"] = model
+    result["model"], result["dtype"], result["instructions"] = model, dtype, len(program.instructions)
     return result
 
 
@@ -99,17 +101,18 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the figures as JSON")
     args = parser.parse_args(argv)
     one, two = sweep_rate(1), sweep_rate(2)
-    speed = timing_only_speed()
+    speeds = [timing_only_speed(dtype=dtype) for dtype in ("fp32", "fp16", "bf16", "int8")]
     report = {"sweep": [one, two], "scaling_2_over_1": two["points_per_min"] / one["points_per_min"],
-              "timing_only": speed}
+              "timing_only": speeds}
     for r in (one, two):
         print(f"sweep, {r['workers']} worker(s): {r['points']} points ({r['ok']} ok) in {r['seconds']:.1f} s = "
               f"{r['points_per_min']:.1f} points/min (after {r['startup_s']:.1f} s starting Ray and its workers)")
     print(f"2 workers ÷ 1 worker: {report['scaling_2_over_1']:.2f}×")
-    print(f"{speed['model']} fp32 on tsp: timing-only {speed['timing_only_s']:.3f} s, full simulation "
-          f"{speed['full_s']:.3f} s: {speed['speedup']:.1f}× faster")
-    print(f"  loaded without the schedule check: {speed['unchecked_s']:.3f} s (full ÷ that: {speed['ceiling']:.1f}×, "
-          "the most a faster check could reach)")
+    print(tabulate([[f"{s['model']} {s['dtype']}", s["instructions"], f"{s['timing_only_s']:.3f}",
+                     f"{s['full_s']:.3f}", f"{s['speedup']:.1f}×", f"{s['unchecked_s']:.3f}", f"{s['ceiling']:.1f}×"]
+                    for s in speeds],
+                   headers=["on tsp", "instructions", "timing-only s", "full s", "full ÷ timing-only",
+                            "unchecked s", "full ÷ unchecked"], disable_numparse=True))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -342,19 +342,31 @@ class _Placer:
         plane = self.unit.get(first, self.instructions[first].unit_index)
         return [(self.buffers[(plane, b)], b) for b in range(self.config.mxm_weight_buffers)], lo, hi
 
-    def place(self, group, pools, t) -> int:
-        """Place ``group`` at the earliest feasible cycle >= t; returns the group's issue cycle."""
-        choice, offsets = [], dict(group)
+    def _instances(self, group, t) -> list:
+        """Each member's unit instance: the one free soonest for it if the group issues at ``t``."""
+        choice = []
         for m, offset in group:
             ins, occ = self.instructions[m], self.occ[m]
             candidates = self.resources.instances(ins, m in self.fixed)
             best = min(candidates,
                        key=lambda k: self.resources.exclusive[(ins.unit.name, k)].earliest(t + offset, occ.busy))
             choice.append((offset, occ, _exclusive_keys(occ, best), m, best))
-            self.unit[m] = best
-        parts = [(o, oc, keys) for o, oc, keys, _, _ in choice]
+        return choice
+
+    def place(self, group, pools, t) -> int:
+        """Place ``group`` at the earliest feasible cycle >= t; returns the group's issue cycle. Instances are
+        chosen again whenever the group has to move later: the instance free soonest at the first cycle tried
+        may be the one that is busy at the cycle it lands on."""
+        offsets = dict(group)
         while True:
-            t = self.resources.fit(t, parts)
+            choice = self._instances(group, t)
+            parts = [(o, oc, keys) for o, oc, keys, _, _ in choice]
+            fitted = self.resources.fit(t, parts)
+            if fitted != t:
+                t = fitted
+                continue
+            for _, _, _, m, best in choice:
+                self.unit[m] = best  # (a weight buffer is one of its plane's)
             picks, later = [], t
             for kind, first, last in pools:
                 candidates, lo, hi = self._pool(kind, first, last, t, offsets)

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from dataclasses import dataclass
 from math import ceil
 from operator import attrgetter
-from dataclasses import dataclass
 
 import numpy as np
 

@@ -12,7 +12,11 @@ product's output columns (a convolution's output channels) and holds only that
 slice of its weights; the slices are all-gathered around a ring of the chips
 after each product (each chip sends the slice it has to the next chip and
 receives the previous chip's, P − 1 times), so every chip has the full tensor
-for what follows. The chips run the same schedule: each RECV is placed one hop
+for what follows. Where Megatron-LM pairs products (an MLP, attention by heads),
+the second splits by rows and one all-reduce sums its partial results; a model
+input inside such a pair (a decoder's KV cache) reaches each chip as its slice,
+and a model output made inside it (the new K/V) is all-gathered for the chip
+that stores it. The chips run the same schedule: each RECV is placed one hop
 after the SEND it pairs with, at a fixed offset, and the offset holds on every
 chip because every chip sends at the same cycles.
 """
@@ -348,15 +352,17 @@ def _splittable(g: Graph, node, ranks: int):
 
 
 def _row_split_regions(g: Graph, ranks: int) -> dict:
-    """Megatron's pairing: product index ─► (the nodes between it and the products whose columns it consumes,
-    tensor ─► the axis it is split along).
+    """Megatron's pairing: product index ─► a :class:`_Region` (the nodes between it and the products whose
+    columns it consumes, tensor ─► the axis it is split along, ...).
 
     A product ``B`` (a float matmul by a constant ``[K, N]`` weight, no fused activation, ``K`` and ``N``
     splitting over ``ranks``) whose input is made, through ops that keep a split axis whole per chip
     (elementwise ops, transposes, reshapes that keep the split contiguous, a softmax along another axis,
-    products of two activations batched over it: attention's heads), from column-split products, and is read
-    by nothing else, splits by rows: each chip keeps its slice from the first products on and sums ``B``'s
-    partial results once (an all-reduce) instead of all-gathering after every product."""
+    a concatenation along another axis, products batched over it: attention's heads), from column-split
+    products and model inputs (a decoder's KV cache), and is read by nothing else, splits by rows: each chip
+    keeps its slice from the first products on and sums ``B``'s partial results once (an all-reduce) instead
+    of all-gathering after every product. A model output made inside (a decoder's new K/V) is all-gathered
+    for the chip that stores it; a model input read inside reaches each chip as its slice."""
     producer = {node.output: i for i, node in enumerate(g.nodes)}
     readers = {}
     for i, node in enumerate(g.nodes):
@@ -372,22 +378,36 @@ def _row_split_regions(g: Graph, ranks: int) -> dict:
         k = g.tensors[node.inputs[1]].shape[0]
         if k % ranks or split[1] % ranks:
             continue
-        found = _region_behind(g, h, len(g.tensors[h].shape) - 1, ranks, producer, outputs, regions)
-        if found is None:
+        region = _region_behind(g, h, len(g.tensors[h].shape) - 1, ranks, producer, outputs, regions)
+        if region is None:
             continue
-        region, axes, whole = found
-        made_inside = {g.nodes[i].output for i in region}
+        made_inside = {g.nodes[i].output for i in region.nodes}
         # everything the region makes is read only inside it or by B; its column products and broadcast
         # operands read whole tensors from outside it (inside, tensors exist only as slices)
-        if all(readers.get(g.nodes[i].output, set()) <= region | {b} for i in region) and not any(
-                g.base(t) in made_inside for t in whole):
-            regions[b] = (region, axes)
+        if all(readers.get(g.nodes[i].output, set()) <= region.nodes | {b} for i in region.nodes) and not any(
+                g.base(t) in made_inside for t in region.whole):
+            regions[b] = region
     return regions
 
 
+@dataclass
+class _Region:
+    """What splits with one row-split product: the nodes before it, each tensor's split axis, the tensors
+    every chip reads whole, the products split by columns, and the model's inputs and outputs in it."""
+
+    nodes: set
+    axes: dict
+    whole: list
+    columns: set
+    inputs: set
+    outputs: set
+
+
 def _region_behind(g: Graph, h: int, axis: int, ranks: int, producer: dict, outputs: set, taken: dict):
-    """Walk back from ``h`` split along ``axis``: (region nodes, tensor ─► axis, tensors read whole), or None."""
-    region, axes, whole, columns = set(), {}, [], 0
+    """Walk back from ``h`` split along ``axis``: a :class:`_Region`, or None."""
+    region = _Region(set(), {}, [], set(), set(), set())
+    axes, whole = region.axes, region.whole
+    model_inputs = set(g.inputs)
     stack = [(h, axis)]
     while stack:
         t, ax = stack.pop()
@@ -406,38 +426,55 @@ def _region_behind(g: Graph, h: int, axis: int, ranks: int, producer: dict, outp
                 return None
             stack.append((base, base_ax))
             continue
+        if t in model_inputs:  # each chip is given its slice (a decoder's KV cache: its heads')
+            region.inputs.add(t)
+            continue
         i = producer.get(t)
-        if i is None or t in outputs:
+        if i is None:
             return None
+        if t in outputs:  # made as slices, gathered for the chip that stores it
+            region.outputs.add(t)
         made = g.nodes[i]
-        region.add(i)
+        region.nodes.add(i)
         weight = made.inputs[1] if len(made.inputs) > 1 else None
-        if made.kind == "matmul" and weight is not None and g.is_constant(g.base(weight)):
+        if made.kind == "matmul" and weight is not None and g.is_constant(g.base(weight)) \
+                and ax == len(shape) - 1:
             column = _splittable(g, made, ranks)
-            if column is None or column[1] % ranks or ax != len(shape) - 1 or i in taken:
+            if column is None or column[1] % ranks or i in taken or any(i in r.nodes for r in taken.values()):
                 return None  # (a product already split by rows sums whole columns: it cannot start a region)
             whole.append(made.inputs[0])
-            columns += 1
-        elif made.kind == "matmul" and ax < len(shape) - 2:  # two activations, batched over the split axis
-            if any(len(g.tensors[x].shape) != len(shape) for x in made.inputs[:2]) or len(made.inputs) > 2:
+            region.columns.add(i)
+        elif made.kind == "matmul" and ax < len(shape) - 2 and len(made.inputs) == 2:
+            # batched over the split axis: two activations split alike, or one by a constant every chip holds
+            a, w = made.inputs
+            if len(g.tensors[a].shape) != len(shape):
                 return None
-            stack += [(x, ax) for x in made.inputs[:2]]
+            stack.append((a, ax))
+            if g.is_constant(g.base(w)) and len(g.tensors[w].shape) == 2:
+                whole.append(w)
+            elif len(g.tensors[w].shape) == len(shape):
+                stack.append((w, ax))
+            else:
+                return None
         elif made.kind == "TRANSPOSE":
             stack.append((made.inputs[0], made.attrs["perm"][ax]))
         elif made.kind == "SOFTMAX" and made.attrs["axis"] % len(shape) != ax:
             stack.append((made.inputs[0], ax))
+        elif made.kind == "CONCAT" and made.attrs["axis"] != ax:
+            stack += [(x, ax) for x in made.inputs]
         elif made.kind in _ELEMENTWISE:
             for x in made.inputs:
                 xs = g.tensors[x].shape
+                at = ax - (len(shape) - len(xs))  # numpy broadcasting aligns the trailing axes
                 if xs == shape:
                     stack.append((x, ax))
-                elif prod(xs) == 1 or (len(xs) == len(shape) and xs[ax] == 1):
+                elif at < 0 or xs[at] == 1:
                     whole.append(x)  # broadcast along the split axis: every chip reads it whole
                 else:
                     return None
         else:
             return None
-    return (region, axes, whole) if columns else None
+    return region if region.columns else None
 
 
 def _same_split(shape: tuple, axis: int, base_shape: tuple):
@@ -463,8 +500,10 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
     part.tensors = list(g.tensors)
     part.quantized = dict(g.quantized)
     part.nodes, part.streamed = [], []
-    in_region = {i for region, _ in regions.values() for i in region}
-    axes = {t: ax for _, found in regions.values() for t, ax in found.items()}
+    in_region = {i for region in regions.values() for i in region.nodes}
+    columns = {i for region in regions.values() for i in region.columns}
+    axes = {t: ax for region in regions.values() for t, ax in region.axes.items()}
+    gathered = {t for region in regions.values() for t in region.outputs}
     sliced = {}  # full tensor ─► this chip's slice of it (along its axis in ``axes``)
 
     def slice_of(t: int) -> int:
@@ -476,13 +515,22 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
                                         alias_of=slice_of(base) if base != t else None)
         return sliced.get(t, t)
 
+    split_inputs = {t for region in regions.values() for t in region.inputs}
+    part.inputs = [slice_of(t) if t in split_inputs else t for t in g.inputs]
+    part.state = {slice_of(t) if t in split_inputs else t for t in g.state}
+    part.host_dtype = {(slice_of(t) if t in split_inputs else t): d for t, d in g.host_dtype.items()}
     gathers = reduces = 0
     tag = 0
     for index, node in enumerate(g.nodes):
-        column = index in in_region and node.kind == "matmul" and g.is_constant(g.base(node.inputs[1]))
+        column = index in columns
         if index in in_region and not column:  # on the slices: each chip its own heads or columns
             inputs = [slice_of(t) for t in node.inputs]
             part.nodes.append(replace(node, inputs=inputs, output=slice_of(node.output)))
+            if node.output in gathered:  # a model output: the whole of it for the chip that stores it
+                part.nodes.append(_allgather(slice_of(node.output), node.output, axes[node.output], rank, ranks,
+                                             ring, tag, node.layer))
+                tag += ranks
+                gathers += 1
             continue
         if index in regions:  # rows of the weight, the partial sums added up around the ring
             h = node.inputs[0]
@@ -518,6 +566,11 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
         out_shape[axis] = width
         if column:  # a column product of a row-split pair: its slice is all the next ops need
             part.nodes.append(replace(node, inputs=inputs, output=slice_of(node.output)))
+            if node.output in gathered:
+                part.nodes.append(_allgather(slice_of(node.output), node.output, axis, rank, ranks, ring, tag,
+                                             node.layer))
+                tag += ranks
+                gathers += 1
             continue
         slice_id = part.add_tensor(out_shape, full.dtype)
         part.nodes.append(replace(node, inputs=inputs, output=slice_id))
@@ -608,7 +661,17 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
         report.append({"chip": chip_id, "cycles": makespan, "all_gathers": gathers, "all_reduces": reduces,
                        "weight_bytes": sum(part.tensors[t].nbytes for t in weights),
                        "sram_high_water": addr["high_water"]})
-    inputs = tuple(tuple((c, g.inputs.index(t)) for c in order) for t in g.inputs)
+    split_inputs = {t: ax for region in regions.values() for t in region.inputs for ax in [region.axes[t]]}
+
+    def destination(rank: int, chip: int, k: int) -> tuple:
+        """Where input ``k`` goes on ``chip``: its index there, and for a split input the slice it gets."""
+        t = g.inputs[k]
+        if t not in split_inputs:
+            return (chip, k)
+        axis = split_inputs[t]
+        n = g.tensors[t].shape[axis] // ranks
+        return (chip, k, axis, rank * n, (rank + 1) * n)
+    inputs = tuple(tuple(destination(rank, c, k) for rank, c in enumerate(order)) for k in range(len(g.inputs)))
     outputs = tuple((order[0], k) for k in range(len(g.outputs)))
     bundle = SystemProgram(system.name, system.digest, tuple(order), tuple(programs), inputs, outputs,
                            max(p.predicted_cycles for p in programs), "tensor",

@@ -73,27 +73,38 @@ class CompiledModel:
         """Offloaded function name -> loaded (verified) simulator of its program."""
         return {name: load_program(blob) for name, blob in self._programs.items()}
 
-    def state_views(self, name: str) -> list:
-        """Every resident copy (one per chip that reads it) of state input ``name``, as writable arrays."""
-        views = []
+    def _state_parts(self, name: str) -> list:
+        """``(view, cut, full shape)`` for every resident copy of state input ``name``: ``cut`` is ``(axis, lo,
+        hi)`` where a chip holds only that slice of it (tensor parallel: its heads of a KV cache), else None."""
+        parts = []
         for symbol, arg in self.state_where.get(name, ()):
             sim = load_program(self._programs[symbol])
             if hasattr(sim, "sims"):  # a system: the chips whose programs take that argument
-                for chip, index in sim.program.inputs[arg]:
-                    views.append(sim.sims[sim.program.chips.index(chip)].state_view(index))
+                full = sim.inputs[arg].shape
+                for chip, index, *cut in sim.program.inputs[arg]:
+                    parts.append((sim.sims[sim.program.chips.index(chip)].state_view(index), cut or None, full))
             else:
-                views.append(sim.state_view(arg))
-        if not views:
+                parts.append((sim.state_view(arg), None, None))
+        if not parts:
             raise KeyError(f"{name!r} is not a resident state input (compile with state=[...])")
-        return views
+        return parts
+
+    def state_views(self, name: str) -> list:
+        """Every resident copy (one per chip that reads it) of state input ``name``, as writable arrays; a chip
+        that holds a slice of it (see :meth:`write_state`) gives its slice."""
+        return [view for view, _, _ in self._state_parts(name)]
 
     def write_state(self, name: str, value, index=...) -> int:
-        """Write ``value`` into ``state[name][index]`` on every chip that holds it; returns the bytes each chip's
-        host link carries (what the write costs: the chips' links work side by side)."""
+        """Write ``value`` into ``state[name][index]`` on every chip that holds it (a chip holding a slice gets
+        its part); returns the bytes each chip's host link carries (what the write costs: the chips' links
+        work side by side)."""
         value = np.asarray(value)
-        for view in self.state_views(name):
-            view[index] = value
-        return int(value.nbytes)
+        carried = 0
+        for view, cut, full in self._state_parts(name):
+            part = value if cut is None else _state_slice(value, index, cut, full, name)
+            view[index] = part
+            carried = max(carried, int(part.nbytes))
+        return carried
 
     def _check(self, inputs) -> list:
         sig = self.input_signature
@@ -123,6 +134,18 @@ class CompiledModel:
     def export_library(self, path) -> None:
         """Write a shared library that ``tvm.runtime.load_module`` reloads (import lpx_tvm first)."""
         self.executable.export_library(str(path))
+
+
+def _state_slice(value: np.ndarray, index, cut, full: tuple, name: str) -> np.ndarray:
+    """The part of ``value`` (written to ``state[index]``) that falls in a chip's slice ``[lo, hi)`` along
+    ``axis``: every axis up to the sliced one must be indexed whole."""
+    axis, lo, hi = cut
+    index = () if index is Ellipsis else index if isinstance(index, tuple) else (index,)
+    if any(not isinstance(i, slice) or i != slice(None) for i in index[:axis + 1]):
+        raise CallError(f"state {name!r} is split over chips along axis {axis}: write it with an index that "
+                        f"takes axes 0..{axis} whole, got {index!r}")
+    whole = np.lib.stride_tricks.as_strided(np.zeros(1, value.dtype), full, (0,) * len(full))
+    return np.broadcast_to(value, whole[index].shape)[(slice(None),) * axis + (slice(lo, hi),)]
 
 
 class _ProgramBytes(Mapping):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .check import ScheduleError
-from .isa import Opcode
+from .isa import HostTensor, Opcode
 from .program import SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, decode, encode_array
 from .simulator import CallError, Simulator, Timed
 from .system import SystemConfig, load_system
@@ -60,8 +60,10 @@ class SystemProgram:
     """One program per chip of a system, and where the model's host inputs and outputs go.
 
     ``inputs[k]`` lists the ``(chip, index in that chip's program)`` pairs that load the model's k-th input
-    (several chips may need it); ``outputs[k]`` is the one pair that stores its k-th output;
-    ``chips[p]`` is the system chip that runs ``programs[p]``.
+    (several chips may need it), or ``(chip, index, axis, lo, hi)`` where a chip takes only the slice
+    ``[lo, hi)`` of it along ``axis`` (tensor parallel: a decoder's KV cache, each chip its heads');
+    ``outputs[k]`` is the one pair that stores its k-th output; ``chips[p]`` is the system chip that runs
+    ``programs[p]``.
     """
 
     system_name: str
@@ -260,6 +262,7 @@ class SystemSimulator:
         links = {key: {**value, "peer": self.system.ports(key[0])[key[1]][0]} for key, value in usage.items()}
         self.stats = SystemStats(makespan, program.predicted_cycles, self.system.chip.clock_hz,
                                  {c: s.stats for c, s in zip(program.chips, self.sims)}, links)
+        self._inputs = _model_inputs(program, self.sims)
         self.timing_only = timing_only
         if timing_only:
             return
@@ -267,7 +270,7 @@ class SystemSimulator:
         self._steps = list(heapq.merge(*[[(sim.program.instructions[i].cycle, k, pos)
                                           for pos, i in enumerate(sim.order)] for k, sim in enumerate(self.sims)]))
         self._chip_index = {c: k for k, c in enumerate(program.chips)}
-        given = {(self._chip_index[chip], index) for destinations in program.inputs for chip, index in destinations}
+        given = {(self._chip_index[d[0]], d[1]) for destinations in program.inputs for d in destinations}
         # a chip input the model does not give is a state the runtime set (or data a RECV brings): never LOADed,
         # so one placeholder serves every call
         self._placeholders = {(k, i): np.zeros(sig.shape, sig.dtype.np) for k, sim in enumerate(self.sims)
@@ -275,7 +278,7 @@ class SystemSimulator:
 
     @property
     def inputs(self) -> tuple:
-        return tuple(self.sims[self.program.chips.index(d[0][0])].inputs[d[0][1]] for d in self.program.inputs)
+        return self._inputs
 
     @property
     def outputs(self) -> tuple:
@@ -290,8 +293,8 @@ class SystemSimulator:
         where = self._chip_index
         per_in = [[self._placeholders.get((k, i)) for i in range(len(s.inputs))] for k, s in enumerate(self.sims)]
         for value, destinations in zip(inputs, self.program.inputs):
-            for chip, index in destinations:
-                per_in[where[chip]][index] = value
+            for chip, index, *cut in destinations:
+                per_in[where[chip]][index] = _cut(np.asarray(value), cut) if cut else value
         sessions = [sim.session(per_in[k]) for k, sim in enumerate(self.sims)]
         mailbox = {}
         for _, k, pos in self._steps:
@@ -311,3 +314,40 @@ class SystemSimulator:
                 np.copyto(buffer, value)
             return list(outputs)
         return out
+
+
+def _cut(value: np.ndarray, cut) -> np.ndarray:
+    """The slice ``[lo, hi)`` of ``value`` along ``axis`` (``cut = (axis, lo, hi)``)."""
+    axis, lo, hi = cut
+    return value[(slice(None),) * axis + (slice(lo, hi),)]
+
+
+def _model_inputs(program: SystemProgram, sims: list) -> tuple:
+    """Each model input's host signature, from the chips that load it; a program whose destinations name no
+    such chip or input, or whose slices do not tile the input, is rejected here."""
+    out = []
+    for k, destinations in enumerate(program.inputs):
+        shapes = []
+        for d in destinations:
+            if len(d) not in (2, 5) or d[0] not in program.chips:
+                raise ProgramFormatError(f"system program: input {k} goes to {list(d)}, not (chip, index) or "
+                                         "(chip, index, axis, lo, hi) of one of its chips")
+            chip_inputs = sims[program.chips.index(d[0])].inputs
+            if not 0 <= d[1] < len(chip_inputs):
+                raise ProgramFormatError(f"system program: input {k} goes to input {d[1]} of chip {d[0]}, "
+                                         f"which takes {len(chip_inputs)}")
+            shapes.append((chip_inputs[d[1]], d[2:]))
+        if not shapes:
+            raise ProgramFormatError(f"system program: input {k} goes to no chip")
+        sig, cut = shapes[0]
+        if cut:
+            axis = cut[0]
+            spans = sorted((c[1], c[2]) for _, c in shapes if c)
+            full = list(sig.shape)
+            full[axis] = spans[-1][1]
+            if not all(c and c[0] == axis and s.shape[axis] == c[2] - c[1] for s, c in shapes) \
+                    or any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or spans[0][0] != 0:
+                raise ProgramFormatError(f"system program: the slices of input {k} do not tile it along axis {axis}")
+            sig = HostTensor(tuple(full), sig.dtype)
+        out.append(sig)
+    return tuple(out)

@@ -2,13 +2,15 @@
 
 from math import ceil
 
+import numpy as np
+
 import pytest
 
 import lpx_tvm
 from lpx_tvm.app import llama
 from lpx_tvm.app.cli import main
 from lpx_tvm.app.generate import generate
-from lpx_tvm.runtime_sim import Opcode, load_config
+from lpx_tvm.runtime_sim import CallError, Opcode, load_config
 
 
 def test_the_cache_is_resident_and_never_loaded():
@@ -50,3 +52,28 @@ def test_the_generate_command(capsys):
 def test_gpt2_small_sized_decoder_does_not_fit_one_tsp_chip():
     config = llama.PRESETS["llama-gpt2s"]
     assert config.dtype == "fp16" and config.weight_bytes() > load_config("tsp").sram_bytes
+
+
+def test_tensor_parallel_splits_a_decoders_attention_and_its_cache_by_heads():
+    """2-way on tiny chips: each chip holds its kv heads of every cache (half the bytes), writes only those,
+    and a step costs one all-reduce per attention and per MLP; every token equals ONNX Runtime's."""
+    config = llama.PRESETS["llama-tiny"]
+    report = generate("llama-tiny", tokens=3, system="tiny-2", parallel="tensor", prompt_len=6)
+    assert report["agree"] and all(step["cosine"] > 0.99999 for step in report["steps"])
+    assert f"{2 * config.num_layers} all-reduces" in report["notes"]
+    # a new token's K and V, kv_heads × head_dim fp32 each per layer, half of the heads on each chip
+    half = config.num_layers * 2 * config.num_kv_heads * config.head_dim * 4 // 2
+    assert report["kv_write_bytes_per_chip"] == {0: half, 1: half}
+
+
+def test_a_split_cache_is_written_with_its_head_axis_whole():
+    config = llama.PRESETS["llama-tiny"]
+    names = llama.cache_names(config)
+    compiled = lpx_tvm.compile(llama.build_decode(config), system="tiny-2", parallel="tensor", state=names)
+    views = compiled.state_views(names[0])
+    assert [v.shape[1] for v in views] == [config.num_kv_heads // 2] * 2  # each chip its heads
+    new = np.arange(config.num_kv_heads * config.head_dim, dtype=np.float32).reshape(1, -1, 1, config.head_dim)
+    compiled.write_state(names[0], new, (slice(None), slice(None), slice(3, 4)))
+    np.testing.assert_array_equal(np.concatenate([v[:, :, 3:4] for v in views], axis=1), new)
+    with pytest.raises(CallError, match="split over chips along axis 1"):
+        compiled.write_state(names[0], new[:, :1], (slice(None), 0, slice(3, 4)))

@@ -163,3 +163,29 @@ def test_a_damaged_system_program_is_rejected():
     blob[100] ^= 1
     with pytest.raises(ProgramFormatError, match="checksum"):
         decode_system(blob)
+
+
+@pytest.mark.parametrize("destinations, why", [
+    (((0, 0, 1, 0, 64), (1, 0, 1, 64, 128)), "do not tile"),    # each chip's slice must be its input's size
+    (((0, 0, 0, 0, 4), (1, 0, 0, 8, 12)), "do not tile"),       # slices with a gap between them
+    (((0, 0), (5, 0)), "not \\(chip, index\\)"),                  # a chip the system program does not run
+    (((0, 3), (1, 0)), "which takes 1"),                        # an input the chip's program does not take
+])
+def test_an_input_map_that_does_not_fit_its_chips_is_rejected(destinations, why):
+    """Each chip loads its slice of a split input (tensor parallel: its heads of a KV cache); the map of who
+    gets what must name real chips and inputs, and the slices must tile the input."""
+    from dataclasses import replace
+
+    from lpx_tvm.runtime_sim import ProgramFormatError
+
+    def loader(chip):
+        layout = Layout()
+        x = layout.take((4, 32), F32)
+        cycles = ceil(4 * 32 * 4 / HOST) + MEM
+        return program([ins("LOAD", [], [x], cycle=0, index=0)], layout, inputs=[((4, 32), F32)], predicted=cycles)
+
+    good = system_program("tiny-2", {0: loader(0), 1: loader(1)}, outputs=[])
+    good = replace(good, inputs=(((0, 0, 0, 0, 4), (1, 0, 0, 4, 8)),))  # rows 0-3 to chip 0, 4-7 to chip 1
+    assert SystemSimulator(good).inputs[0].shape == (8, 32)
+    with pytest.raises(ProgramFormatError, match=why):
+        SystemSimulator(replace(good, inputs=(destinations,)))

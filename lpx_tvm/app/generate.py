@@ -46,7 +46,7 @@ def kv_bytes_per_chip(compiled, names: list, nbytes: dict) -> dict:
     for name in names:
         for symbol, arg in compiled.state_where.get(name, ()):
             sim = compiled.simulators[symbol]
-            chips = [c for c, _ in sim.program.inputs[arg]] if hasattr(sim, "sims") else [0]
+            chips = [d[0] for d in sim.program.inputs[arg]] if hasattr(sim, "sims") else [0]
             for chip in chips:
                 per_chip[chip] = per_chip.get(chip, 0) + nbytes[name]
     return per_chip

@@ -15,8 +15,8 @@ receives the previous chip's, P − 1 times), so every chip has the full tensor
 for what follows. Where Megatron-LM pairs products (an MLP, attention by heads),
 the second splits by rows and one all-reduce sums its partial results; a model
 input inside such a pair (a decoder's KV cache) reaches each chip as its slice,
-and a model output made inside it (the new K/V) is all-gathered for the chip
-that stores it. The chips run the same schedule: each RECV is placed one hop
+and each chip stores its slice of a model output made as slices (the new K/V,
+an LM head's logits) instead of gathering it. The chips run the same schedule: each RECV is placed one hop
 after the SEND it pairs with, at a fixed offset, and the offset holds on every
 chip because every chip sends at the same cycles.
 """
@@ -495,7 +495,8 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
     every other splittable
     product computes its slice of output columns (channels) from its slice of the weights, and an all-gather
     rebuilds the full tensor for what follows. ``regions``: :func:`_row_split_regions` of ``g`` (the same for
-    every rank). Returns (graph, all-gathers, all-reduces)."""
+    every rank). Returns (graph, all-gathers, all-reduces, {model output: the axis each chip stores its slice
+    along}): a model output made as slices is stored so, not gathered."""
     part = copy.copy(g)
     part.tensors = list(g.tensors)
     part.quantized = dict(g.quantized)
@@ -519,6 +520,11 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
     part.inputs = [slice_of(t) if t in split_inputs else t for t in g.inputs]
     part.state = {slice_of(t) if t in split_inputs else t for t in g.state}
     part.host_dtype = {(slice_of(t) if t in split_inputs else t): d for t, d in g.host_dtype.items()}
+    readers = {}
+    for node in g.nodes:
+        for t in node.inputs:
+            readers[g.base(t)] = readers.get(g.base(t), 0) + 1
+    stored = {}  # model output ─► the axis along which each chip stores its slice of it
     gathers = reduces = 0
     tag = 0
     for index, node in enumerate(g.nodes):
@@ -526,11 +532,14 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
         if index in in_region and not column:  # on the slices: each chip its own heads or columns
             inputs = [slice_of(t) for t in node.inputs]
             part.nodes.append(replace(node, inputs=inputs, output=slice_of(node.output)))
-            if node.output in gathered:  # a model output: the whole of it for the chip that stores it
-                part.nodes.append(_allgather(slice_of(node.output), node.output, axes[node.output], rank, ranks,
-                                             ring, tag, node.layer))
-                tag += ranks
-                gathers += 1
+            if node.output in gathered:  # a model output (a new K/V) made as slices
+                if node.output in g.outputs:  # each chip stores its own
+                    stored[node.output] = axes[node.output]
+                else:  # (a reshape of it is the output: the whole of it for the chip that stores it)
+                    part.nodes.append(_allgather(slice_of(node.output), node.output, axes[node.output], rank,
+                                                 ranks, ring, tag, node.layer))
+                    tag += ranks
+                    gathers += 1
             continue
         if index in regions:  # rows of the weight, the partial sums added up around the ring
             h = node.inputs[0]
@@ -574,6 +583,10 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
             continue
         slice_id = part.add_tensor(out_shape, full.dtype)
         part.nodes.append(replace(node, inputs=inputs, output=slice_id))
+        if not n % ranks and node.output in g.outputs and not readers.get(node.output):
+            sliced[node.output] = slice_id  # a model output nothing else reads (an LM head's logits): each chip
+            stored[node.output] = axis      # stores its columns, no gather
+            continue
         if n % ranks:  # gathered with the padding, then the real columns copied out
             padded_shape = list(full.shape)
             padded_shape[axis] = width * ranks
@@ -584,7 +597,9 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
             part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, ring, tag, node.layer))
         tag += ranks
         gathers += 1
-    return part, gathers, reduces
+    # chip 0 stores every output, split ones as its slice; the other chips their slices of the split ones
+    part.outputs = [slice_of(t) if t in stored else t for t in g.outputs if rank == 0 or t in stored]
+    return part, gathers, reduces, stored
 
 
 def _columns(a: np.ndarray, axis: int, lo: int, hi: int, width: int) -> np.ndarray:
@@ -641,9 +656,7 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
         nxt, prev = order[(rank + 1) % ranks], order[(rank - 1) % ranks]
         ring = {"next": nxt, "next_port": system.route(chip_id, nxt)[0][1],
                 "prev": prev, "prev_port": system.route(prev, chip_id)[-1][3]}
-        part, gathers, reduces = tensor_graph(g, rank, ranks, ring, regions)
-        if rank:  # every chip computes everything; one stores the results
-            part.outputs = []
+        part, gathers, reduces, stored = tensor_graph(g, rank, ranks, ring, regions)
         ops = tile(part, chip)
         try:
             addr = allocate(part, ops, chip)
@@ -672,7 +685,17 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
         n = g.tensors[t].shape[axis] // ranks
         return (chip, k, axis, rank * n, (rank + 1) * n)
     inputs = tuple(tuple(destination(rank, c, k) for rank, c in enumerate(order)) for k in range(len(g.inputs)))
-    outputs = tuple((order[0], k) for k in range(len(g.outputs)))
+    split_outputs = [t for t in g.outputs if t in stored]
+
+    def stores(k: int) -> tuple:
+        """Where output ``k`` is stored: by chip 0, or each chip its slice (at its index among the split)."""
+        t = g.outputs[k]
+        if t not in stored:
+            return ((order[0], k),)
+        axis, at = stored[t], split_outputs.index(t)
+        n = g.tensors[t].shape[axis] // ranks
+        return tuple((c, k if rank == 0 else at, axis, rank * n, (rank + 1) * n) for rank, c in enumerate(order))
+    outputs = tuple(stores(k) for k in range(len(g.outputs)))
     bundle = SystemProgram(system.name, system.digest, tuple(order), tuple(programs), inputs, outputs,
                            max(p.predicted_cycles for p in programs), "tensor",
                            f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers, "

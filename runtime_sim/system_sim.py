@@ -62,8 +62,9 @@ class SystemProgram:
     ``inputs[k]`` lists the ``(chip, index in that chip's program)`` pairs that load the model's k-th input
     (several chips may need it), or ``(chip, index, axis, lo, hi)`` where a chip takes only the slice
     ``[lo, hi)`` of it along ``axis`` (tensor parallel: a decoder's KV cache, each chip its heads');
-    ``outputs[k]`` is the one pair that stores its k-th output; ``chips[p]`` is the system chip that runs
-    ``programs[p]``.
+    ``outputs[k]`` lists where the model's k-th output is stored: one ``(chip, index)`` pair, or the
+    ``(chip, index, axis, lo, hi)`` of each chip that stores its slice (a pair given alone is read as a list
+    of one); ``chips[p]`` is the system chip that runs ``programs[p]``.
     """
 
     system_name: str
@@ -75,6 +76,11 @@ class SystemProgram:
     predicted_cycles: int
     parallel: str = ""
     notes: str = ""
+
+    def __post_init__(self):
+        outputs = tuple((tuple(x),) if x and isinstance(x[0], int) else tuple(tuple(d) for d in x)
+                        for x in self.outputs)
+        object.__setattr__(self, "outputs", outputs)
 
     def program_of(self, chip: int) -> Program:
         return self.programs[self.chips.index(chip)]
@@ -89,7 +95,7 @@ def encode_system(program: SystemProgram) -> np.ndarray:
     blobs = [encode_array(p) for p in program.programs]
     table = json.dumps({"system": program.system_name, "digest": program.system_digest.hex(),
                         "chips": list(program.chips), "inputs": [[list(d) for d in x] for x in program.inputs],
-                        "outputs": [list(x) for x in program.outputs], "predicted": program.predicted_cycles,
+                        "outputs": [[list(d) for d in x] for x in program.outputs], "predicted": program.predicted_cycles,
                         "parallel": program.parallel, "notes": program.notes,
                         "lengths": [len(b) for b in blobs]}).encode()
     size = _HEADER.size + 4 + len(table) + sum(len(b) for b in blobs)
@@ -130,7 +136,7 @@ def decode_system(blob, system: SystemConfig | str | None = None) -> SystemProgr
             at += length
         program = SystemProgram(table["system"], bytes.fromhex(table["digest"]), tuple(table["chips"]),
                                 tuple(programs), tuple(tuple(tuple(d) for d in x) for x in table["inputs"]),
-                                tuple(tuple(x) for x in table["outputs"]), int(table["predicted"]),
+                                tuple(tuple(tuple(d) for d in x) for x in table["outputs"]), int(table["predicted"]),
                                 table.get("parallel", ""), table.get("notes", ""))
     except ProgramFormatError:
         raise
@@ -262,7 +268,8 @@ class SystemSimulator:
         links = {key: {**value, "peer": self.system.ports(key[0])[key[1]][0]} for key, value in usage.items()}
         self.stats = SystemStats(makespan, program.predicted_cycles, self.system.chip.clock_hz,
                                  {c: s.stats for c, s in zip(program.chips, self.sims)}, links)
-        self._inputs = _model_inputs(program, self.sims)
+        self._inputs = _host_tensors(program, program.inputs, self.sims, "inputs", "input")
+        self._outputs = _host_tensors(program, program.outputs, self.sims, "outputs", "output")
         self.timing_only = timing_only
         if timing_only:
             return
@@ -282,7 +289,7 @@ class SystemSimulator:
 
     @property
     def outputs(self) -> tuple:
-        return tuple(self.sims[self.program.chips.index(c)].outputs[i] for c, i in self.program.outputs)
+        return self._outputs
 
     def run(self, inputs, outputs=None) -> list:
         """Run every chip's program, interleaved by cycle; returns the model's outputs."""
@@ -308,7 +315,15 @@ class SystemSimulator:
             else:
                 sessions[k].step(pos)
         results = [session.finish() for session in sessions]
-        out = [results[where[chip]][index] for chip, index in self.program.outputs]
+        out = []
+        for sig, parts in zip(self._outputs, self.program.outputs):
+            if len(parts) == 1 and len(parts[0]) == 2:
+                out.append(results[where[parts[0][0]]][parts[0][1]])
+                continue
+            whole = np.empty(sig.shape, sig.dtype.np)  # each chip stored its slice
+            for chip, index, *cut in parts:
+                _cut(whole, cut)[...] = results[where[chip]][index]
+            out.append(whole)
         if outputs is not None:
             for buffer, value in zip(outputs, out):
                 np.copyto(buffer, value)
@@ -322,23 +337,23 @@ def _cut(value: np.ndarray, cut) -> np.ndarray:
     return value[(slice(None),) * axis + (slice(lo, hi),)]
 
 
-def _model_inputs(program: SystemProgram, sims: list) -> tuple:
-    """Each model input's host signature, from the chips that load it; a program whose destinations name no
-    such chip or input, or whose slices do not tile the input, is rejected here."""
+def _host_tensors(program: SystemProgram, table: tuple, sims: list, attr: str, what: str) -> tuple:
+    """Each model input's (or output's) host signature, from the chips that load (store) it; a program whose
+    map names no such chip or tensor, or whose slices do not tile the tensor, is rejected here."""
     out = []
-    for k, destinations in enumerate(program.inputs):
+    for k, destinations in enumerate(table):
         shapes = []
         for d in destinations:
             if len(d) not in (2, 5) or d[0] not in program.chips:
-                raise ProgramFormatError(f"system program: input {k} goes to {list(d)}, not (chip, index) or "
+                raise ProgramFormatError(f"system program: {what} {k} goes to {list(d)}, not (chip, index) or "
                                          "(chip, index, axis, lo, hi) of one of its chips")
-            chip_inputs = sims[program.chips.index(d[0])].inputs
-            if not 0 <= d[1] < len(chip_inputs):
-                raise ProgramFormatError(f"system program: input {k} goes to input {d[1]} of chip {d[0]}, "
-                                         f"which takes {len(chip_inputs)}")
-            shapes.append((chip_inputs[d[1]], d[2:]))
+            chip_tensors = getattr(sims[program.chips.index(d[0])], attr)
+            if not 0 <= d[1] < len(chip_tensors):
+                raise ProgramFormatError(f"system program: {what} {k} is {what} {d[1]} of chip {d[0]}, "
+                                         f"which has {len(chip_tensors)}")
+            shapes.append((chip_tensors[d[1]], d[2:]))
         if not shapes:
-            raise ProgramFormatError(f"system program: input {k} goes to no chip")
+            raise ProgramFormatError(f"system program: {what} {k} is on no chip")
         sig, cut = shapes[0]
         if cut:
             axis = cut[0]
@@ -347,7 +362,7 @@ def _model_inputs(program: SystemProgram, sims: list) -> tuple:
             full[axis] = spans[-1][1]
             if not all(c and c[0] == axis and s.shape[axis] == c[2] - c[1] for s, c in shapes) \
                     or any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or spans[0][0] != 0:
-                raise ProgramFormatError(f"system program: the slices of input {k} do not tile it along axis {axis}")
+                raise ProgramFormatError(f"system program: the slices of {what} {k} do not tile it along axis {axis}")
             sig = HostTensor(tuple(full), sig.dtype)
         out.append(sig)
     return tuple(out)

@@ -56,11 +56,12 @@ def test_gpt2_small_sized_decoder_does_not_fit_one_tsp_chip():
 
 def test_tensor_parallel_splits_a_decoders_attention_and_its_cache_by_heads():
     """2-way on tiny chips: each chip holds its kv heads of every cache (half the bytes), writes only those,
-    and a step costs one all-reduce per attention and per MLP; every token equals ONNX Runtime's."""
+    stores its heads' new K/V and its half of the logits (nothing is gathered), and a step costs one
+    all-reduce per attention and per MLP; every token equals ONNX Runtime's."""
     config = llama.PRESETS["llama-tiny"]
     report = generate("llama-tiny", tokens=3, system="tiny-2", parallel="tensor", prompt_len=6)
     assert report["agree"] and all(step["cosine"] > 0.99999 for step in report["steps"])
-    assert f"{2 * config.num_layers} all-reduces" in report["notes"]
+    assert f"0 all-gathers, {2 * config.num_layers} all-reduces" in report["notes"]
     # a new token's K and V, kv_heads × head_dim fp32 each per layer, half of the heads on each chip
     half = config.num_layers * 2 * config.num_kv_heads * config.head_dim * 4 // 2
     assert report["kv_write_bytes_per_chip"] == {0: half, 1: half}

@@ -179,7 +179,9 @@ def test_a_split_that_would_leave_a_chip_only_padding_is_not_made(rng):
                        [tensor_info("x", [1, 16])], [tensor_info("y", [1, 16])],
                        [weights(rng, "w1", (16, 9)), weights(rng, "w2", (9, 16))])
     sim = _tensor_parallel_matches_ort(model, rng.standard_normal((1, 16)).astype(np.float32), "tiny-8")
-    assert "1 all-gathers, 0 all-reduces" in sim.program.notes
+    # the first product whole on every chip (no gather); the second split, each chip storing its 2 columns
+    assert "0 all-gathers, 0 all-reduces" in sim.program.notes
+    assert sim.program.outputs[0] == tuple((c, 0, 1, 2 * c, 2 * c + 2) for c in range(8))
 
 
 def test_chips_that_would_fall_out_of_step_are_a_compile_error_and_auto_pipelines(rng):

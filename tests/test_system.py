@@ -169,7 +169,7 @@ def test_a_damaged_system_program_is_rejected():
     (((0, 0, 1, 0, 64), (1, 0, 1, 64, 128)), "do not tile"),    # each chip's slice must be its input's size
     (((0, 0, 0, 0, 4), (1, 0, 0, 8, 12)), "do not tile"),       # slices with a gap between them
     (((0, 0), (5, 0)), "not \\(chip, index\\)"),                  # a chip the system program does not run
-    (((0, 3), (1, 0)), "which takes 1"),                        # an input the chip's program does not take
+    (((0, 3), (1, 0)), "which has 1"),                          # an input the chip's program does not take
 ])
 def test_an_input_map_that_does_not_fit_its_chips_is_rejected(destinations, why):
     """Each chip loads its slice of a split input (tensor parallel: its heads of a KV cache); the map of who

@@ -6,19 +6,7 @@ chip's budget. A tensor one stage makes and a later one reads goes chip to
 chip (through the stages between, which pass it on); model inputs and outputs
 move over each chip's own host link. The stages are compiled one after the
 other: a stage's RECVs are pinned at the cycles its predecessor's SENDs arrive.
-
-Tensor parallel: every chip runs the whole graph on a slice of each matrix
-product's output columns (a convolution's output channels) and holds only that
-slice of its weights; the slices are all-gathered around a ring of the chips
-after each product (each chip sends the slice it has to the next chip and
-receives the previous chip's, P − 1 times), so every chip has the full tensor
-for what follows. Where Megatron-LM pairs products (an MLP, attention by heads),
-the second splits by rows and one all-reduce sums its partial results; a model
-input inside such a pair (a decoder's KV cache) reaches each chip as its slice,
-and each chip stores its slice of a model output made as slices (the new K/V,
-an LM head's logits) instead of gathering it. The chips run the same schedule: each RECV is placed one hop
-after the SEND it pairs with, at a fixed offset, and the offset holds on every
-chip because every chip sends at the same cycles.
+Tensor parallel is :mod:`.tensor`'s.
 """
 
 from __future__ import annotations
@@ -27,15 +15,12 @@ import copy
 from dataclasses import dataclass, replace
 from math import prod
 
-import numpy as np
-
 from ..runtime_sim import ChipConfig, Opcode
-from ..runtime_sim.isa import OP_TABLE, Group
 from ..runtime_sim.system import SystemConfig
 from ..runtime_sim.system_sim import SystemProgram
-from .alloc import CapacityError, allocate
+from .alloc import allocate
 from .emit import emit, resolve
-from .graph import Graph, Node
+from .graph import Graph
 from .schedule import schedule
 from .tile import TileOp, tile
 from .views import whole
@@ -254,7 +239,7 @@ def compile_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: st
     n = min(chips or system.chips, system.chips, max(len(g.nodes), 1))
     budget = weight_budget(g, chip)
     runs = split_stages(g, chip, n, dtype, budget, exact=chips is not None)
-    stages = plan_pipeline(g, runs, _chip_order(system, len(runs)))
+    stages = plan_pipeline(g, runs, chip_order(system, len(runs)))
     tags = {}
     for stage in stages:
         for t, peer in stage.sent:
@@ -289,7 +274,7 @@ def compile_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: st
     return bundle, {"parallel": "pipeline", "stages": report}
 
 
-def _chip_order(system: SystemConfig, count: int) -> list:
+def chip_order(system: SystemConfig, count: int) -> list:
     """``count`` chips each a neighbour of the one before where the topology allows (a walk from chip 0)."""
     if not system.links:
         return list(range(count))
@@ -310,6 +295,8 @@ def compile_parallel(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: st
     the one with fewer predicted cycles kept; its notes say which and why)."""
     if parallel == "pipeline":
         return compile_pipeline(g, chip, system, dtype, in_order, chips)[0]
+    from .tensor import compile_tensor  # (it builds on this module)
+
     if parallel == "tensor":
         return compile_tensor(g, chip, system, dtype, in_order, chips)[0]
     candidates = {}
@@ -326,413 +313,3 @@ def compile_parallel(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: st
                     for k, v in candidates.items())
     chosen = built[best]
     return replace(chosen, parallel=best, notes=f"auto chose {best} ({why}); {chosen.notes}")
-
-
-def _splittable(g: Graph, node, ranks: int):
-    """(axis of the output that splits, weight axis, per-channel inputs) when ``node`` splits over ``ranks``."""
-    if node.kind in ("matmul", "qmatmul"):
-        w = node.inputs[1]
-        if not g.is_constant(g.base(w)) or len(g.tensors[w].shape) != 2:
-            return None
-        n = g.tensors[w].shape[1]
-        axis = len(g.tensors[node.output].shape) - 1
-    elif node.kind in ("conv2d", "qconv2d") and node.attrs["groups"] == 1:
-        n = g.tensors[node.inputs[1]].shape[0]
-        axis = 1
-    else:
-        return None
-    uneven = node.kind == "matmul" and g.base(node.inputs[1]) not in g.quantized  # a float product's may,
-    width = -(-n // ranks)  # as long as no chip's slice is all padding (it would idle and fall out of step)
-    if n < ranks or (n % ranks and (not uneven or ranks * width - n >= width)):
-        return None
-    for extra in node.inputs[2:]:  # per-output-channel vectors split with the weight
-        if prod(g.tensors[extra].shape) not in (1, n):
-            return None
-    return axis, n
-
-
-def _row_split_regions(g: Graph, ranks: int) -> dict:
-    """Megatron's pairing: product index ─► a :class:`_Region` (the nodes between it and the products whose
-    columns it consumes, tensor ─► the axis it is split along, ...).
-
-    A product ``B`` (a float matmul by a constant ``[K, N]`` weight, no fused activation, ``K`` and ``N``
-    splitting over ``ranks``) whose input is made, through ops that keep a split axis whole per chip
-    (elementwise ops, transposes, reshapes that keep the split contiguous, a softmax along another axis,
-    a concatenation along another axis, products batched over it: attention's heads), from column-split
-    products and model inputs (a decoder's KV cache), and is read by nothing else, splits by rows: each chip
-    keeps its slice from the first products on and sums ``B``'s partial results once (an all-reduce) instead
-    of all-gathering after every product. A model output made inside (a decoder's new K/V) is all-gathered
-    for the chip that stores it; a model input read inside reaches each chip as its slice."""
-    producer = {node.output: i for i, node in enumerate(g.nodes)}
-    readers = {}
-    for i, node in enumerate(g.nodes):
-        for t in node.inputs:
-            readers.setdefault(g.base(t), set()).add(i)
-    outputs = {g.base(t) for t in g.outputs}
-    regions = {}
-    for b, node in enumerate(g.nodes):
-        split = _splittable(g, node, ranks)
-        if node.kind != "matmul" or split is None or node.attrs.get("act", Opcode.NOP) != Opcode.NOP:
-            continue
-        h = node.inputs[0]
-        k = g.tensors[node.inputs[1]].shape[0]
-        if k % ranks or split[1] % ranks:
-            continue
-        region = _region_behind(g, h, len(g.tensors[h].shape) - 1, ranks, producer, outputs, regions)
-        if region is None:
-            continue
-        made_inside = {g.nodes[i].output for i in region.nodes}
-        # everything the region makes is read only inside it or by B; its column products and broadcast
-        # operands read whole tensors from outside it (inside, tensors exist only as slices)
-        if all(readers.get(g.nodes[i].output, set()) <= region.nodes | {b} for i in region.nodes) and not any(
-                g.base(t) in made_inside for t in region.whole):
-            regions[b] = region
-    return regions
-
-
-@dataclass
-class _Region:
-    """What splits with one row-split product: the nodes before it, each tensor's split axis, the tensors
-    every chip reads whole, the products split by columns, and the model's inputs and outputs in it."""
-
-    nodes: set
-    axes: dict
-    whole: list
-    columns: set
-    inputs: set
-    outputs: set
-
-
-def _region_behind(g: Graph, h: int, axis: int, ranks: int, producer: dict, outputs: set, taken: dict):
-    """Walk back from ``h`` split along ``axis``: a :class:`_Region`, or None."""
-    region = _Region(set(), {}, [], set(), set(), set())
-    axes, whole = region.axes, region.whole
-    model_inputs = set(g.inputs)
-    stack = [(h, axis)]
-    while stack:
-        t, ax = stack.pop()
-        if t in axes:
-            if axes[t] != ax:
-                return None
-            continue
-        axes[t] = ax
-        shape = g.tensors[t].shape
-        if shape[ax] % ranks:
-            return None
-        base = g.base(t)
-        if base != t:  # a reshape: the base's axis that holds the same contiguous split
-            base_ax = _same_split(shape, ax, g.tensors[base].shape)
-            if base_ax is None:
-                return None
-            stack.append((base, base_ax))
-            continue
-        if t in model_inputs:  # each chip is given its slice (a decoder's KV cache: its heads')
-            region.inputs.add(t)
-            continue
-        i = producer.get(t)
-        if i is None:
-            return None
-        if t in outputs:  # made as slices, gathered for the chip that stores it
-            region.outputs.add(t)
-        made = g.nodes[i]
-        region.nodes.add(i)
-        weight = made.inputs[1] if len(made.inputs) > 1 else None
-        if made.kind == "matmul" and weight is not None and g.is_constant(g.base(weight)) \
-                and ax == len(shape) - 1:
-            column = _splittable(g, made, ranks)
-            if column is None or column[1] % ranks or i in taken or any(i in r.nodes for r in taken.values()):
-                return None  # (a product already split by rows sums whole columns: it cannot start a region)
-            whole.append(made.inputs[0])
-            region.columns.add(i)
-        elif made.kind == "matmul" and ax < len(shape) - 2 and len(made.inputs) == 2:
-            # batched over the split axis: two activations split alike, or one by a constant every chip holds
-            a, w = made.inputs
-            if len(g.tensors[a].shape) != len(shape):
-                return None
-            stack.append((a, ax))
-            if g.is_constant(g.base(w)) and len(g.tensors[w].shape) == 2:
-                whole.append(w)
-            elif len(g.tensors[w].shape) == len(shape):
-                stack.append((w, ax))
-            else:
-                return None
-        elif made.kind == "TRANSPOSE":
-            stack.append((made.inputs[0], made.attrs["perm"][ax]))
-        elif made.kind == "SOFTMAX" and made.attrs["axis"] % len(shape) != ax:
-            stack.append((made.inputs[0], ax))
-        elif made.kind == "CONCAT" and made.attrs["axis"] != ax:
-            stack += [(x, ax) for x in made.inputs]
-        elif made.kind in _ELEMENTWISE:
-            for x in made.inputs:
-                xs = g.tensors[x].shape
-                at = ax - (len(shape) - len(xs))  # numpy broadcasting aligns the trailing axes
-                if xs == shape:
-                    stack.append((x, ax))
-                elif at < 0 or xs[at] == 1:
-                    whole.append(x)  # broadcast along the split axis: every chip reads it whole
-                else:
-                    return None
-        else:
-            return None
-    return region if region.columns else None
-
-
-def _same_split(shape: tuple, axis: int, base_shape: tuple):
-    """The axis of ``base_shape`` that splits as ``shape``'s ``axis`` does (same elements before it), or None."""
-    outer = prod(shape[:axis])
-    for a in range(len(base_shape)):
-        if prod(base_shape[:a]) == outer and prod(base_shape[a:]) == prod(shape[axis:]) and base_shape[a] > 1:
-            return a
-    return None
-
-
-_ELEMENTWISE = {op.name for op, spec in OP_TABLE.items() if spec.group in (Group.UNARY, Group.BINARY)}
-
-
-def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> tuple:
-    """Chip ``rank``'s graph. Products fed by column-split products through ops that keep a split axis whole
-    per chip split by rows and sum their partial results in one ring all-reduce (:func:`_row_split_regions`);
-    every other splittable
-    product computes its slice of output columns (channels) from its slice of the weights, and an all-gather
-    rebuilds the full tensor for what follows. ``regions``: :func:`_row_split_regions` of ``g`` (the same for
-    every rank). Returns (graph, all-gathers, all-reduces, {model output: the axis each chip stores its slice
-    along}): a model output made as slices is stored so, not gathered."""
-    part = copy.copy(g)
-    part.tensors = list(g.tensors)
-    part.quantized = dict(g.quantized)
-    part.nodes, part.streamed = [], []
-    in_region = {i for region in regions.values() for i in region.nodes}
-    columns = {i for region in regions.values() for i in region.columns}
-    axes = {t: ax for region in regions.values() for t, ax in region.axes.items()}
-    gathered = {t for region in regions.values() for t in region.outputs}
-    sliced = {}  # full tensor ─► this chip's slice of it (along its axis in ``axes``)
-
-    def slice_of(t: int) -> int:
-        if t not in sliced and t in axes:
-            shape = list(g.tensors[t].shape)
-            shape[axes[t]] //= ranks
-            base = g.base(t)
-            sliced[t] = part.add_tensor(shape, g.tensors[t].dtype,
-                                        alias_of=slice_of(base) if base != t else None)
-        return sliced.get(t, t)
-
-    split_inputs = {t for region in regions.values() for t in region.inputs}
-    part.inputs = [slice_of(t) if t in split_inputs else t for t in g.inputs]
-    part.state = {slice_of(t) if t in split_inputs else t for t in g.state}
-    part.host_dtype = {(slice_of(t) if t in split_inputs else t): d for t, d in g.host_dtype.items()}
-    readers = {}
-    for node in g.nodes:
-        for t in node.inputs:
-            readers[g.base(t)] = readers.get(g.base(t), 0) + 1
-    stored = {}  # model output ─► the axis along which each chip stores its slice of it
-    gathers = reduces = 0
-    tag = 0
-    for index, node in enumerate(g.nodes):
-        column = index in columns
-        if index in in_region and not column:  # on the slices: each chip its own heads or columns
-            inputs = [slice_of(t) for t in node.inputs]
-            part.nodes.append(replace(node, inputs=inputs, output=slice_of(node.output)))
-            if node.output in gathered:  # a model output (a new K/V) made as slices
-                if node.output in g.outputs:  # each chip stores its own
-                    stored[node.output] = axes[node.output]
-                else:  # (a reshape of it is the output: the whole of it for the chip that stores it)
-                    part.nodes.append(_allgather(slice_of(node.output), node.output, axes[node.output], rank,
-                                                 ranks, ring, tag, node.layer))
-                    tag += ranks
-                    gathers += 1
-            continue
-        if index in regions:  # rows of the weight, the partial sums added up around the ring
-            h = node.inputs[0]
-            k = g.tensors[node.inputs[1]].shape[0]
-            lo, hi = rank * k // ranks, (rank + 1) * k // ranks
-            weight = g.tensors[g.base(node.inputs[1])].data.reshape(g.tensors[node.inputs[1]].shape)
-            # the partial sums' columns rotated by this chip's rank: its block j is block rank + j, so every
-            # chip sends and adds the same addresses at the same steps (one schedule for all, as the ring needs)
-            turn = -rank * (weight.shape[1] // ranks)
-            inputs = [slice_of(h), part.constant(np.roll(weight[lo:hi], turn, axis=1))]
-            for k, extra in enumerate(node.inputs[2:], 2):  # per output column: rotated as the partial sums are
-                data = np.roll(g.tensors[g.base(extra)].data.reshape(g.tensors[extra].shape), turn, axis=-1)
-                if k == 2 and rank:  # the bias is added once; zeros elsewhere keep every chip's program alike
-                    data = np.zeros_like(data)
-                inputs.append(part.constant(data))  # (fp8's scale, k == 3, on every chip)
-            partial = part.add_tensor(g.tensors[node.output].shape, g.tensors[node.output].dtype)
-            part.nodes.append(replace(node, inputs=inputs, output=partial))
-            part.nodes.append(Node("allreduce", [partial], node.output,
-                                   {"rank": rank, "ranks": ranks, "tag": tag, **ring}, node.layer + "+allreduce"))
-            tag += 2 * ranks
-            reduces += 1
-            continue
-        split = _splittable(g, node, ranks)
-        if split is None:
-            part.nodes.append(node)
-            continue
-        axis, n = split
-        width = -(-n // ranks)  # uneven (a float product's): the last chips' slices are padded with zero columns
-        lo, hi = min(rank * width, n), min((rank + 1) * width, n)
-        inputs = _column_inputs(g, part, node, n, lo, hi, width)
-        full = g.tensors[node.output]
-        out_shape = list(full.shape)
-        out_shape[axis] = width
-        if column:  # a column product of a row-split pair: its slice is all the next ops need
-            part.nodes.append(replace(node, inputs=inputs, output=slice_of(node.output)))
-            if node.output in gathered:
-                part.nodes.append(_allgather(slice_of(node.output), node.output, axis, rank, ranks, ring, tag,
-                                             node.layer))
-                tag += ranks
-                gathers += 1
-            continue
-        slice_id = part.add_tensor(out_shape, full.dtype)
-        part.nodes.append(replace(node, inputs=inputs, output=slice_id))
-        if not n % ranks and node.output in g.outputs and not readers.get(node.output):
-            sliced[node.output] = slice_id  # a model output nothing else reads (an LM head's logits): each chip
-            stored[node.output] = axis      # stores its columns, no gather
-            continue
-        if n % ranks:  # gathered with the padding, then the real columns copied out
-            padded_shape = list(full.shape)
-            padded_shape[axis] = width * ranks
-            padded = part.add_tensor(padded_shape, full.dtype)
-            part.nodes.append(_allgather(slice_id, padded, axis, rank, ranks, ring, tag, node.layer))
-            part.nodes.append(Node("narrow", [padded], node.output, {"axis": axis}, node.layer + "+narrow"))
-        else:
-            part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, ring, tag, node.layer))
-        tag += ranks
-        gathers += 1
-    # chip 0 stores every output, split ones as its slice; the other chips their slices of the split ones
-    part.outputs = [slice_of(t) if t in stored else t for t in g.outputs if rank == 0 or t in stored]
-    return part, gathers, reduces, stored
-
-
-def _columns(a: np.ndarray, axis: int, lo: int, hi: int, width: int) -> np.ndarray:
-    """Columns ``[lo, hi)`` of ``a`` along ``axis``, zero-padded to ``width`` (an uneven split's last slices)."""
-    index = [slice(None)] * a.ndim
-    index[axis] = slice(lo, hi)
-    pad = [(0, 0)] * a.ndim
-    pad[axis] = (0, width - (hi - lo))
-    return np.ascontiguousarray(np.pad(a[tuple(index)], pad) if hi - lo < width else a[tuple(index)])
-
-
-def _column_inputs(g: Graph, part: Graph, node, n: int, lo: int, hi: int, width: int) -> list:
-    """``node``'s inputs for the columns (output channels) ``[lo, hi)`` of its ``n``: its weight's, their
-    integers, scales and zero points where it was dequantised, and its per-channel vectors', each padded
-    to ``width``."""
-    inputs = list(node.inputs)
-    w = g.base(node.inputs[1])
-    weight = g.tensors[w].data.reshape(g.tensors[node.inputs[1]].shape)
-    axis = 1 if node.kind.endswith("matmul") else 0
-    inputs[1] = part.constant(_columns(weight, axis, lo, hi, width))
-    if w in g.quantized:  # (never uneven) scales and zero points may be one for all columns
-        q, scale, zp = g.quantized[w]
-        part.quantized[inputs[1]] = tuple(_columns(a, axis, lo, hi, width) if a.shape[axis] == n else a
-                                          for a in (q.reshape(weight.shape), scale, zp))
-    for k, extra in enumerate(node.inputs[2:], 2):
-        data = g.tensors[g.base(extra)].data
-        if data is not None and prod(g.tensors[extra].shape) == n:
-            shape = list(g.tensors[extra].shape)
-            shape[[i for i, d in enumerate(shape) if d == n][-1]] = width
-            inputs[k] = part.constant(_columns(data.reshape(-1), 0, lo, hi, width).reshape(shape))
-    return inputs
-
-
-def _allgather(src: int, out: int, axis: int, rank: int, ranks: int, ring: dict, tag: int, layer: str):
-    return Node("allgather", [src], out, {"axis": axis, "rank": rank, "ranks": ranks, "tag": tag, **ring},
-                layer + "+allgather")
-
-
-def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, in_order: bool = False,
-                   chips: int | None = None) -> tuple:
-    """Compile ``g`` tensor parallel over ``chips`` chips of ``system`` (default: all) joined in a ring.
-
-    Returns
-    -------
-    (SystemProgram, dict)
-    """
-    ranks = min(chips or system.chips, system.chips)
-    order = _ring(system, ranks)
-    if not any(_splittable(g, node, ranks) for node in g.nodes):
-        raise SystemCompileError(f"no matrix product of the model splits over {ranks} chips")
-    programs, report, sends = [], [], {}
-    regions = _row_split_regions(g, ranks)
-    for rank, chip_id in enumerate(order):
-        nxt, prev = order[(rank + 1) % ranks], order[(rank - 1) % ranks]
-        ring = {"next": nxt, "next_port": system.route(chip_id, nxt)[0][1],
-                "prev": prev, "prev_port": system.route(prev, chip_id)[-1][3]}
-        part, gathers, reduces, stored = tensor_graph(g, rank, ranks, ring, regions)
-        ops = tile(part, chip)
-        try:
-            addr = allocate(part, ops, chip)
-        except CapacityError as err:
-            raise SystemCompileError(f"{ranks}-way tensor parallel does not fit chip {chip_id}: {err}; "
-                                     + _unsplit_weights(g, ranks)) from None
-        instructions, layers, fixed = resolve(part, ops, addr)
-        # every chip runs this schedule, so a RECV's data leaves the neighbour as this chip's SEND of that tag
-        send_of = {ins.attrs["tag"]: k for k, ins in enumerate(instructions) if ins.opcode == Opcode.SEND}
-        pairs = {k: send_of[ins.attrs["tag"]] for k, ins in enumerate(instructions) if ins.opcode == Opcode.RECV}
-        scheduled, makespan = schedule(instructions, chip, in_order=in_order, fixed_units=fixed, pairs=pairs)
-        _check_lockstep(sends, scheduled, chip_id, ranks)
-        programs.append(emit(part, addr, scheduled, layers, makespan, chip))
-        weights = {g2 for node in part.nodes for g2 in node_weights(part, node)}
-        report.append({"chip": chip_id, "cycles": makespan, "all_gathers": gathers, "all_reduces": reduces,
-                       "weight_bytes": sum(part.tensors[t].nbytes for t in weights),
-                       "sram_high_water": addr["high_water"]})
-    split_inputs = {t: ax for region in regions.values() for t in region.inputs for ax in [region.axes[t]]}
-
-    def destination(rank: int, chip: int, k: int) -> tuple:
-        """Where input ``k`` goes on ``chip``: its index there, and for a split input the slice it gets."""
-        t = g.inputs[k]
-        if t not in split_inputs:
-            return (chip, k)
-        axis = split_inputs[t]
-        n = g.tensors[t].shape[axis] // ranks
-        return (chip, k, axis, rank * n, (rank + 1) * n)
-    inputs = tuple(tuple(destination(rank, c, k) for rank, c in enumerate(order)) for k in range(len(g.inputs)))
-    split_outputs = [t for t in g.outputs if t in stored]
-
-    def stores(k: int) -> tuple:
-        """Where output ``k`` is stored: by chip 0, or each chip its slice (at its index among the split)."""
-        t = g.outputs[k]
-        if t not in stored:
-            return ((order[0], k),)
-        axis, at = stored[t], split_outputs.index(t)
-        n = g.tensors[t].shape[axis] // ranks
-        return tuple((c, k if rank == 0 else at, axis, rank * n, (rank + 1) * n) for rank, c in enumerate(order))
-    outputs = tuple(stores(k) for k in range(len(g.outputs)))
-    bundle = SystemProgram(system.name, system.digest, tuple(order), tuple(programs), inputs, outputs,
-                           max(p.predicted_cycles for p in programs), "tensor",
-                           f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers, "
-                           f"{report[0]['all_reduces']} all-reduces")
-    return bundle, {"parallel": "tensor", "chips": report}
-
-
-def _check_lockstep(sends: dict, scheduled: list, chip_id: int, ranks: int) -> None:
-    """Each chip places a RECV one hop after its own SEND of the same step, which holds only while every chip
-    sends each step at the same cycle. A consumer reading part of a gathered tensor can let one chip run
-    ahead; that is a compile error here rather than a network error at the first run."""
-    for ins in scheduled:
-        if ins.opcode == Opcode.SEND:
-            first = sends.setdefault(ins.attrs["tag"], (chip_id, ins.cycle))
-            if first[1] != ins.cycle:
-                raise SystemCompileError(
-                    f"{ranks}-way tensor parallel: the chips' schedules part (transfer {ins.attrs['tag']} leaves "
-                    f"chip {first[0]} at cycle {first[1]} but chip {chip_id} at cycle {ins.cycle}, so their ring "
-                    f"steps would not meet); try --parallel pipeline")
-
-
-def _unsplit_weights(g: Graph, ranks: int) -> str:
-    """The largest weights every chip holds whole, because their products do not split over ``ranks``."""
-    whole = sorted(((g.tensors[node.inputs[1]].nbytes, node.layer) for node in g.nodes
-                    if node.kind in ("matmul", "qmatmul", "conv2d", "qconv2d") and g.is_constant(g.base(node.inputs[1]))
-                    and _splittable(g, node, ranks) is None), reverse=True)
-    if not whole:
-        return "every product's weights are split"
-    listed = ", ".join(f"{layer} ({nbytes:,} bytes)" for nbytes, layer in whole[:3])
-    return f"these products do not split evenly over {ranks} chips and every chip holds their weights whole: {listed}"
-
-
-def _ring(system: SystemConfig, count: int) -> list:
-    """``count`` chips each linked to the next, the last to the first (a ring through the topology)."""
-    if count == 1:
-        return [0]
-    order = _chip_order(system, count)
-    if len(system.route(order[-1], order[0])) != 1 and count > 2:
-        raise SystemCompileError(f"system {system.name!r} has no ring of {count} chips for tensor parallel")
-    return order

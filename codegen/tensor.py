@@ -67,8 +67,8 @@ def _row_split_regions(g: Graph, ranks: int) -> dict:
     a concatenation along another axis, products batched over it: attention's heads), from column-split
     products and model inputs (a decoder's KV cache), and is read by nothing else, splits by rows: each chip
     keeps its slice from the first products on and sums ``B``'s partial results once (an all-reduce) instead
-    of all-gathering after every product. A model output made inside (a decoder's new K/V) is all-gathered
-    for the chip that stores it; a model input read inside reaches each chip as its slice."""
+    of all-gathering after every product. A model input read inside, and only there, reaches each chip as
+    its slice; a model output made inside (a decoder's new K/V) is stored by each chip, its slice."""
     producer = {node.output: i for i, node in enumerate(g.nodes)}
     readers = {}
     for i, node in enumerate(g.nodes):
@@ -91,7 +91,8 @@ def _row_split_regions(g: Graph, ranks: int) -> dict:
         # everything the region makes is read only inside it or by B; its column products and broadcast
         # operands read whole tensors from outside it (inside, tensors exist only as slices)
         if all(readers.get(g.nodes[i].output, set()) <= region.nodes | {b} for i in region.nodes) and not any(
-                g.base(t) in made_inside for t in region.whole):
+                g.base(t) in made_inside for t in region.whole) and all(
+                readers.get(t, set()) <= region.nodes for t in region.inputs):  # (a chip is given only a slice)
             regions[b] = region
     return regions
 
@@ -138,7 +139,7 @@ def _region_behind(g: Graph, h: int, axis: int, ranks: int, producer: dict, outp
         i = producer.get(t)
         if i is None:
             return None
-        if t in outputs:  # made as slices, gathered for the chip that stores it
+        if t in outputs:  # made as slices: each chip stores its own (see :func:`tensor_graph`)
             region.outputs.add(t)
         made = g.nodes[i]
         region.nodes.add(i)

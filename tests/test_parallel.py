@@ -203,3 +203,34 @@ def test_chips_that_would_fall_out_of_step_are_a_compile_error_and_auto_pipeline
     reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x})[0]
     np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("read_outside", [False, True])
+def test_a_model_input_inside_a_megatron_pair_reaches_each_chip_as_its_slice(rng, read_outside):
+    """``c`` (a cache, say) scales a column-split product's heads before a row-split one: each chip is given
+    its heads of it. Read also by an op outside the pair, it must reach every chip whole, and the pair then
+    all-gathers instead."""
+    from conftest import make_model, tensor_info, weights
+    from onnx import helper, numpy_helper
+
+    heads = numpy_helper.from_array(np.array([1, 4, 8], np.int64), "heads")
+    flat = numpy_helper.from_array(np.array([1, 32], np.int64), "flat")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Reshape", ["h", "heads"], ["h4"]),
+             helper.make_node("Mul", ["h4", "c"], ["m"]), helper.make_node("Reshape", ["m", "flat"], ["m2"]),
+             helper.make_node("MatMul", ["m2", "w2"], ["y"])]
+    outputs = [tensor_info("y", [1, 32])]
+    if read_outside:  # y + c, flattened: c read after the pair too
+        nodes += [helper.make_node("Reshape", ["c", "flat"], ["c2"]), helper.make_node("Add", ["y", "c2"], ["r"])]
+        outputs = [tensor_info("r", [1, 32])]
+    model = make_model(nodes, [tensor_info("x", [1, 32]), tensor_info("c", [1, 4, 8])], outputs,
+                       [weights(rng, "w1", (32, 32)), weights(rng, "w2", (32, 32)), heads, flat])
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    c = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "c": c})
+    got, sim = _run_on_system(model, [x, c], system="tiny-2", parallel="tensor")
+    for a, b in zip(got, reference):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    split = sim.program.inputs[1] == ((0, 1, 1, 0, 2), (1, 1, 1, 2, 4))
+    assert split == (not read_outside)
+    assert ("1 all-reduces" in sim.program.notes) == (not read_outside)

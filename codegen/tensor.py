@@ -17,6 +17,7 @@ holds on every chip because every chip sends at the same cycles.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass, replace
 from math import prod
 
@@ -35,7 +36,7 @@ from .tile import tile
 
 
 def _splittable(g: Graph, node, ranks: int):
-    """(axis of the output that splits, weight axis, per-channel inputs) when ``node`` splits over ``ranks``."""
+    """``(axis of the output that splits, its size)`` when ``node``'s output columns split over ``ranks``."""
     if node.kind in ("matmul", "qmatmul"):
         w = node.inputs[1]
         if not g.is_constant(g.base(w)) or len(g.tensors[w].shape) != 2:
@@ -87,12 +88,15 @@ def _row_split_regions(g: Graph, ranks: int) -> dict:
         region = _region_behind(g, h, len(g.tensors[h].shape) - 1, ranks, producer, outputs, regions)
         if region is None:
             continue
+        _follow_casts(g, region, readers, outputs, b)
         made_inside = {g.nodes[i].output for i in region.nodes}
+        sliced_ops = region.nodes - region.columns
         # everything the region makes is read only inside it or by B; its column products and broadcast
-        # operands read whole tensors from outside it (inside, tensors exist only as slices)
+        # operands read whole tensors from outside it (inside, tensors exist only as slices); a model input
+        # split here is read only by ops on the slices (a chip is given nothing else of it)
         if all(readers.get(g.nodes[i].output, set()) <= region.nodes | {b} for i in region.nodes) and not any(
                 g.base(t) in made_inside for t in region.whole) and all(
-                readers.get(t, set()) <= region.nodes for t in region.inputs):  # (a chip is given only a slice)
+                readers.get(t, set()) <= sliced_ops for t in region.inputs):
             regions[b] = region
     return regions
 
@@ -108,6 +112,20 @@ class _Region:
     columns: set
     inputs: set
     outputs: set
+
+
+def _follow_casts(g: Graph, region: _Region, readers: dict, outputs: set, b: int) -> None:
+    """A unary op (reduced precision's CAST back to fp32) that turns a tensor made inside ``region`` into a
+    model output nothing reads joins it: the output is made as slices too, and each chip stores its own."""
+    for i in list(region.nodes):
+        t = g.nodes[i].output
+        for j in readers.get(t, set()) - region.nodes - {b}:
+            follower = g.nodes[j]
+            out = follower.output
+            if follower.kind in _UNARY and follower.inputs == [t] and out in outputs and not readers.get(out):
+                region.nodes.add(j)
+                region.axes[out] = region.axes[t]
+                region.outputs.add(out)
 
 
 def _region_behind(g: Graph, h: int, axis: int, ranks: int, producer: dict, outputs: set, taken: dict):
@@ -194,6 +212,7 @@ def _same_split(shape: tuple, axis: int, base_shape: tuple):
 
 
 _ELEMENTWISE = {op.name for op, spec in OP_TABLE.items() if spec.group in (Group.UNARY, Group.BINARY)}
+_UNARY = {op.name for op, spec in OP_TABLE.items() if spec.group == Group.UNARY}
 
 
 def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> tuple:
@@ -211,7 +230,8 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
     in_region = {i for region in regions.values() for i in region.nodes}
     columns = {i for region in regions.values() for i in region.columns}
     axes = {t: ax for region in regions.values() for t, ax in region.axes.items()}
-    gathered = {t for region in regions.values() for t in region.outputs}
+    region_outputs = {t for region in regions.values() for t in region.outputs}
+    listed = Counter(g.base(t) for t in g.outputs)
     sliced = {}  # full tensor ─► this chip's slice of it (along its axis in ``axes``)
 
     def slice_of(t: int) -> int:
@@ -227,26 +247,30 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
     part.inputs = [slice_of(t) if t in split_inputs else t for t in g.inputs]
     part.state = {slice_of(t) if t in split_inputs else t for t in g.state}
     part.host_dtype = {(slice_of(t) if t in split_inputs else t): d for t, d in g.host_dtype.items()}
-    readers = {}
-    for node in g.nodes:
-        for t in node.inputs:
-            readers[g.base(t)] = readers.get(g.base(t), 0) + 1
+    read = {g.base(t) for node in g.nodes for t in node.inputs}
     stored = {}  # model output ─► the axis along which each chip stores its slice of it
     gathers = reduces = 0
     tag = 0
+
+    def made_as_slices(node, axis: int) -> None:
+        """A model output made inside a region (a new K/V; what else reads it reads the slices): each chip
+        stores its own where the output is the tensor itself, listed once; otherwise it is gathered whole."""
+        nonlocal tag, gathers
+        t = node.output
+        if t in g.outputs and listed[t] == 1:
+            stored[t] = axis
+            return
+        part.nodes.append(_allgather(slice_of(t), t, axis, rank, ranks, ring, tag, node.layer))
+        tag += ranks
+        gathers += 1
+
     for index, node in enumerate(g.nodes):
         column = index in columns
         if index in in_region and not column:  # on the slices: each chip its own heads or columns
             inputs = [slice_of(t) for t in node.inputs]
             part.nodes.append(replace(node, inputs=inputs, output=slice_of(node.output)))
-            if node.output in gathered:  # a model output (a new K/V) made as slices
-                if node.output in g.outputs:  # each chip stores its own
-                    stored[node.output] = axes[node.output]
-                else:  # (a reshape of it is the output: the whole of it for the chip that stores it)
-                    part.nodes.append(_allgather(slice_of(node.output), node.output, axes[node.output], rank,
-                                                 ranks, ring, tag, node.layer))
-                    tag += ranks
-                    gathers += 1
+            if node.output in region_outputs:
+                made_as_slices(node, axes[node.output])
             continue
         if index in regions:  # rows of the weight, the partial sums added up around the ring
             h = node.inputs[0]
@@ -282,18 +306,16 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
         out_shape[axis] = width
         if column:  # a column product of a row-split pair: its slice is all the next ops need
             part.nodes.append(replace(node, inputs=inputs, output=slice_of(node.output)))
-            if node.output in gathered:
-                part.nodes.append(_allgather(slice_of(node.output), node.output, axis, rank, ranks, ring, tag,
-                                             node.layer))
-                tag += ranks
-                gathers += 1
+            if node.output in region_outputs:
+                made_as_slices(node, axis)
+            continue
+        if not n % ranks and node.output in g.outputs and listed[node.output] == 1 and node.output not in read:
+            axes[node.output] = axis  # a model output nothing reads (an LM head's logits): each chip stores
+            part.nodes.append(replace(node, inputs=inputs, output=slice_of(node.output)))  # its columns
+            stored[node.output] = axis
             continue
         slice_id = part.add_tensor(out_shape, full.dtype)
         part.nodes.append(replace(node, inputs=inputs, output=slice_id))
-        if not n % ranks and node.output in g.outputs and not readers.get(node.output):
-            sliced[node.output] = slice_id  # a model output nothing else reads (an LM head's logits): each chip
-            stored[node.output] = axis      # stores its columns, no gather
-            continue
         if n % ranks:  # gathered with the padding, then the real columns copied out
             padded_shape = list(full.shape)
             padded_shape[axis] = width * ranks
@@ -381,28 +403,19 @@ def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
         report.append({"chip": chip_id, "cycles": makespan, "all_gathers": gathers, "all_reduces": reduces,
                        "weight_bytes": sum(part.tensors[t].nbytes for t in weights),
                        "sram_high_water": addr["high_water"]})
-    split_inputs = {t: ax for region in regions.values() for t in region.inputs for ax in [region.axes[t]]}
-
-    def destination(rank: int, chip: int, k: int) -> tuple:
-        """Where input ``k`` goes on ``chip``: its index there, and for a split input the slice it gets."""
-        t = g.inputs[k]
-        if t not in split_inputs:
-            return (chip, k)
-        axis = split_inputs[t]
-        n = g.tensors[t].shape[axis] // ranks
-        return (chip, k, axis, rank * n, (rank + 1) * n)
-    inputs = tuple(tuple(destination(rank, c, k) for rank, c in enumerate(order)) for k in range(len(g.inputs)))
+    split_inputs = {t: region.axes[t] for region in regions.values() for t in region.inputs}
     split_outputs = [t for t in g.outputs if t in stored]
 
-    def stores(k: int) -> tuple:
-        """Where output ``k`` is stored: by chip 0, or each chip its slice (at its index among the split)."""
-        t = g.outputs[k]
-        if t not in stored:
-            return ((order[0], k),)
-        axis, at = stored[t], split_outputs.index(t)
+    def parts(t: int, axis: int, index_of) -> tuple:
+        """Each chip's ``(chip, index, axis, lo, hi)`` of ``t`` split along ``axis``."""
         n = g.tensors[t].shape[axis] // ranks
-        return tuple((c, k if rank == 0 else at, axis, rank * n, (rank + 1) * n) for rank, c in enumerate(order))
-    outputs = tuple(stores(k) for k in range(len(g.outputs)))
+        return tuple((c, index_of(rank), axis, rank * n, (rank + 1) * n) for rank, c in enumerate(order))
+    # every chip loads every input (its slice of a split one); chip 0 stores every output, each chip its
+    # slice of a split one (chip 0 at the output's index, the others at its index among the split ones)
+    inputs = tuple(parts(t, split_inputs[t], lambda rank, k=k: k) if t in split_inputs
+                   else tuple((c, k) for c in order) for k, t in enumerate(g.inputs))
+    outputs = tuple(parts(t, stored[t], lambda rank, k=k, t=t: k if rank == 0 else split_outputs.index(t))
+                    if t in stored else ((order[0], k),) for k, t in enumerate(g.outputs))
     bundle = SystemProgram(system.name, system.digest, tuple(order), tuple(programs), inputs, outputs,
                            max(p.predicted_cycles for p in programs), "tensor",
                            f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers, "

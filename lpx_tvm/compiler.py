@@ -22,6 +22,7 @@ from .runtime import load_program, program_key, release
 from .runtime_sim.config import ChipConfig, register_config
 from .runtime_sim.system import load_system
 from .runtime_sim.simulator import CallError
+from .runtime_sim.system_sim import axis_slice
 
 
 class CompiledModel:
@@ -96,14 +97,14 @@ class CompiledModel:
 
     def write_state(self, name: str, value, index=...) -> int:
         """Write ``value`` into ``state[name][index]`` on every chip that holds it (a chip holding a slice gets
-        its part); returns the bytes each chip's host link carries (what the write costs: the chips' links
-        work side by side)."""
+        its part); returns the bytes each chip's host link carries: the most any chip's share of the state
+        takes in the type it is stored in (what the write costs: the chips' links work side by side)."""
         value = np.asarray(value)
         carried = 0
         for view, cut, full in self._state_parts(name):
             part = value if cut is None else _state_slice(value, index, cut, full, name)
             view[index] = part
-            carried = max(carried, int(part.nbytes))
+            carried = max(carried, int(view[index].nbytes))
         return carried
 
     def _check(self, inputs) -> list:
@@ -145,7 +146,7 @@ def _state_slice(value: np.ndarray, index, cut, full: tuple, name: str) -> np.nd
         raise CallError(f"state {name!r} is split over chips along axis {axis}: write it with an index that "
                         f"takes axes 0..{axis} whole, got {index!r}")
     whole = np.lib.stride_tricks.as_strided(np.zeros(1, value.dtype), full, (0,) * len(full))
-    return np.broadcast_to(value, whole[index].shape)[(slice(None),) * axis + (slice(lo, hi),)]
+    return np.broadcast_to(value, whole[index].shape)[axis_slice(axis, lo, hi)]
 
 
 class _ProgramBytes(Mapping):

@@ -23,6 +23,7 @@ _SIMULATORS: dict = {}
 _CHIPS: dict = {}  # SRAM plan id -> the chip its programs share
 _LOCK = threading.Lock()
 _CALLS: Counter = Counter()
+_RELEASED: list = []  # keys a collected model gave up, not yet forgotten (see :func:`release`)
 
 
 def program_key(blob) -> tuple:
@@ -33,16 +34,29 @@ def program_key(blob) -> tuple:
 def release(keys) -> None:
     """Forget the loaded simulators of these programs (:func:`program_key`), and a chip once none of its
     programs is loaded: a compiled model frees them when it is collected, so a sweep over many models does
-    not keep every model's SRAM image."""
-    with _LOCK:
-        for key in keys:
-            sim = _SIMULATORS.pop(key, None)
-            chip = getattr(sim, "chip", None)
-            if chip is not None:
-                chip.resident.pop(sim.program.digest, None)
-                if not chip.resident:
-                    for chip_key in [k for k, c in _CHIPS.items() if c is chip]:
-                        del _CHIPS[chip_key]
+    not keep every model's SRAM image.
+
+    A collection can run this in the middle of a load, on the thread that holds the lock: the keys are then
+    set aside and forgotten at the next load or release, never waited for (that would wait for ever)."""
+    _RELEASED.extend(keys)
+    if _LOCK.acquire(blocking=False):
+        try:
+            _forget_released()
+        finally:
+            _LOCK.release()
+
+
+def _forget_released() -> None:
+    """With the lock held: forget what :func:`release` set aside."""
+    while _RELEASED:
+        key = _RELEASED.pop()
+        sim = _SIMULATORS.pop(key, None)
+        chip = getattr(sim, "chip", None)
+        if chip is not None:
+            chip.resident.pop(sim.program.digest, None)
+            if not chip.resident:
+                for chip_key in [k for k, c in _CHIPS.items() if c is chip]:
+                    del _CHIPS[chip_key]
 
 
 def clear() -> None:
@@ -63,6 +77,7 @@ def load_program(blob):
     sim = _SIMULATORS.get(key)
     if sim is None:
         with _LOCK:
+            _forget_released()
             sim = _SIMULATORS.get(key)
             if sim is None and is_system_program(blob):
                 sim = _SIMULATORS[key] = SystemSimulator(memoryview(blob).cast("B"))

@@ -43,7 +43,7 @@ from .program import SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, d
 from .simulator import CallError, Simulator, Timed
 from .system import SystemConfig, load_system
 
-SYSTEM_VERSION = 1
+SYSTEM_VERSION = 2
 _HEADER = struct.Struct("<8sHHQ16s")
 
 
@@ -78,6 +78,7 @@ class SystemProgram:
     notes: str = ""
 
     def __post_init__(self):
+        # (format 1 named one (chip, index) pair per output: read as a list of one)
         outputs = tuple((tuple(x),) if x and isinstance(x[0], int) else tuple(tuple(d) for d in x)
                         for x in self.outputs)
         object.__setattr__(self, "outputs", outputs)
@@ -121,7 +122,7 @@ def decode_system(blob, system: SystemConfig | str | None = None) -> SystemProgr
     magic, version, reserved, body_len, digest = _HEADER.unpack(buf[:_HEADER.size])
     if magic != SYSTEM_MAGIC:
         raise ProgramFormatError("not an LPX system program (bad magic)")
-    if version != SYSTEM_VERSION or reserved:
+    if version not in (1, SYSTEM_VERSION) or reserved:  # 1: before inputs and outputs could be split
         raise ProgramFormatError(f"system program format version {version}; this runtime reads {SYSTEM_VERSION}")
     body = buf[_HEADER.size:]
     if len(body) != body_len or hashlib.blake2b(body, digest_size=16).digest() != digest:
@@ -136,7 +137,7 @@ def decode_system(blob, system: SystemConfig | str | None = None) -> SystemProgr
             at += length
         program = SystemProgram(table["system"], bytes.fromhex(table["digest"]), tuple(table["chips"]),
                                 tuple(programs), tuple(tuple(tuple(d) for d in x) for x in table["inputs"]),
-                                tuple(tuple(tuple(d) for d in x) for x in table["outputs"]), int(table["predicted"]),
+                                tuple(table["outputs"]), int(table["predicted"]),
                                 table.get("parallel", ""), table.get("notes", ""))
     except ProgramFormatError:
         raise
@@ -331,18 +332,23 @@ class SystemSimulator:
         return out
 
 
+def axis_slice(axis: int, lo: int, hi: int) -> tuple:
+    """The index of the slice ``[lo, hi)`` along ``axis`` (every axis before it whole)."""
+    return (slice(None),) * axis + (slice(lo, hi),)
+
+
 def _cut(value: np.ndarray, cut) -> np.ndarray:
-    """The slice ``[lo, hi)`` of ``value`` along ``axis`` (``cut = (axis, lo, hi)``)."""
-    axis, lo, hi = cut
-    return value[(slice(None),) * axis + (slice(lo, hi),)]
+    """The slice of ``value`` a chip takes (``cut = (axis, lo, hi)``)."""
+    return value[axis_slice(*cut)]
 
 
 def _host_tensors(program: SystemProgram, table: tuple, sims: list, attr: str, what: str) -> tuple:
-    """Each model input's (or output's) host signature, from the chips that load (store) it; a program whose
-    map names no such chip or tensor, or whose slices do not tile the tensor, is rejected here."""
+    """Each model input's (or output's) host signature, from the chips that load (store) it. A map that names
+    no such chip or tensor, mixes whole and sliced copies, stores a whole output twice, or whose slices do
+    not tile the tensor is rejected here, naming what is wrong."""
     out = []
     for k, destinations in enumerate(table):
-        shapes = []
+        parts = []
         for d in destinations:
             if len(d) not in (2, 5) or d[0] not in program.chips:
                 raise ProgramFormatError(f"system program: {what} {k} goes to {list(d)}, not (chip, index) or "
@@ -351,18 +357,30 @@ def _host_tensors(program: SystemProgram, table: tuple, sims: list, attr: str, w
             if not 0 <= d[1] < len(chip_tensors):
                 raise ProgramFormatError(f"system program: {what} {k} is {what} {d[1]} of chip {d[0]}, "
                                          f"which has {len(chip_tensors)}")
-            shapes.append((chip_tensors[d[1]], d[2:]))
-        if not shapes:
+            parts.append((chip_tensors[d[1]], tuple(d[2:]), d))
+        if not parts:
             raise ProgramFormatError(f"system program: {what} {k} is on no chip")
-        sig, cut = shapes[0]
-        if cut:
-            axis = cut[0]
-            spans = sorted((c[1], c[2]) for _, c in shapes if c)
-            full = list(sig.shape)
-            full[axis] = spans[-1][1]
-            if not all(c and c[0] == axis and s.shape[axis] == c[2] - c[1] for s, c in shapes) \
-                    or any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or spans[0][0] != 0:
-                raise ProgramFormatError(f"system program: the slices of {what} {k} do not tile it along axis {axis}")
-            sig = HostTensor(tuple(full), sig.dtype)
-        out.append(sig)
+        whole = [sig for sig, cut, _ in parts if not cut]
+        if whole:
+            if len(whole) < len(parts) or (what == "output" and len(whole) > 1) or any(w != whole[0] for w in whole):
+                raise ProgramFormatError(f"system program: {what} {k} is on chips {[list(d) for _, _, d in parts]}: "
+                                         f"one whole {what}, or the same one on every chip, or slices of it")
+            out.append(whole[0])
+            continue
+        first, (axis, _, _), _ = parts[0]
+        if not 0 <= axis < len(first.shape):
+            raise ProgramFormatError(f"system program: {what} {k} is split along axis {axis} of {list(first.shape)}")
+        for sig, (ax, lo, hi), d in parts:
+            same_elsewhere = sig.shape[:axis] + sig.shape[axis + 1:] == first.shape[:axis] + first.shape[axis + 1:]
+            if ax != axis or sig.shape[axis] != hi - lo or not same_elsewhere or sig.dtype != first.dtype:
+                raise ProgramFormatError(f"system program: chip {d[0]}'s slice {list(d)} of {what} {k} is "
+                                         f"{sig.dtype.short}{list(sig.shape)}, not [{lo}, {hi}) along axis {axis} "
+                                         f"of what the other chips hold")
+        spans = sorted((lo, hi) for _, (_, lo, hi), _ in parts)
+        if spans[0][0] != 0 or any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+            raise ProgramFormatError(f"system program: the slices of {what} {k} do not tile it along axis "
+                                     f"{axis}: {spans}")
+        full = list(first.shape)
+        full[axis] = spans[-1][1]
+        out.append(HostTensor(tuple(full), first.dtype))
     return tuple(out)

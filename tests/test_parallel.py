@@ -234,3 +234,36 @@ def test_a_model_input_inside_a_megatron_pair_reaches_each_chip_as_its_slice(rng
     split = sim.program.inputs[1] == ((0, 1, 1, 0, 2), (1, 1, 1, 2, 4))
     assert split == (not read_outside)
     assert ("1 all-reduces" in sim.program.notes) == (not read_outside)
+
+
+def _residual_pair():
+    """h = x W1, z = h + x, y = z W2: x reaches the pair whole (its first product reads it whole)."""
+    from onnx import helper
+    return [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "x"], ["z"]),
+            helper.make_node("MatMul", ["z", "w2"], ["y"])], ["y"]
+
+
+def _pair_with_an_output_and_its_reshape():
+    """m (made on the slices inside the pair) is a model output, and so is a reshape of it."""
+    from onnx import helper
+    return [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Mul", ["h", "h"], ["m"]),
+            helper.make_node("Reshape", ["m", "heads"], ["m2"]), helper.make_node("MatMul", ["m", "w2"], ["y"])], \
+        ["y", "m", "m2"]
+
+
+@pytest.mark.parametrize("build", [_residual_pair, _pair_with_an_output_and_its_reshape])
+def test_megatron_pairs_whose_tensors_are_read_whole_elsewhere_still_agree(rng, build):
+    from conftest import make_model, tensor_info, weights
+    from onnx import numpy_helper
+
+    nodes, names = build()
+    shapes = {"y": [1, 32], "m": [1, 32], "m2": [1, 4, 8]}
+    model = make_model(nodes, [tensor_info("x", [1, 32])], [tensor_info(n, shapes[n]) for n in names],
+                       [weights(rng, "w1", (32, 32)), weights(rng, "w2", (32, 32)),
+                        numpy_helper.from_array(np.array([1, 4, 8], np.int64), "heads")])
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    got, _ = _run_on_system(model, [x], system="tiny-2", parallel="tensor")
+    for a, b in zip(got, reference):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -140,3 +140,23 @@ def test_batch_norm_is_folded_once_in_the_codegen(rng):
     assert not [i for i in program.instructions if i.opcode in (Opcode.MUL, Opcode.ADD)]  # folded into the conv
     x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
     assert_close(compiled(x)[0], ort_run(cnn_model(), {"x": x})[0], 1e-5)
+
+
+def test_a_model_collected_while_a_program_loads_does_not_hang_the_runtime(rng):
+    """A collected model's programs are forgotten by a finalizer, which a garbage collection can run in the
+    middle of a load, on the thread holding the runtime's lock: the suite once hung there. Released keys are
+    set aside and forgotten at the next load."""
+    import gc
+
+    old = lpx_tvm.compile(mlp_model(), config="tiny")
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    old(x)
+    keys = [runtime.program_key(blob) for blob in old.programs.values()]
+    assert all(key in runtime._SIMULATORS for key in keys)
+    with runtime._LOCK:  # as a load holds it
+        del old
+        gc.collect()  # the finalizer runs here: it must not wait for the lock
+        assert all(key in runtime._SIMULATORS for key in keys)  # set aside
+    fresh = lpx_tvm.compile(mlp_model(seed=1), config="tiny")
+    fresh(x)  # its load forgets what was set aside
+    assert not any(key in runtime._SIMULATORS for key in keys)

@@ -166,10 +166,12 @@ def test_a_damaged_system_program_is_rejected():
 
 
 @pytest.mark.parametrize("destinations, why", [
-    (((0, 0, 1, 0, 64), (1, 0, 1, 64, 128)), "do not tile"),    # each chip's slice must be its input's size
-    (((0, 0, 0, 0, 4), (1, 0, 0, 8, 12)), "do not tile"),       # slices with a gap between them
-    (((0, 0), (5, 0)), "not \\(chip, index\\)"),                  # a chip the system program does not run
-    (((0, 3), (1, 0)), "which has 1"),                          # an input the chip's program does not take
+    (((0, 0, 1, 0, 64), (1, 0, 1, 64, 128)), "not \\[0, 64\\) along axis 1"),  # a slice the size of its input
+    (((0, 0, 0, 0, 4), (1, 0, 0, 8, 12)), "do not tile"),                 # slices with a gap between them
+    (((0, 0), (5, 0)), "not \\(chip, index\\)"),                            # a chip the program does not run
+    (((0, 3), (1, 0)), "which has 1"),                                    # an input the chip does not take
+    (((0, 0), (1, 0, 0, 4, 8)), "one whole input"),                       # whole on one chip, a slice on another
+    (((0, 0, 2, 0, 4), (1, 0, 2, 4, 8)), "split along axis 2"),           # an axis the input does not have
 ])
 def test_an_input_map_that_does_not_fit_its_chips_is_rejected(destinations, why):
     """Each chip loads its slice of a split input (tensor parallel: its heads of a KV cache); the map of who
@@ -189,3 +191,50 @@ def test_an_input_map_that_does_not_fit_its_chips_is_rejected(destinations, why)
     assert SystemSimulator(good).inputs[0].shape == (8, 32)
     with pytest.raises(ProgramFormatError, match=why):
         SystemSimulator(replace(good, inputs=(destinations,)))
+
+
+def _stored_by_both(rows: int):
+    def storer(chip):
+        layout = Layout()
+        x = layout.const(np.full((rows, 32), chip, np.float32))
+        return program([ins("STORE", [x], [], cycle=0, index=0)], layout, outputs=[((rows, 32), F32)],
+                       predicted=ceil(rows * 32 * 4 / HOST) + MEM)
+    return storer
+
+
+def test_an_output_each_chip_stores_a_slice_of_is_put_together():
+    from dataclasses import replace
+
+    from lpx_tvm.runtime_sim import ProgramFormatError
+
+    storer = _stored_by_both(4)
+    split = system_program("tiny-2", {0: storer(0), 1: storer(1)}, outputs=[((0, 0, 0, 0, 4), (1, 0, 0, 4, 8))])
+    (out,) = SystemSimulator(split).run([])
+    np.testing.assert_array_equal(out, np.repeat([0.0, 1.0], 4)[:, None] * np.ones((8, 32), np.float32))
+    with pytest.raises(ProgramFormatError, match="one whole output"):  # a whole output stored twice
+        SystemSimulator(replace(split, outputs=(((0, 0), (1, 0)),)))
+    odd = system_program("tiny-2", {0: storer(0), 1: _stored_by_both(2)(1)}, outputs=[((0, 0, 1, 0, 32),
+                                                                                     (1, 0, 1, 32, 64))])
+    with pytest.raises(ProgramFormatError, match="chip 1's slice"):  # its other axis differs
+        SystemSimulator(odd)
+
+
+def test_a_format_1_system_program_still_loads():
+    """Format 1 named one (chip, index) pair per output; format 2 lists where each part of it is stored."""
+    import hashlib
+    import json
+    import struct
+
+    from lpx_tvm.runtime_sim import system_sim
+
+    prog = system_program("tiny-2", {0: _sender(X, 1, 0), 1: _receiver((4, 32), 0, 0, HOP)}, outputs=[(1, 0)])
+    assert prog.outputs == (((1, 0),),)
+    blob = bytes(memoryview(encode_system(prog)).cast("B"))
+    head = system_sim._HEADER.size
+    (n,) = struct.unpack_from("<I", blob, head)
+    table = json.loads(blob[head + 4:head + 4 + n])
+    table["outputs"] = [[1, 0]]
+    text = json.dumps(table).encode()
+    body = struct.pack("<I", len(text)) + text + blob[head + 4 + n:]
+    old = system_sim._HEADER.pack(system_sim.SYSTEM_MAGIC, 1, 0, len(body), hashlib.blake2b(body, digest_size=16).digest())
+    assert decode_system(old + body).outputs == (((1, 0),),)

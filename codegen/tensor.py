@@ -218,9 +218,8 @@ _UNARY = {op.name for op, spec in OP_TABLE.items() if spec.group == Group.UNARY}
 def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> tuple:
     """Chip ``rank``'s graph. Products fed by column-split products through ops that keep a split axis whole
     per chip split by rows and sum their partial results in one ring all-reduce (:func:`_row_split_regions`);
-    every other splittable
-    product computes its slice of output columns (channels) from its slice of the weights, and an all-gather
-    rebuilds the full tensor for what follows. ``regions``: :func:`_row_split_regions` of ``g`` (the same for
+    every other splittable product computes its slice of output columns (channels) from its slice of the
+    weights, and an all-gather rebuilds the full tensor for what follows. ``regions``: :func:`_row_split_regions` of ``g`` (the same for
     every rank). Returns (graph, all-gathers, all-reduces, {model output: the axis each chip stores its slice
     along}): a model output made as slices is stored so, not gathered."""
     part = copy.copy(g)
@@ -243,10 +242,10 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
                                         alias_of=slice_of(base) if base != t else None)
         return sliced.get(t, t)
 
-    split_inputs = {t for region in regions.values() for t in region.inputs}
-    part.inputs = [slice_of(t) if t in split_inputs else t for t in g.inputs]
-    part.state = {slice_of(t) if t in split_inputs else t for t in g.state}
-    part.host_dtype = {(slice_of(t) if t in split_inputs else t): d for t, d in g.host_dtype.items()}
+    # a model input has a split axis only as a region's input: each chip is given its slice
+    part.inputs = [slice_of(t) for t in g.inputs]
+    part.state = {slice_of(t) for t in g.state}
+    part.host_dtype = {slice_of(t): d for t, d in g.host_dtype.items()}
     read = {g.base(t) for node in g.nodes for t in node.inputs}
     stored = {}  # model output ─► the axis along which each chip stores its slice of it
     gathers = reduces = 0

@@ -285,6 +285,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
              context: int, prompt: int, ttft: bool = True) -> Mapping | None:
     """The figures of one mapping, or None when a shard does not fit its chip."""
     chip, hop = system.chip, system.hop_cycles
+    item = DType.from_name(dtype).itemsize
     if stages > spec.layers:
         return None
     expert_chips = 1
@@ -302,7 +303,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     if block is None or block.streamed:
         return None
     if spec.experts:  # the other experts this chip holds add their weights, not their time (top-k run in parallel)
-        extra = (experts_per_chip - 1) * 3 * spec.hidden * ffn_shard * DType.from_name(dtype).itemsize
+        extra = (experts_per_chip - 1) * 3 * spec.hidden * ffn_shard * item
     else:
         extra = 0
     per_stage = ceil(spec.layers / stages)
@@ -317,7 +318,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
         return None
     memory = min(per_stage, regular) * per_block + chip.sram_bytes - room
     memory = max(memory, min(last, spec.layers) * per_block + head.resident_bytes + chip.sram_bytes - room)
-    hidden_bytes = batch * spec.hidden * DType.from_name(dtype).itemsize
+    hidden_bytes = batch * spec.hidden * item
     hops = stage_hops(system, stages, width)
     blocks = spec.layers  # one token passes every layer once, stage after stage
     # per block: the attention's all-reduce, and the MLP's (a mixture of experts: a dispatch and a combine)
@@ -348,7 +349,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     prefill = block_cost(chip, prefill_shape, dtype, alone=True) if ttft else None
     ttft = None
     if prefill is not None and not prefill.streamed:
-        pre_bytes = prompt * spec.hidden * DType.from_name(dtype).itemsize
+        pre_bytes = prompt * spec.hidden * item
         ttft = spec.layers * (prefill.cycles + 2 * all_reduce_cycles(pre_bytes, width, chip, hop)) \
             + (stages - 1) * transfer_cycles(pre_bytes, hops, chip, hop) + head.cycles
     return Mapping(stages, width, batch, stages * width, per_token, ttft, split, memory, placement)

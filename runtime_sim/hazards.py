@@ -89,6 +89,23 @@ def meets(a: tuple, b: tuple) -> bool:
     return bool(_blocks_meet(a[3], a[4], a[5], b[3], b[4], b[5], stride))
 
 
+def meet_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Whether each footprint in ``a`` shares a byte with the one beside it in ``b`` (both 6 × n, as
+    :func:`footprint_key` gives): :func:`meets`, pair by pair, for a whole program's accesses at once."""
+    hit = (a[0] < b[1]) & (a[1] > b[0])
+    plain = a[2] == 0
+    x = np.where(plain, b, a)  # the block, if there is one, first
+    y = np.where(plain, a, b)
+    stride = np.maximum(x[2], 1)
+    y_plain = y[2] == 0
+    length = y[1] - y[0]
+    exact = _blocks_meet(x[3], x[4], x[5], np.where(y_plain, y[0], y[3]),
+                         np.where(y_plain, -(-length // stride), y[4]), np.where(y_plain, np.minimum(length, stride), y[5]),
+                         stride)
+    both_plain = plain & (b[2] == 0)
+    return hit & (both_plain | (~y_plain & (y[2] != x[2])) | exact)
+
+
 class AccessLog:
     """SRAM blocks read and written and still in flight, with the cycle each access ends.
 

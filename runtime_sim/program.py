@@ -272,6 +272,11 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
     ProgramFormatError
         On any malformed, corrupted, foreign or out-of-bounds content.
     """
+    return decoded_columns(blob, config).program
+
+
+def decoded_columns(blob, config: ChipConfig | str | None = None):
+    """:func:`decode`, returning the program as :class:`.columns.ProgramColumns` (see :func:`validated_columns`)."""
     buf = memoryview(blob).cast("B")
     if len(buf) < _HEADER.size:
         raise ProgramFormatError(f"program truncated: {len(buf)} bytes is shorter than the header")
@@ -293,8 +298,7 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
         raise
     except (ValueError, struct.error) as err:  # defensive: any parse slip is still a format error
         raise ProgramFormatError(f"malformed program: {err}") from None
-    validate(program, config)
-    return program
+    return validated_columns(program, config)
 
 
 def _parse_body(r: _Reader, digest: bytes) -> Program:
@@ -360,6 +364,14 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
 
     Returns the chip config. Raises ProgramFormatError naming the first problem.
     """
+    return validated_columns(program, config).chip
+
+
+def validated_columns(program: Program, config: ChipConfig | str | None = None):
+    """:func:`validate`, returning the program as :class:`.columns.ProgramColumns` (what checking and
+    measuring it need next)."""
+    from .columns import ProgramColumns  # columns builds on this module's rules
+
     try:
         chip = load_config(config if config is not None else program.config_name)
     except ValueError as err:
@@ -368,41 +380,51 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
         raise ProgramFormatError(
             f"program was compiled for chip config {program.config_name!r}, not for {chip.name!r} "
             f"(config digests {program.config_digest.hex()} vs {chip.digest.hex()})")
-
-    def check_ref(ref: TensorRef, where: str):
-        if ref.space == Space.STREAM:
-            if ref.addr >= chip.stream_capacity or ref.nbytes > chip.sram_bytes:
-                raise ProgramFormatError(f"{where}: stream S{ref.addr} carrying {ref.nbytes} bytes does not exist "
-                                         f"(the chip has {chip.stream_capacity} streams)")
-            return
-        if ref.addr % ref.dtype.itemsize or ref.end > chip.sram_bytes:
-            raise ProgramFormatError(f"SRAM overflow: {where}: {ref} lies outside SRAM of {chip.sram_bytes} bytes "
-                                     f"(or is not aligned to its {ref.dtype.itemsize}-byte elements)")
-
     for const in program.constants:
-        check_ref(const.ref, "constant")
+        _check_ref(const.ref, chip, "constant")
         if program.plan.activation_base and const.ref.end > program.plan.activation_base:
             raise ProgramFormatError(f"constant {const.ref} lies above the plan's activation base "
                                      f"{program.plan.activation_base}")
     for index, ref in program.state:
-        check_ref(ref, "state")
+        _check_ref(ref, chip, "state")
         # the chip may keep it in its storage type (fp16 for an fp32 input): the shape must match
         if index >= len(program.inputs) or tuple(ref.shape) != tuple(program.inputs[index].shape):
             raise ProgramFormatError(f"state {ref} does not match input {index} of the program's signature")
     if program.plan.sram_bytes > chip.sram_bytes or program.plan.activation_base > chip.sram_bytes:
         raise ProgramFormatError(f"SRAM plan of {program.plan.sram_bytes} bytes exceeds the chip's {chip.sram_bytes}")
-    for index, ins in enumerate(program.instructions):
-        where = f"instruction {index} ({ins.opcode.name})"
-        if ins.cycle >= MAX_CYCLE:
-            raise ProgramFormatError(f"{where}: issue cycle {ins.cycle} is past {MAX_CYCLE}")
-        if ins.unit_index >= chip.unit_count(ins.unit.name):
-            raise ProgramFormatError(f"{where}: {ins.unit.name} instance {ins.unit_index} does not exist")
-        for ref in ins.srcs + ins.dsts:
-            check_ref(ref, where)
-        _validate_operands(ins, program, where)
-        _validate_for_chip(ins, chip, where)
+    columns = ProgramColumns(program, chip)
+    if columns.instruction_errors():
+        for index, ins in enumerate(program.instructions):  # one by one, to name the first
+            _validate_instruction(index, ins, program, chip)
+        if columns.oversized:  # defensive: a value that large always breaks a rule above
+            raise ProgramFormatError("an address, size or issue cycle is out of range")
     _validate_outputs_covered(program)
-    return chip
+    return columns
+
+
+def _check_ref(ref: TensorRef, chip: ChipConfig, where: str) -> None:
+    if ref.space == Space.STREAM:
+        if ref.addr >= chip.stream_capacity or ref.nbytes > chip.sram_bytes:
+            raise ProgramFormatError(f"{where}: stream S{ref.addr} carrying {ref.nbytes} bytes does not exist "
+                                     f"(the chip has {chip.stream_capacity} streams)")
+        return
+    if ref.addr % ref.dtype.itemsize or ref.end > chip.sram_bytes:
+        raise ProgramFormatError(f"SRAM overflow: {where}: {ref} lies outside SRAM of {chip.sram_bytes} bytes "
+                                 f"(or is not aligned to its {ref.dtype.itemsize}-byte elements)")
+
+
+def _validate_instruction(index: int, ins: Instruction, program: Program, chip: ChipConfig) -> None:
+    """The rules an instruction must meet on its own (:meth:`.columns.ProgramColumns.instruction_errors`
+    checks the same ones, once per signature)."""
+    where = f"instruction {index} ({ins.opcode.name})"
+    if ins.cycle >= MAX_CYCLE:
+        raise ProgramFormatError(f"{where}: issue cycle {ins.cycle} is past {MAX_CYCLE}")
+    if ins.unit_index >= chip.unit_count(ins.unit.name):
+        raise ProgramFormatError(f"{where}: {ins.unit.name} instance {ins.unit_index} does not exist")
+    for ref in ins.srcs + ins.dsts:
+        _check_ref(ref, chip, where)
+    _validate_operands(ins, program, where)
+    _validate_for_chip(ins, chip, where)
 
 
 def _validate_outputs_covered(program: Program) -> None:

@@ -14,15 +14,17 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import defaultdict
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from .check import ScheduleError, Timeline, check_timing
-from .config import ChipConfig, load_config
-from .isa import DType, Opcode, Space, Unit
-from .program import Program, aligned_array, decode, validate
+from .check import ScheduleError, Timeline
+from .check_batch import checked_timeline
+from .columns import _END, _IN_SRAM, ProgramColumns
+from .config import ChipConfig
+from .isa import DType, Opcode, Space
+from .program import Program, aligned_array, decoded_columns, validated_columns
 from .semantics import SEMANTICS, WeightBuffer
+from .stats import RunStats, run_stats
 
 __all__ = ["Simulator", "RunStats", "ScheduleError", "CallError", "OverflowWarning"]
 
@@ -33,96 +35,6 @@ class CallError(ValueError):
 
 class OverflowWarning(UserWarning):
     """A result overflowed a reduced-precision storage type (fp16, bf16) to inf."""
-
-
-class Timed:
-    """Seconds and microseconds of ``cycles`` at ``clock_hz``."""
-
-    @property
-    def seconds(self) -> float:
-        return self.cycles / self.clock_hz
-
-    @property
-    def microseconds(self) -> float:
-        return 1e6 * self.seconds
-
-
-@dataclass
-class RunStats(Timed):
-    """Cycle-level figures of a program (identical on every call: the schedule is static)."""
-
-    cycles: int
-    predicted_cycles: int
-    clock_hz: int
-    unit_busy: dict
-    unit_instances: dict
-    plane_busy: list
-    macs: int
-    peak_macs_cycles: float  # Σ over MATMULs of their array-cycles at full rate: the MAC-utilisation numerator
-    sram_high_water: int
-    sram_bytes_moved: int
-    host_bytes: int
-    flops: int
-    instruction_cycles_sum: int
-    layers: list = field(default_factory=list)
-    planes: int = 1
-    array_macs: int = 1
-
-    @property
-    def utilisation(self) -> dict:
-        """Busy fraction of each unit kind over the makespan (all its instances together)."""
-        return {u: busy / (self.cycles * self.unit_instances[u]) if self.cycles else 0.0
-                for u, busy in self.unit_busy.items()}
-
-    @property
-    def mac_utilisation(self) -> float:
-        """Useful MACs ÷ (peak MACs per cycle × cycles), each MATMUL at its own dtype's peak."""
-        return self.peak_macs_cycles / (self.planes * self.array_macs * self.cycles) if self.cycles else 0.0
-
-    def to_dict(self) -> dict:
-        return {"predicted_cycles": self.predicted_cycles, "simulated_cycles": self.cycles,
-                "seconds": self.seconds, "microseconds": self.microseconds, "sram_high_water": self.sram_high_water,
-                "sram_bytes_moved": self.sram_bytes_moved, "host_bytes": self.host_bytes, "flops": self.flops,
-                "macs": self.macs, "mac_utilisation": self.mac_utilisation,
-                "plane_busy": self.plane_busy, "instruction_cycles_sum": self.instruction_cycles_sum,
-                "units": {u: {"busy_cycles": b, "instances": self.unit_instances[u],
-                              "utilisation": self.utilisation[u]} for u, b in self.unit_busy.items()},
-                "layers": self.layers}
-
-
-_BOUND_OF_UNIT = {"MXM": "matrix", "VXM": "vector", "SXM": "switch", "MEM": "host link", "C2C": "link"}
-
-
-def _layer_rows(program, timeline, chip) -> list:
-    rows = defaultdict(lambda: {"busy": defaultdict(int), "flops": 0, "macs": 0, "bytes": 0, "start": None,
-                                "end": 0, "bounds": defaultdict(int)})
-    for index, ins in enumerate(program.instructions):
-        occ = timeline.occupancies[index]
-        name = program.layer_names[ins.layer] if ins.layer < len(program.layer_names) else str(ins.layer)
-        row = rows[name]
-        row["busy"][ins.unit.name] += occ.busy
-        row["flops"] += occ.flops
-        row["macs"] += occ.macs
-        row["bytes"] += occ.sram_bytes + occ.host_bytes
-        row["start"] = ins.cycle if row["start"] is None else min(row["start"], ins.cycle)
-        row["end"] = max(row["end"], ins.cycle + occ.finish)
-        row["bounds"][occ.bound] += occ.busy
-    out = []
-    for name, r in rows.items():
-        span = max(r["end"] - r["start"], 1)
-        # a unit kind's busy share of the layer's span, its instances working side by side
-        # instances work side by side, except that the DMA engines share the one host link (and the vector
-        # queues share the ALUs): their busy time counts against the span itself
-        shares = {u: busy / (span * (1 if u in ("MEM", "VXM") else chip.unit_count(u)))
-                  for u, busy in r["busy"].items() if u in _BOUND_OF_UNIT}
-        unit, share = max(shares.items(), key=lambda kv: kv[1]) if shares else ("ICU", 0.0)
-        bound = _BOUND_OF_UNIT.get(unit, "latency") if share >= 0.5 else "latency"
-        if bound == "vector" and r["bounds"].get("streams", 0) > r["bounds"].get("vector", 0):
-            bound = "SRAM bandwidth"
-        out.append({"name": name, "cycles": span, "start": r["start"], "end": r["end"], "flops": r["flops"],
-                    "macs": r["macs"], "bytes": r["bytes"], "units": sorted(r["busy"]), "bound": bound,
-                    "busy": dict(r["busy"])})
-    return out
 
 
 class Simulator:
@@ -145,22 +57,21 @@ class Simulator:
 
     def __init__(self, program, config: ChipConfig | str | None = None, check_schedule: bool = True, chip=None,
                  timing_only: bool = False):
-        if isinstance(program, Program):
-            config = validate(program, config)
-        else:
-            program = decode(program, config)  # validated against the config there
-            config = load_config(config if config is not None else program.config_name)
+        columns = validated_columns(program, config) if isinstance(program, Program) else \
+            decoded_columns(program, config)
+        program, config = columns.program, columns.chip
         self.program, self.config, self.chip = program, config, chip
-        self.sram_size = max([c.ref.end for c in program.constants]
-                             + [r.end for i in program.instructions for r in i.srcs + i.dsts if r.in_sram] + [1])
+        operand = columns.operand
+        in_sram = operand[:, _IN_SRAM].astype(bool)
+        self.sram_size = max([c.ref.end for c in program.constants] + [ref.end for _, ref in program.state]
+                             + [int((columns.addr + operand[:, _END])[in_sram].max(initial=1))])
         # the plan's resident weights (this program's and its siblings') are never written
         protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
-        self.sram_size = max([self.sram_size] + [ref.end for _, ref in program.state])
         resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
-        self.timeline: Timeline = check_timing(program, config, resident, self.sram_size,
-                                               protected) if check_schedule else _measure_unchecked(program, config)
+        self.timeline: Timeline = checked_timeline(columns, resident, self.sram_size, protected) \
+            if check_schedule else _measure_unchecked(columns)
         self.order = self.timeline.order
-        self.stats = self._stats()
+        self.stats = run_stats(columns, self.timeline, self.sram_size)
         self.timing_only = timing_only
         if timing_only:
             return
@@ -225,26 +136,6 @@ class Simulator:
         elif ins.opcode == Opcode.MATMUL:
             srcs.insert(1, self._buffers[(ins.unit_index, ins.attrs["buffer"])])
         return SEMANTICS[ins.opcode], ins.opcode, dsts, srcs, ins.attrs
-
-    def _stats(self) -> RunStats:
-        program, chip, timeline = self.program, self.config, self.timeline
-        busy = {u.name: 0 for u in Unit}
-        planes = [0] * chip.mxm_planes
-        moved = host = flops = macs = 0
-        full_rate = 0.0
-        for ins, occ in zip(program.instructions, timeline.occupancies):
-            busy[ins.unit.name] += occ.busy
-            moved += occ.sram_bytes
-            host += occ.host_bytes
-            flops += occ.flops
-            if ins.opcode == Opcode.MATMUL:
-                planes[ins.unit_index] += occ.busy
-                macs += occ.macs
-                full_rate += occ.macs * chip.mxm_passes[ins.srcs[0].dtype.matrix_class]
-        return RunStats(timeline.makespan, program.predicted_cycles, chip.clock_hz, busy,
-                        {u.name: chip.unit_count(u.name) for u in Unit}, planes, macs, full_rate, self.sram_size,
-                        moved, host, flops, sum(o.busy for o in timeline.occupancies),
-                        _layer_rows(program, timeline, chip), chip.mxm_planes, chip.mxm_rows * chip.mxm_cols)
 
     @property
     def inputs(self) -> tuple:
@@ -394,12 +285,9 @@ def _stable_installs(program, order) -> set:
     return stable
 
 
-def _measure_unchecked(program, chip) -> Timeline:
+def _measure_unchecked(columns: ProgramColumns) -> Timeline:
     """The timeline without enforcing the rules (each instruction timed alone by the machine's rules)."""
-    from .timing import occupancy
-
-    occupancies = tuple(occupancy(ins, chip) for ins in program.instructions)
-    order = tuple(sorted(range(len(program.instructions)), key=lambda i: (program.instructions[i].cycle, i)))
-    makespan = max((ins.cycle + o.finish for ins, o in zip(program.instructions, occupancies)), default=0)
-    return Timeline(occupancies, order, makespan)
-
+    occupancies = columns.occupancies
+    finish = [o.busy + o.latency for o in columns.kind_occupancy]
+    makespan = int((columns.cycle + np.array(finish, np.int64)[columns.signature]).max(initial=0))
+    return Timeline(tuple(occupancies), tuple(columns.order.tolist()), makespan)

@@ -40,7 +40,8 @@ import numpy as np
 from .check import ScheduleError
 from .isa import HostTensor, Opcode
 from .program import SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, decode, encode_array
-from .simulator import CallError, Simulator, Timed
+from .simulator import CallError, Simulator
+from .stats import Timed
 from .system import SystemConfig, load_system
 
 SYSTEM_VERSION = 2

@@ -1,0 +1,260 @@
+"""The schedule check of :mod:`.check`, done for the whole program at once.
+
+:func:`.check.check_timing` walks a program instruction by instruction, which
+is the rules' plain statement and gives the exact first error, but costs tens
+of microseconds of Python per instruction. A design sweep checks thousands of
+programs that are all legal, so this module proves legality with array
+operations instead:
+
+- an instruction's occupancy and footprints depend only on its opcode, unit,
+  attributes and operand shapes, and a program repeats a few hundred such
+  signatures thousands of times: each is worked out once;
+- exclusive units are free when consecutive holders of each one do not
+  overlap; shared rates fit when the running sums, kept as prefix sums of starts
+  minus ends, stay within the chip's limits;
+- SRAM hazards are the pairs of accesses (one a write, from different
+  instructions) where the later one starts while the earlier is still in
+  flight and their footprints meet (:func:`.hazards.meet_pairs`, the same rules
+  as :func:`.hazards.meets`).
+
+Everything the walk checks is checked here, by the same rules or more strictly
+(never less). :func:`proven_timeline` returns ``None`` on anything it cannot
+prove, and the caller then walks the program, which names the first broken
+rule (or, where this was only stricter, accepts it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .check import (_CAPACITY, _RATES, ScheduleError, Timeline, _Buffers, _limits, _Resident, _stretched, _Streams,
+                    check_timing)
+from .columns import _HI, _IN_SRAM, _ROWS, _RUN, _STRIDE, _WRITE, ProgramColumns
+from .hazards import meet_pairs
+from .isa import Opcode, Space
+
+
+def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None = None,
+                    protected=()) -> Timeline | None:
+    """The measured timeline if the whole-program checks prove every rule holds, else ``None``.
+
+    Parameters
+    ----------
+    columns : ProgramColumns
+        The program, with its chip.
+    constants, sram_size, protected
+        As :func:`.check.check_timing`'s.
+
+    Returns
+    -------
+    Timeline or None
+        ``None`` means: walk the program (:func:`.check.check_timing`) to find what is wrong.
+    """
+    program, chip = columns.program, columns.chip
+    instructions = program.instructions
+    if not instructions:
+        return None
+    occupancies = columns.occupancies
+    op = columns.operand
+    chained = np.unique(columns.owner[op[:, _IN_SRAM] == 0])
+    try:
+        _follow_chains(instructions, columns, chained)
+        _check_buffers(instructions, columns)
+    except ScheduleError:
+        return None
+    busy = np.array([o.busy for o in columns.kind_occupancy], np.int64)[columns.signature]
+    latency = np.array([o.latency for o in columns.kind_occupancy], np.int64)[columns.signature]
+    for index in chained.tolist():
+        busy[index], latency[index] = occupancies[index].busy, occupancies[index].latency
+    finish = busy + latency
+    makespan = int((columns.cycle + finish).max())
+    if makespan != program.predicted_cycles:
+        return None
+    if not (_units_free(columns, busy) and _rates_fit(columns, chained, busy, chip)
+            and _sram_safe(columns, busy, finish, constants, protected, sram_size or chip.sram_bytes)):
+        return None
+    return Timeline(tuple(occupancies), tuple(columns.order.tolist()), makespan)
+
+
+def _follow_chains(instructions, columns, chained) -> None:
+    """Chained producers and consumers in issue order (few: walked one by one); stretches slow consumers."""
+    streams = _Streams()
+    occupancies = columns.occupancies
+    for index in chained[np.argsort(columns.position[chained])].tolist():
+        ins, issue = instructions[index], instructions[index].cycle
+        occ = occupancies[index]
+        for ref in ins.srcs:
+            if ref.space == Space.STREAM:
+                producer_busy = streams.consume(index, ref, issue)
+                if producer_busy > occ.busy:
+                    occ = _stretched(occ, producer_busy)
+        for ref in ins.srcs:
+            if ref.space == Space.STREAM:
+                streams.taken(ref, issue + occ.busy)
+        for ref in ins.dsts:
+            if ref.space == Space.STREAM:
+                streams.produce(index, ref, issue, occ)
+        occupancies[index] = occ
+
+
+def _check_buffers(instructions, columns) -> None:
+    buffers = _Buffers()
+    occupancies = columns.occupancies
+    matrix = np.array([instructions[i].opcode in (Opcode.INSTALL, Opcode.MATMUL) for i in columns.first])
+    order = columns.order
+    for index in order[matrix[columns.signature[order]]].tolist():
+        ins = instructions[index]
+        if ins.opcode == Opcode.INSTALL:
+            buffers.install(index, ins, ins.cycle, occupancies[index])
+        elif ins.opcode == Opcode.MATMUL:
+            buffers.use(index, ins, ins.cycle, occupancies[index])
+
+
+def _units_free(columns, busy) -> bool:
+    """Each unit instance's holders, in issue order, each start once the one before has ended."""
+    resource_id = {}
+    held = [[resource_id.setdefault(r, len(resource_id)) for r in occ.exclusive] for occ in columns.kind_occupancy]
+    owner, item = columns.spread([len(h) for h in held])
+    resource = np.array([r for h in held for r in h], np.int64)[item]
+    by_unit = np.lexsort((columns.position[owner], resource))
+    resource, owner = resource[by_unit], owner[by_unit]
+    start = columns.cycle[owner]
+    end = start + busy[owner]
+    same = resource[1:] == resource[:-1]
+    return not (same & (start[1:] < end[:-1])).any()
+
+
+def _rates_fit(columns, chained, busy, chip) -> bool:
+    """At each issue, what still runs (started earlier in issue order, not yet ended) plus the newcomer fits.
+
+    What runs at instruction ``i``'s issue is every earlier start minus every end by then; an instruction
+    busy for no cycles ends as it starts and is counted for no one but itself.
+    """
+    limits = _limits(chip)
+    rates = np.array([_RATES(o) for o in columns.kind_occupancy], np.int64)[columns.signature]
+    for index in chained.tolist():  # a stretched consumer's rates are spread over its longer time
+        rates[index] = _RATES(columns.occupancies[index])
+    order = columns.order
+    issue = columns.cycle[order]
+    lasting = (busy > 0)[order]
+    rates, busy = rates[order], busy[order]
+    end = issue + busy
+    by_end = np.argsort(end, kind="stable")
+    ends_sorted = end[by_end]
+    ended_before = np.searchsorted(ends_sorted, issue, side="right")  # ends at or before each issue
+    for k, (key, _) in enumerate(_CAPACITY):
+        rate = rates[:, k]
+        if not rate.any():
+            continue
+        counted = np.where(lasting, rate, 0)
+        started = np.cumsum(counted) - counted  # strictly earlier in issue order
+        ended = np.concatenate(([0], np.cumsum(counted[by_end])))[ended_before]
+        total = started - ended + rate
+        if ((rate > 0) & (total > limits[key])).any():
+            return False
+    return True
+
+
+def _sram_safe(columns, busy, finish, constants, protected, sram_size) -> bool:
+    """No hazard between accesses in flight together, nothing read unwritten, no resident byte written."""
+    op, addr, index = columns.operand, columns.addr, columns.owner
+    in_sram = np.flatnonzero(op[:, _IN_SRAM])
+    if not len(in_sram):
+        return True
+    in_sram = in_sram[np.argsort(columns.position[index[in_sram]], kind="stable")]  # issue order
+    op, addr, index = op[in_sram], addr[in_sram], index[in_sram]
+    write = op[:, _WRITE].astype(bool)
+    keys = np.stack([addr, addr + op[:, _HI], op[:, _STRIDE], addr, op[:, _ROWS], op[:, _RUN]])
+    pos = columns.position[index]
+    start = columns.cycle[index]
+    end = start + np.where(write, finish[index], busy[index])
+    # later accesses (any kind) that start while a write is in flight
+    w = np.flatnonzero(write)
+    pairs = [_windows(w, w + 1, np.searchsorted(start, end[w], side="left"))]
+    # later writes that start while a read is in flight
+    r = np.flatnonzero(~write)
+    w_pos, w_start = pos[w], start[w]
+    lo = np.searchsorted(w_pos, pos[r], side="right")
+    hi = np.searchsorted(w_start, end[r], side="left")
+    early, late = _windows(r, lo, hi)
+    pairs.append((early, w[late]))
+    early = np.concatenate([p[0] for p in pairs])
+    late = np.concatenate([p[1] for p in pairs])
+    apart = pos[early] != pos[late]
+    if meet_pairs(keys[:, early[apart]], keys[:, late[apart]]).any():
+        return False
+    return _resident_untouched(keys[:, write], constants, protected) and \
+        _reads_written(keys, write, constants, sram_size)
+
+
+def _windows(owner, lo, hi) -> tuple:
+    """Every ``(owner[k], j)`` with ``lo[k] <= j < hi[k]``, as two arrays."""
+    counts = np.maximum(hi - lo, 0)
+    total = int(counts.sum())
+    first = np.repeat(owner, counts)
+    step = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    return first, np.repeat(lo, counts) + step
+
+
+def _resident_untouched(writes, constants, protected) -> bool:
+    resident = _Resident(constants, protected)
+    if not resident._los:
+        return True
+    below = np.searchsorted(resident._los, writes[1], side="left")
+    reach = np.asarray(resident._reach)
+    near = np.flatnonzero((below > 0) & (reach[np.maximum(below - 1, 0)] > writes[0]))
+    return not any(resident.overwritten_by(tuple(writes[:, k].tolist())) for k in near)
+
+
+def _reads_written(keys, write, constants, sram_size) -> bool:
+    """Each read lies in one constant or in bytes written earlier in issue order (accesses come in that order).
+
+    Bytes once written stay written, so of the accesses to one footprint only the first (in issue order, a
+    read before its own instruction's write) needs the byte map: after it, the footprint is known written.
+    """
+    starts = sorted((ref.addr, ref.end) for ref in constants)
+    if starts:
+        const_lo = np.array([s for s, _ in starts], np.int64)
+        const_hi = np.array([e for _, e in starts], np.int64)
+        k = np.searchsorted(const_lo, keys[3], side="right") - 1
+        in_constant = (k >= 0) & (keys[1] <= const_hi[np.maximum(k, 0)])
+    else:
+        in_constant = np.zeros(len(write), bool)
+    pending = np.flatnonzero(write | ~in_constant)
+    grouped = pending[np.lexsort((np.arange(len(pending)),) + tuple(keys[:, pending][::-1]))]
+    first = np.ones(len(grouped), bool)
+    first[1:] = (keys[:, grouped[1:]] != keys[:, grouped[:-1]]).any(axis=0)
+    pending = np.sort(grouped[first])
+    # every footprint edge is a multiple of the accesses' common divisor (an element size at least): the map
+    # keeps one flag per such grain
+    scaled = keys[:, pending]
+    grain = int(np.gcd.reduce(scaled[[0, 1, 2, 5]].ravel())) or 1
+    scaled = scaled // grain
+    scaled[4] = keys[4, pending]
+    written = np.zeros(-(-sram_size // grain), np.bool_)
+    for key, is_write in zip(scaled.T.tolist(), write[pending].tolist()):
+        view = _key_view(written, key)
+        if is_write:
+            view[...] = True
+        elif not view.all():
+            return False
+    return True
+
+
+def _key_view(bitmap, key):
+    lo, hi, stride, addr, rows, run = key
+    if not stride:
+        return bitmap[lo:hi]
+    if addr + rows * stride <= len(bitmap):
+        return bitmap[addr:addr + rows * stride].reshape(rows, stride)[:, :run]
+    return np.lib.stride_tricks.as_strided(bitmap[addr:], shape=(rows, run), strides=(stride, 1))
+
+
+def checked_timeline(columns: ProgramColumns, constants=(), sram_size: int | None = None,
+                     protected=()) -> Timeline:
+    """The program's measured timeline, every rule checked: proven whole when it can be, else walked
+    instruction by instruction, which raises :class:`.check.ScheduleError` naming the first broken rule."""
+    timeline = proven_timeline(columns, constants, sram_size, protected)
+    if timeline is None:
+        timeline = check_timing(columns.program, columns.chip, constants, sram_size, protected)
+    return timeline

@@ -1,0 +1,153 @@
+"""A program's figures: cycles, each unit's busy time, work done, and a row per layer.
+
+Summed as arrays over :class:`.columns.ProgramColumns`, not instruction by
+instruction: a sweep measures thousands of programs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .columns import ProgramColumns
+from .isa import Opcode, Unit
+
+
+class Timed:
+    """Seconds and microseconds of ``cycles`` at ``clock_hz``."""
+
+    @property
+    def seconds(self) -> float:
+        return self.cycles / self.clock_hz
+
+    @property
+    def microseconds(self) -> float:
+        return 1e6 * self.seconds
+
+
+@dataclass
+class RunStats(Timed):
+    """Cycle-level figures of a program (identical on every call: the schedule is static)."""
+
+    cycles: int
+    predicted_cycles: int
+    clock_hz: int
+    unit_busy: dict
+    unit_instances: dict
+    plane_busy: list
+    macs: int
+    peak_macs_cycles: float  # Σ over MATMULs of their array-cycles at full rate: the MAC-utilisation numerator
+    sram_high_water: int
+    sram_bytes_moved: int
+    host_bytes: int
+    flops: int
+    instruction_cycles_sum: int
+    layers: list = field(default_factory=list)
+    planes: int = 1
+    array_macs: int = 1
+
+    @property
+    def utilisation(self) -> dict:
+        """Busy fraction of each unit kind over the makespan (all its instances together)."""
+        return {u: busy / (self.cycles * self.unit_instances[u]) if self.cycles else 0.0
+                for u, busy in self.unit_busy.items()}
+
+    @property
+    def mac_utilisation(self) -> float:
+        """Useful MACs ÷ (peak MACs per cycle × cycles), each MATMUL at its own dtype's peak."""
+        return self.peak_macs_cycles / (self.planes * self.array_macs * self.cycles) if self.cycles else 0.0
+
+    def to_dict(self) -> dict:
+        return {"predicted_cycles": self.predicted_cycles, "simulated_cycles": self.cycles,
+                "seconds": self.seconds, "microseconds": self.microseconds, "sram_high_water": self.sram_high_water,
+                "sram_bytes_moved": self.sram_bytes_moved, "host_bytes": self.host_bytes, "flops": self.flops,
+                "macs": self.macs, "mac_utilisation": self.mac_utilisation,
+                "plane_busy": self.plane_busy, "instruction_cycles_sum": self.instruction_cycles_sum,
+                "units": {u: {"busy_cycles": b, "instances": self.unit_instances[u],
+                              "utilisation": self.utilisation[u]} for u, b in self.unit_busy.items()},
+                "layers": self.layers}
+
+
+_BOUND_OF_UNIT = {"MXM": "matrix", "VXM": "vector", "SXM": "switch", "MEM": "host link", "C2C": "link"}
+
+
+def run_stats(columns: ProgramColumns, timeline, sram_size: int) -> RunStats:
+    """The figures of a program's measured timeline, summed as arrays (each instruction's occupancy is its
+    signature's, but for the busy time of a stretched chained consumer)."""
+    program, chip = columns.program, columns.chip
+    instructions = program.instructions
+    kinds = [instructions[i] for i in columns.first]
+    kind_occ = columns.kind_occupancy
+    sig = columns.signature
+    units = [u.name for u in Unit]
+    unit = np.array([units.index(k.unit.name) for k in kinds], np.int64)[sig]
+    busy = np.fromiter((o.busy for o in timeline.occupancies), np.int64, len(instructions))
+    finish = busy + np.fromiter((o.latency for o in timeline.occupancies), np.int64, len(instructions))
+
+    def per_kind(values):
+        return np.array(values, np.int64)[sig]
+    flops, macs = per_kind([o.flops for o in kind_occ]), per_kind([o.macs for o in kind_occ])
+    matmul = per_kind([k.opcode == Opcode.MATMUL for k in kinds]).astype(bool)
+    passes = per_kind([chip.mxm_passes.get(k.srcs[0].dtype.matrix_class, 0) if k.opcode == Opcode.MATMUL else 0
+                       for k in kinds])
+    plane = per_kind([k.unit_index for k in kinds])
+    moved = per_kind([o.sram_bytes for o in kind_occ])
+    host = per_kind([o.host_bytes for o in kind_occ])
+    unit_busy = np.bincount(unit, busy, minlength=len(units))
+    return RunStats(timeline.makespan, program.predicted_cycles, chip.clock_hz,
+                    {u: int(unit_busy[k]) for k, u in enumerate(units)}, {u: chip.unit_count(u) for u in units},
+                    np.bincount(plane[matmul], busy[matmul], minlength=chip.mxm_planes).astype(np.int64).tolist(),
+                    int(macs[matmul].sum()), float((macs * passes)[matmul].sum()), sram_size, int(moved.sum()),
+                    int(host.sum()), int(flops.sum()), int(busy.sum()),
+                    _layer_rows(columns, unit, units, busy, finish, flops, macs, moved + host),
+                    chip.mxm_planes, chip.mxm_rows * chip.mxm_cols)
+
+
+def _layer_rows(columns, unit, units, busy, finish, flops, macs, moved) -> list:
+    """Per layer (in order of first appearance): its span, work, and what bounds it."""
+    program, chip = columns.program, columns.chip
+    instructions = program.instructions
+    layer = np.fromiter((ins.layer for ins in instructions), np.int64, len(instructions))
+    names = program.layer_names
+    layers, first_of_layer = np.unique(layer, return_index=True)
+    row_of_name, row_of_layer = {}, []
+    for number in layers.tolist():
+        name = names[number] if number < len(names) else str(number)
+        row_of_layer.append(name)
+    for k in np.argsort(first_of_layer).tolist():  # rows in order of each name's first instruction
+        row_of_name.setdefault(row_of_layer[k], len(row_of_name))
+    row = np.array([row_of_name[name] for name in row_of_layer], np.int64)[np.searchsorted(layers, layer)]
+    n_rows, n_units = len(row_of_name), len(units)
+    cell = row * n_units + unit
+    present = np.full(n_rows * n_units, len(instructions))
+    np.minimum.at(present, cell, np.arange(len(instructions)))  # first instruction of each unit in each layer
+    unit_busy = np.bincount(cell, busy, minlength=n_rows * n_units).reshape(n_rows, n_units)
+    present = present.reshape(n_rows, n_units)
+    bound_names = sorted({o.bound for o in columns.kind_occupancy})
+    bound = np.array([bound_names.index(o.bound) for o in columns.kind_occupancy], np.int64)[columns.signature]
+    bound_busy = np.bincount(row * len(bound_names) + bound, busy,
+                             minlength=n_rows * len(bound_names)).reshape(n_rows, len(bound_names))
+    start = np.full(n_rows, np.iinfo(np.int64).max)
+    np.minimum.at(start, row, columns.cycle)
+    end = np.zeros(n_rows, np.int64)
+    np.maximum.at(end, row, columns.cycle + finish)
+    sums = [np.bincount(row, w, minlength=n_rows) for w in (flops, macs, moved)]
+    out = []
+    for name, r in row_of_name.items():
+        seen = [k for k in np.argsort(present[r], kind="stable").tolist() if present[r, k] < len(instructions)]
+        row_busy = {units[k]: int(unit_busy[r, k]) for k in seen}
+        span = max(int(end[r] - start[r]), 1)
+        # instances work side by side, except that the DMA engines share the one host link (and the vector
+        # queues share the ALUs): their busy time counts against the span itself
+        shares = {u: b / (span * (1 if u in ("MEM", "VXM") else chip.unit_count(u)))
+                  for u, b in row_busy.items() if u in _BOUND_OF_UNIT}
+        top, share = max(shares.items(), key=lambda kv: kv[1]) if shares else ("ICU", 0.0)
+        kind = _BOUND_OF_UNIT.get(top, "latency") if share >= 0.5 else "latency"
+        bounds = dict(zip(bound_names, bound_busy[r].tolist()))
+        if kind == "vector" and bounds.get("streams", 0) > bounds.get("vector", 0):
+            kind = "SRAM bandwidth"
+        out.append({"name": name, "cycles": span, "start": int(start[r]), "end": int(end[r]),
+                    "flops": int(sums[0][r]), "macs": int(sums[1][r]), "bytes": int(sums[2][r]),
+                    "units": sorted(row_busy), "bound": kind, "busy": row_busy})
+    return out

@@ -1,10 +1,10 @@
-"""SRAM footprints meet where their bytes do: the checker's pairwise test and the scheduler's vectorised one
-against a byte map of SRAM."""
+"""SRAM footprints meet where their bytes do: the checker's pairwise test, the scheduler's vectorised one and
+the whole-program check's pair-by-pair one, against a byte map of SRAM."""
 
 import numpy as np
 
 from lpx_tvm.runtime_sim import DType, TensorRef
-from lpx_tvm.runtime_sim.hazards import footprint_key, meets, overlaps
+from lpx_tvm.runtime_sim.hazards import footprint_key, meet_pairs, meets, overlaps
 
 SPAN = 512
 
@@ -56,12 +56,14 @@ def test_footprints_meet_exactly_where_same_stride_blocks_share_bytes_and_never_
     exact = [touched(r) == block_bytes(r) for r in refs]
     table = np.array(keys, np.int64).T
     exact_pairs = 0
+    first, second = np.repeat(np.arange(len(refs)), len(refs)), np.tile(np.arange(len(refs)), len(refs))
+    pairwise = meet_pairs(table[:, first], table[:, second]).reshape(len(refs), len(refs))
     for a, (ref, key) in enumerate(zip(refs, keys)):
         vector = overlaps(table, key)
         for b, other in enumerate(refs):
             truth = bool(touched(ref) & touched(other))
             pair = meets(keys[b], key)
-            assert pair == bool(vector[b]) == meets(key, keys[b]), (ref, other)
+            assert pair == bool(vector[b]) == meets(key, keys[b]) == pairwise[a, b] == pairwise[b, a], (ref, other)
             if truth:
                 assert pair, f"{ref} and {other} share bytes the footprints miss"
             if exact[a] and exact[b] and compared_exactly(key, keys[b]):

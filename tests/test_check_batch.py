@@ -1,0 +1,99 @@
+"""The whole-program schedule check (check_batch) accepts exactly what the instruction-by-instruction walk
+(check.check_timing, the rules' definition) accepts: the same timeline on compiled programs, and the same
+verdict on thousands of programs broken at random."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import lpx_tvm
+from lpx_tvm.runtime_sim import Opcode, ProgramFormatError, ScheduleError, Simulator, Space, check_timing, decode
+from lpx_tvm.runtime_sim.check_batch import proven_timeline
+from lpx_tvm.runtime_sim.program import validated_columns
+from lpx_tvm.runtime_sim.timing import occupancy
+from conftest import cnn_model, mlp_model
+
+
+@pytest.fixture(scope="module")
+def compiled_programs():
+    out = []
+    for make, dtype in ((cnn_model, "fp32"), (cnn_model, "fp16"), (mlp_model, "fp32")):
+        compiled = lpx_tvm.compile(make(), config="tiny", dtype=dtype)
+        out += [decode(blob) for blob in compiled.programs.values()]
+    return out
+
+
+def _both_verdicts(program):
+    """``(walk, whole)``: each check's timeline, or None where it rejects the program."""
+    try:
+        columns = validated_columns(program)
+    except ProgramFormatError:
+        return "invalid", "invalid"
+    sram_size = Simulator(program, check_schedule=False, timing_only=True).sram_size
+    resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
+    protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
+    try:
+        walk = check_timing(program, columns.chip, resident, sram_size, protected)
+    except ScheduleError as err:
+        walk = err.rule
+    return walk, proven_timeline(columns, resident, sram_size, protected)
+
+
+def test_compiled_programs_are_proven_with_the_walks_timeline(compiled_programs):
+    kinds = set()
+    for program in compiled_programs:
+        walk, whole = _both_verdicts(program)
+        assert whole is not None and whole == walk
+        kinds |= {i.opcode for i in program.instructions}
+        kinds |= {"chained" for i in program.instructions if any(r.space == Space.STREAM for r in i.srcs)}
+    assert {Opcode.INSTALL, Opcode.MATMUL, Opcode.LOAD, Opcode.STORE, "chained"} <= kinds
+
+
+def _broken(program, rng):
+    """The program with one instruction moved in time, to another unit instance, or one operand moved in SRAM;
+    its header's cycles as the instructions alone would take."""
+    instructions = list(program.instructions)
+    k = int(rng.integers(len(instructions)))
+    ins = instructions[k]
+    kind = rng.integers(3)
+    if kind == 0:
+        ins = dataclasses.replace(ins, cycle=max(0, ins.cycle + int(rng.integers(-40, 41))))
+    elif kind == 1:
+        ins = dataclasses.replace(ins, unit_index=int(rng.integers(4)))
+    else:
+        srcs, dsts = list(ins.srcs), list(ins.dsts)
+        side = srcs if (rng.integers(2) or not dsts) and srcs else dsts
+        j = int(rng.integers(len(side)))
+        ref = side[j]
+        if ref.space == Space.SRAM:
+            step = ref.dtype.itemsize * int(rng.choice([-64, -8, -1, 1, 8, 64]))
+            side[j] = dataclasses.replace(ref, addr=max(0, ref.addr + step))
+        ins = dataclasses.replace(ins, srcs=tuple(srcs), dsts=tuple(dsts))
+    instructions[k] = ins
+    chip = lpx_tvm.runtime_sim.load_config(program.config_name)
+    try:
+        makespan = max(i.cycle + occupancy(i, chip).finish for i in instructions)
+    except (KeyError, IndexError):  # a unit instance the chip lacks: validation rejects it
+        makespan = program.predicted_cycles
+    return dataclasses.replace(program, instructions=tuple(instructions), predicted_cycles=makespan)
+
+
+def test_programs_broken_at_random_get_the_walks_verdict(compiled_programs):
+    rng = np.random.default_rng(11)
+    verdicts = {"accepted": 0}
+    for _ in range(600):
+        program = compiled_programs[int(rng.integers(len(compiled_programs)))]
+        walk, whole = _both_verdicts(_broken(program, rng))
+        if walk == "invalid":
+            continue
+        if isinstance(walk, str):
+            assert whole is None, f"the whole-program check accepts what the walk rejects ({walk})"
+            verdicts[walk] = verdicts.get(walk, 0) + 1
+        else:
+            assert whole == walk
+            verdicts["accepted"] += 1
+    # both verdicts, and the rules that compiled programs can break by one move, were exercised
+    assert verdicts["accepted"] >= 50
+    assert {"RAW hazard", "WAW hazard", "unit overlap", "chained stream", "read before write",
+            "install not finished"} <= set(verdicts), verdicts

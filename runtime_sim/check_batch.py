@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .check import (_CAPACITY, _RATES, ScheduleError, Timeline, _Buffers, _limits, _Resident, _stretched, _Streams,
+from .check import (_CAPACITY, _RATES, ScheduleError, Timeline, _limits, _Resident, _stretched, _Streams,
                     check_timing)
 from .columns import _HI, _IN_SRAM, _ROWS, _RUN, _STRIDE, _WRITE, ProgramColumns
 from .hazards import meet_pairs
@@ -59,7 +59,6 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
     chained = np.unique(columns.owner[op[:, _IN_SRAM] == 0])
     try:
         _follow_chains(instructions, columns, chained)
-        _check_buffers(instructions, columns)
     except ScheduleError:
         return None
     busy = np.array([o.busy for o in columns.kind_occupancy], np.int64)[columns.signature]
@@ -70,7 +69,8 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
     makespan = int((columns.cycle + finish).max())
     if makespan != program.predicted_cycles:
         return None
-    if not (_units_free(columns, busy) and _rates_fit(columns, chained, busy, chip)
+    if not (_buffers_ready(columns, busy, finish) and _units_free(columns, busy)
+            and _rates_fit(columns, chained, busy, chip)
             and _sram_safe(columns, busy, finish, constants, protected, sram_size or chip.sram_bytes)):
         return None
     return Timeline(tuple(occupancies), tuple(columns.order.tolist()), makespan)
@@ -80,6 +80,7 @@ def _follow_chains(instructions, columns, chained) -> None:
     """Chained producers and consumers in issue order (few: walked one by one); stretches slow consumers."""
     streams = _Streams()
     occupancies = columns.occupancies
+    stretched = {}  # (kind's occupancy, producer's busy) -> the consumer's, stretched: kinds repeat
     for index in chained[np.argsort(columns.position[chained])].tolist():
         ins, issue = instructions[index], instructions[index].cycle
         occ = occupancies[index]
@@ -87,7 +88,8 @@ def _follow_chains(instructions, columns, chained) -> None:
             if ref.space == Space.STREAM:
                 producer_busy = streams.consume(index, ref, issue)
                 if producer_busy > occ.busy:
-                    occ = _stretched(occ, producer_busy)
+                    key = (id(occ), producer_busy)
+                    occ = stretched.get(key) or stretched.setdefault(key, _stretched(occ, producer_busy))
         for ref in ins.srcs:
             if ref.space == Space.STREAM:
                 streams.taken(ref, issue + occ.busy)
@@ -97,17 +99,53 @@ def _follow_chains(instructions, columns, chained) -> None:
         occupancies[index] = occ
 
 
-def _check_buffers(instructions, columns) -> None:
-    buffers = _Buffers()
-    occupancies = columns.occupancies
-    matrix = np.array([instructions[i].opcode in (Opcode.INSTALL, Opcode.MATMUL) for i in columns.first])
+def _buffers_ready(columns, busy, finish) -> bool:
+    """Each plane's weight buffers: a MATMUL reads a tile installed, finished and of its shape; a tile is not
+    replaced while a MATMUL still reads it (:class:`.check._Buffers`' rules, buffer by buffer in issue order)."""
+    instructions = columns.program.instructions
+    kinds = [instructions[i] for i in columns.first]
+    installs = np.array([k.opcode == Opcode.INSTALL for k in kinds])
+    matmuls = np.array([k.opcode == Opcode.MATMUL for k in kinds])
     order = columns.order
-    for index in order[matrix[columns.signature[order]]].tolist():
-        ins = instructions[index]
-        if ins.opcode == Opcode.INSTALL:
-            buffers.install(index, ins, ins.cycle, occupancies[index])
-        elif ins.opcode == Opcode.MATMUL:
-            buffers.use(index, ins, ins.cycle, occupancies[index])
+    kind = columns.signature[order]
+    chosen = order[installs[kind] | matmuls[kind]]
+    if not len(chosen):
+        return True
+    kind = columns.signature[chosen]
+    classes = sorted({k.srcs[0].dtype.matrix_class for k in kinds if k.opcode in (Opcode.INSTALL, Opcode.MATMUL)})
+
+    def tile(k):  # (plane, buffer, k, n, matrix class): what is installed, or what a MATMUL needs
+        if k.opcode == Opcode.INSTALL:
+            rows, cols = k.srcs[0].shape
+        elif k.opcode == Opcode.MATMUL:
+            rows, cols = k.srcs[0].shape[-1], k.dsts[0].shape[-1]
+        else:
+            return (0,) * 5
+        return k.unit_index, k.attrs["buffer"], rows, cols, classes.index(k.srcs[0].dtype.matrix_class)
+    tiles = np.array([tile(k) for k in kinds], np.int64)[kind]
+    by_buffer = np.lexsort((np.arange(len(chosen)), tiles[:, 1], tiles[:, 0]))  # stable: issue order kept
+    chosen, kind, tiles = chosen[by_buffer], kind[by_buffer], tiles[by_buffer]
+    n = len(chosen)
+    is_install = installs[kind]
+    start = np.ones(n, bool)
+    start[1:] = (tiles[1:, :2] != tiles[:-1, :2]).any(axis=1)
+    group_start = np.maximum.accumulate(np.where(start, np.arange(n), 0))
+    # the latest INSTALL at or before each entry of its buffer (group_start - 1 where there is none yet)
+    latest = np.maximum.accumulate(np.where(is_install, np.arange(n), group_start - 1))
+    use = ~is_install
+    tile_of = np.maximum(latest, 0)
+    issue = columns.cycle[chosen]
+    if (use & (latest < group_start)).any():
+        return False  # empty weight buffer
+    if (use & (issue[tile_of] + finish[chosen[tile_of]] > issue)).any():
+        return False  # install not finished
+    if (use & (tiles[:, 2:] != tiles[tile_of, 2:]).any(axis=1)).any():
+        return False  # weight shape
+    reads_end = np.zeros(n, np.int64)
+    np.maximum.at(reads_end, tile_of[use], (issue + busy[chosen])[use])
+    replaced = is_install & ~start  # an INSTALL over a buffer that held a tile: the one before it
+    previous = latest[np.maximum(np.arange(n) - 1, 0)]
+    return not (replaced & (previous >= group_start) & (reads_end[np.maximum(previous, 0)] > issue)).any()
 
 
 def _units_free(columns, busy) -> bool:
@@ -180,8 +218,8 @@ def _sram_safe(columns, busy, finish, constants, protected, sram_size) -> bool:
     pairs.append((early, w[late]))
     early = np.concatenate([p[0] for p in pairs])
     late = np.concatenate([p[1] for p in pairs])
-    apart = pos[early] != pos[late]
-    if meet_pairs(keys[:, early[apart]], keys[:, late[apart]]).any():
+    near = (pos[early] != pos[late]) & (keys[0, early] < keys[1, late]) & (keys[1, early] > keys[0, late])
+    if meet_pairs(keys[:, early[near]], keys[:, late[near]]).any():  # (the bounding ranges meet: few do)
         return False
     return _resident_untouched(keys[:, write], constants, protected) and \
         _reads_written(keys, write, constants, sram_size)
@@ -232,22 +270,19 @@ def _reads_written(keys, write, constants, sram_size) -> bool:
     scaled = scaled // grain
     scaled[4] = keys[4, pending]
     written = np.zeros(-(-sram_size // grain), np.bool_)
-    for key, is_write in zip(scaled.T.tolist(), write[pending].tolist()):
-        view = _key_view(written, key)
+    size, all_of = len(written), np.logical_and.reduce
+    for lo, hi, stride, addr, rows, run, is_write in zip(*scaled.tolist(), write[pending].tolist()):
+        if not stride:
+            view = written[lo:hi]
+        elif addr + rows * stride <= size:  # a reshape of the rows' span: far cheaper than as_strided
+            view = written[addr:addr + rows * stride].reshape(rows, stride)[:, :run]
+        else:
+            view = np.lib.stride_tricks.as_strided(written[addr:], shape=(rows, run), strides=(stride, 1))
         if is_write:
             view[...] = True
-        elif not view.all():
+        elif not all_of(view, axis=None):
             return False
     return True
-
-
-def _key_view(bitmap, key):
-    lo, hi, stride, addr, rows, run = key
-    if not stride:
-        return bitmap[lo:hi]
-    if addr + rows * stride <= len(bitmap):
-        return bitmap[addr:addr + rows * stride].reshape(rows, stride)[:, :run]
-    return np.lib.stride_tricks.as_strided(bitmap[addr:], shape=(rows, run), strides=(stride, 1))
 
 
 def checked_timeline(columns: ProgramColumns, constants=(), sram_size: int | None = None,

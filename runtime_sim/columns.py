@@ -24,11 +24,12 @@ _WRITE, _IN_SRAM, _ITEM, _NBYTES, _END, _ROWS, _RUN, _STRIDE, _HI = range(9)
 _HUGE = 1 << 62  # int64 sums of two such values cannot overflow
 
 
-def _operand_row(ref, write: int) -> tuple:
+def _operand_row(ref) -> tuple:
+    """The ``_IN_SRAM`` ... ``_HI`` columns of an operand."""
     _, rows, run, stride = ref.footprint()
     if rows == 1:
         run, stride = (rows - 1) * stride + run, 0  # a plain range, as hazards.footprint_key gives it
-    return (write, ref.space == Space.SRAM, ref.dtype.itemsize, ref.nbytes, ref.end - ref.addr, rows, run, stride,
+    return (ref.space == Space.SRAM, ref.dtype.itemsize, ref.nbytes, ref.end - ref.addr, rows, run, stride,
             (rows - 1) * stride + run)
 
 
@@ -52,23 +53,31 @@ class ProgramColumns:
         instructions = program.instructions
         ids, first, signature, addrs = {}, [], [], []
         for ins in instructions:
-            srcs, dsts = ins.srcs, ins.dsts
-            key = (ins.opcode, ins.unit_index, tuple(ins.attrs.values()),
-                   tuple([(r.shape, r.dtype, r.strides, r.space) for r in srcs]),
-                   tuple([(r.shape, r.dtype, r.strides, r.space) for r in dsts]))
+            srcs = ins.srcs
+            refs = srcs + ins.dsts
+            key = (ins.opcode, ins.unit_index, tuple(ins.attrs.values()), len(srcs),
+                   tuple([(r.shape, r.dtype, r.strides, r.space) for r in refs]))
             sid = ids.get(key)
             if sid is None:
                 sid = ids[key] = len(first)
                 first.append(len(signature))
             signature.append(sid)
-            addrs += [r.addr for r in srcs]
-            addrs += [r.addr for r in dsts]
+            addrs += [r.addr for r in refs]
         self.program, self.chip, self.first, self.keys = program, chip, first, list(ids)
         self.signature = np.array(signature, np.int64)
         self.kind_occupancy = [occupancy(instructions[i], chip) for i in first]
         self.occupancies = [self.kind_occupancy[s] for s in signature]
-        rows = [[_operand_row(r, 0) for r in instructions[i].srcs] + [_operand_row(r, 1) for r in instructions[i].dsts]
-                for i in first]
+        by_shape = {}  # an operand's row but for its direction depends on its shape, dtype, strides and space
+        rows = []
+        for key, i in zip(self.keys, first):
+            n_srcs, ins = key[3], instructions[i]
+            kind = []
+            for j, (shape_key, ref) in enumerate(zip(key[4], ins.srcs + ins.dsts)):
+                row = by_shape.get(shape_key)
+                if row is None:
+                    row = by_shape[shape_key] = _operand_row(ref)
+                kind.append((int(j >= n_srcs),) + row)
+            rows.append(kind)
         self.owner, template = self.spread([len(r) for r in rows])
         operand = [v for r in rows for row in r for v in row]
         cycles = [ins.cycle for ins in instructions]

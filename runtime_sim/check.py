@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import ceil
 from operator import attrgetter
 
@@ -59,6 +59,7 @@ class Timeline:
     occupancies: tuple  # by instruction index
     order: tuple  # instruction indexes in issue order
     makespan: int
+    busy: np.ndarray | None = field(default=None, compare=False)  # the occupancies' busy cycles, as an array
 
 
 _EXCLUSIVE_RULES = {"HOST": "host link", "MXM.load": "install port"}

@@ -17,7 +17,7 @@ import numpy as np
 from .config import ChipConfig
 from .isa import Space
 from .program import MAX_CYCLE, ProgramFormatError, _validate_for_chip, _validate_operands
-from .timing import occupancy
+from .timing import occupancy, on_instance
 
 # per operand: is a write, in SRAM, element bytes, bytes, end - addr, footprint rows, run, stride, hi - addr
 _WRITE, _IN_SRAM, _ITEM, _NBYTES, _END, _ROWS, _RUN, _STRIDE, _HI = range(9)
@@ -65,7 +65,16 @@ class ProgramColumns:
             addrs += [r.addr for r in refs]
         self.program, self.chip, self.first, self.keys = program, chip, first, list(ids)
         self.signature = np.array(signature, np.int64)
-        self.kind_occupancy = [occupancy(instructions[i], chip) for i in first]
+        self.kind_occupancy = []
+        elsewhere = {}  # the occupancy of a kind on another instance of its unit differs only in that instance
+        for key, i in zip(self.keys, first):
+            unitless = key[:1] + key[2:]
+            other = elsewhere.get(unitless)
+            if other is None:
+                occ = elsewhere[unitless] = occupancy(instructions[i], chip)
+            else:
+                occ = on_instance(other, key[1])
+            self.kind_occupancy.append(occ)
         self.occupancies = [self.kind_occupancy[s] for s in signature]
         by_shape = {}  # an operand's row but for its direction depends on its shape, dtype, strides and space
         rows = []

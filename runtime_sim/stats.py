@@ -82,7 +82,8 @@ def run_stats(columns: ProgramColumns, timeline, sram_size: int) -> RunStats:
     sig = columns.signature
     units = [u.name for u in Unit]
     unit = np.array([units.index(k.unit.name) for k in kinds], np.int64)[sig]
-    busy = np.fromiter((o.busy for o in timeline.occupancies), np.int64, len(instructions))
+    busy = timeline.busy if timeline.busy is not None else \
+        np.fromiter((o.busy for o in timeline.occupancies), np.int64, len(instructions))
     finish = busy + np.fromiter((o.latency for o in timeline.occupancies), np.int64, len(instructions))
 
     def per_kind(values):

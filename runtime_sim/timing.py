@@ -18,7 +18,7 @@ never by calling this module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, prod
 
 from .config import ChipConfig
@@ -180,3 +180,10 @@ assert all(spec.unit != Unit.VXM or RULES[spec.group] is _vector for spec in OP_
 def occupancy(ins: Instruction, config: ChipConfig) -> Occupancy:
     """What ``ins`` occupies on ``config`` and for how long (see the module docstring)."""
     return RULES[ins.spec.group](ins, config)
+
+
+def on_instance(occ: Occupancy, unit_index: int) -> Occupancy:
+    """``occ`` for the same instruction run by another instance of its unit: every rule lists the
+    instruction's own unit instance first among what it holds alone, and nothing else depends on which."""
+    (name, _), *rest = occ.exclusive
+    return replace(occ, exclusive=((name, unit_index), *rest))

@@ -97,3 +97,17 @@ def test_programs_broken_at_random_get_the_walks_verdict(compiled_programs):
     assert verdicts["accepted"] >= 50
     assert {"RAW hazard", "WAW hazard", "unit overlap", "chained stream", "read before write",
             "install not finished"} <= set(verdicts), verdicts
+
+
+def test_an_instruction_on_another_unit_instance_differs_only_in_that_instance(compiled_programs):
+    """The columns work out each kind's occupancy once and move it to other instances (timing.on_instance)."""
+    from lpx_tvm.runtime_sim.timing import on_instance
+
+    chip = lpx_tvm.runtime_sim.load_config("tiny")
+    groups = set()
+    for ins in compiled_programs[0].instructions:
+        for k in range(chip.unit_count(ins.unit.name)):
+            moved = dataclasses.replace(ins, unit_index=k)
+            assert occupancy(moved, chip) == on_instance(occupancy(ins, chip), k)
+        groups.add(ins.spec.group)
+    assert len(groups) >= 6

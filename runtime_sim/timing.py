@@ -18,20 +18,21 @@ never by calling this module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from math import ceil, prod
+from typing import NamedTuple
 
 from .config import ChipConfig
 from .isa import OP_TABLE, Group, Instruction, Opcode, Unit
 
 
-@dataclass(frozen=True)
-class Occupancy:
+class Occupancy(NamedTuple):
     """What an instruction holds while it runs, and what it achieves.
 
     ``exclusive`` lists the resources it holds alone for ``busy`` cycles; the
     rates (``streams``, ``sram_read``, ``sram_write`` in bytes per cycle, ``alus``
-    per lane) are shared with whatever else runs in those cycles.
+    per lane) are shared with whatever else runs in those cycles. (A named
+    tuple: the scheduler and the checker make one per instruction, and a tuple
+    is made several times faster than a frozen dataclass.)
     """
 
     exclusive: tuple
@@ -186,4 +187,4 @@ def on_instance(occ: Occupancy, unit_index: int) -> Occupancy:
     """``occ`` for the same instruction run by another instance of its unit: every rule lists the
     instruction's own unit instance first among what it holds alone, and nothing else depends on which."""
     (name, _), *rest = occ.exclusive
-    return replace(occ, exclusive=((name, unit_index), *rest))
+    return occ._replace(exclusive=((name, unit_index), *rest))

@@ -89,7 +89,9 @@ def _follow_chains(instructions, columns, chained) -> None:
                 producer_busy = streams.consume(index, ref, issue)
                 if producer_busy > occ.busy:
                     key = (id(occ), producer_busy)
-                    occ = stretched.get(key) or stretched.setdefault(key, _stretched(occ, producer_busy))
+                    if key not in stretched:
+                        stretched[key] = _stretched(occ, producer_busy)
+                    occ = stretched[key]
         for ref in ins.srcs:
             if ref.space == Space.STREAM:
                 streams.taken(ref, issue + occ.busy)
@@ -206,32 +208,29 @@ def _sram_safe(columns, busy, finish, constants, protected, sram_size) -> bool:
     pos = columns.position[index]
     start = columns.cycle[index]
     end = start + np.where(write, finish[index], busy[index])
-    # later accesses (any kind) that start while a write is in flight
-    w = np.flatnonzero(write)
-    pairs = [_windows(w, w + 1, np.searchsorted(start, end[w], side="left"))]
-    # later writes that start while a read is in flight
-    r = np.flatnonzero(~write)
-    w_pos, w_start = pos[w], start[w]
-    lo = np.searchsorted(w_pos, pos[r], side="right")
-    hi = np.searchsorted(w_start, end[r], side="left")
-    early, late = _windows(r, lo, hi)
-    pairs.append((early, w[late]))
-    early = np.concatenate([p[0] for p in pairs])
-    late = np.concatenate([p[1] for p in pairs])
-    near = (pos[early] != pos[late]) & (keys[0, early] < keys[1, late]) & (keys[1, early] > keys[0, late])
-    if meet_pairs(keys[:, early[near]], keys[:, late[near]]).any():  # (the bounding ranges meet: few do)
-        return False
+    w, r = np.flatnonzero(write), np.flatnonzero(~write)
+    windows = (  # (earlier access, first and last + 1 of the later ones that start while it is in flight)
+        (w, np.arange(len(write)), w + 1, np.searchsorted(start, end[w], side="left")),  # any, while a write is
+        (r, w, np.searchsorted(pos[w], pos[r], side="right"), np.searchsorted(start[w], end[r], side="left")))
+    for owner, among, lo, hi in windows:  # (writes while a read is)
+        for early, late in _windows(owner, lo, hi):
+            late = among[late]
+            near = (pos[early] != pos[late]) & (keys[0, early] < keys[1, late]) & (keys[1, early] > keys[0, late])
+            if meet_pairs(keys[:, early[near]], keys[:, late[near]]).any():  # (few bounding ranges meet)
+                return False
     return _resident_untouched(keys[:, write], constants, protected) and \
         _reads_written(keys, write, constants, sram_size)
 
 
-def _windows(owner, lo, hi) -> tuple:
-    """Every ``(owner[k], j)`` with ``lo[k] <= j < hi[k]``, as two arrays."""
+def _windows(owner, lo, hi, most: int = 1 << 21):
+    """Every ``(owner[k], j)`` with ``lo[k] <= j < hi[k]``, as pairs of arrays of at most about ``most``
+    (an access that lasts long, a big weight streaming in, can be in flight with thousands)."""
     counts = np.maximum(hi - lo, 0)
-    total = int(counts.sum())
-    first = np.repeat(owner, counts)
-    step = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-    return first, np.repeat(lo, counts) + step
+    bounds = np.searchsorted(np.cumsum(counts), np.arange(most, int(counts.sum()), most), side="left") + 1
+    for part in np.split(np.arange(len(owner)), bounds):
+        n = counts[part]
+        step = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        yield np.repeat(owner[part], n), np.repeat(lo[part], n) + step
 
 
 def _resident_untouched(writes, constants, protected) -> bool:

@@ -6,10 +6,9 @@
    1 worker, then with 2 (fresh stores, so nothing is skipped); the ratio is the scaling.
 2. ResNet-50 on tsp, in fp32, fp16, bf16 and int8 (the zoo's QDQ model): a timing-only simulator (schedule
    verified, cycles counted) against a full one (also placing the weights, binding every instruction and
-   running the arithmetic once), median of 5. Also
-   timed: loading without the schedule check (validation, each instruction's timing rules and the
-   statistics only), the part of a load that no check can speed up; full ÷ that is the ceiling on the
-   speed-up a faster check could give.
+   running the arithmetic once), median of 5, each on a freshly decoded program. Also timed: loading
+   without the schedule check (validation, each instruction's timing and the statistics only), the part of a
+   load that no check can speed up; full ÷ that is the ceiling on the speed-up a faster check could give.
 """
 
 from __future__ import annotations
@@ -63,32 +62,34 @@ def sweep_rate(workers: int) -> dict:
 def timing_only_speed(model: str = "resnet50", dtype: str = "fp32", repeat: int = 5) -> dict:
     import lpx_tvm
     from lpx_tvm.app.zoo import ZOO, quantized_for_zoo
-    from lpx_tvm.runtime_sim import Simulator
+    from lpx_tvm.runtime_sim import Simulator, decode, encode
 
     entry = ZOO[model]
     onnx_model = quantized_for_zoo(entry, entry.load()) if dtype == "int8" else entry.load()
     programs, _ = lpx_tvm.compile_programs(onnx_model, config="tsp", input_shapes=entry.input_shapes, dtype=dtype)
     (program,) = programs.values()
+    blob = bytes(encode(program))  # each run gets a freshly decoded program: nothing it derived is cached
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(t.shape).astype(t.dtype.np) for t in program.inputs]
 
-    def timing():
-        return Simulator(program, timing_only=True).stats.cycles
+    def timing(p):
+        return Simulator(p, timing_only=True).stats.cycles
 
-    def full():
-        sim = Simulator(program)
+    def full(p):
+        sim = Simulator(p)
         sim.run(inputs)
         return sim.stats.cycles
 
-    def unchecked():
-        return Simulator(program, timing_only=True, check_schedule=False).stats.cycles
+    def unchecked(p):
+        return Simulator(p, timing_only=True, check_schedule=False).stats.cycles
 
-    assert timing() == full() == unchecked()
+    assert timing(decode(blob)) == full(decode(blob)) == unchecked(decode(blob))
     times = {"timing_only_s": [], "full_s": [], "unchecked_s": []}
     for _ in range(repeat):  # alternated, so all see the same machine
         for key, fn in (("timing_only_s", timing), ("full_s", full), ("unchecked_s", unchecked)):
+            fresh = decode(blob)
             start = time.perf_counter()
-            fn()
+            fn(fresh)
             times[key].append(time.perf_counter() - start)
     result = {k: statistics.median(v) for k, v in times.items()}
     result["speedup"] = result["full_s"] / result["timing_only_s"]

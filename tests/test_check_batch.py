@@ -111,3 +111,17 @@ def test_an_instruction_on_another_unit_instance_differs_only_in_that_instance(c
             assert occupancy(moved, chip) == on_instance(occupancy(ins, chip), k)
         groups.add(ins.spec.group)
     assert len(groups) >= 6
+
+
+def test_in_flight_windows_come_in_bounded_parts_and_miss_no_pair():
+    from lpx_tvm.runtime_sim.check_batch import _windows
+
+    rng = np.random.default_rng(3)
+    owner = np.arange(200)
+    lo = rng.integers(0, 50, 200)
+    hi = lo + rng.integers(-5, 300, 200)  # some empty
+    every = [(o, j) for o, a, b in zip(owner.tolist(), lo.tolist(), hi.tolist()) for j in range(a, b)]
+    for most in (1, 7, 1000, 1 << 21):
+        parts = list(_windows(owner, lo, hi, most))
+        assert [(a, b) for e, l in parts for a, b in zip(e.tolist(), l.tolist())] == every
+        assert max(len(e) for e, _ in parts) <= most + 300  # a part ends at the first owner past the bound

@@ -1,12 +1,15 @@
 """Timing-only simulation: the schedule verified and its cycles counted, no arithmetic; the same figures as a
-full simulator on every zoo model, and the same rejections."""
+full simulator on every zoo model, and the same rejections. On every zoo model the whole-program check proves
+the schedule with the timeline of the instruction-by-instruction walk."""
 
 import numpy as np
 import pytest
 
 import lpx_tvm
 from lpx_tvm.app.zoo import ZOO
-from lpx_tvm.runtime_sim import Simulator
+from lpx_tvm.runtime_sim import Simulator, check_timing
+from lpx_tvm.runtime_sim.check_batch import proven_timeline
+from lpx_tvm.runtime_sim.program import validated_columns
 from lpx_tvm.runtime_sim.simulator import CallError
 
 from programs import Layout, ins, program
@@ -30,6 +33,12 @@ def test_timing_only_gives_a_full_runs_cycles_on_every_zoo_model(name):
         timing = Simulator(compiled.programs[name_], timing_only=True)
         assert _figures(timing.stats) == _figures(full.stats)
         assert timing.stats.cycles > 0
+        # both ran the whole-program check; it proved the schedule (no walk needed) with the walk's timeline
+        program = full.program
+        resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
+        protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
+        walked = check_timing(program, full.config, resident, full.sram_size, protected)
+        assert proven_timeline(validated_columns(program), resident, full.sram_size, protected) == walked
 
 
 def test_timing_only_refuses_to_run_and_still_rejects_a_bad_schedule():

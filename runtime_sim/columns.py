@@ -40,8 +40,9 @@ class ProgramColumns:
     ----------
     signature : int array, per instruction
         Index into ``first``, the first instruction of each distinct signature.
-    occupancies : list of Occupancy, per instruction
-        Each signature's, shared (a chained consumer's may later be replaced by a stretched one).
+    kind_occupancy, occupancies : lists of Occupancy, per signature and per instruction
+        Set by :meth:`time_kinds`; an instruction's is its signature's, shared (a chained consumer's may
+        later be replaced by a stretched one).
     cycle, order, position : int arrays
         Issue cycles; instruction indexes in issue order; each instruction's place in that order.
     owner, operand : arrays, per operand (sources then destinations, instruction by instruction)
@@ -65,17 +66,7 @@ class ProgramColumns:
             addrs += [r.addr for r in refs]
         self.program, self.chip, self.first, self.keys = program, chip, first, list(ids)
         self.signature = np.array(signature, np.int64)
-        self.kind_occupancy = []
-        elsewhere = {}  # the occupancy of a kind on another instance of its unit differs only in that instance
-        for key, i in zip(self.keys, first):
-            unitless = key[:1] + key[2:]
-            other = elsewhere.get(unitless)
-            if other is None:
-                occ = elsewhere[unitless] = occupancy(instructions[i], chip)
-            else:
-                occ = on_instance(other, key[1])
-            self.kind_occupancy.append(occ)
-        self.occupancies = [self.kind_occupancy[s] for s in signature]
+        self.kind_occupancy = self.occupancies = None  # timed once validated (time_kinds)
         by_shape = {}  # an operand's row but for its direction depends on its shape, dtype, strides and space
         rows = []
         for key, i in zip(self.keys, first):
@@ -100,6 +91,22 @@ class ProgramColumns:
         self.order = np.lexsort((np.arange(len(instructions)), self.cycle))
         self.position = np.empty(len(instructions), np.int64)
         self.position[self.order] = np.arange(len(instructions))
+
+    def time_kinds(self) -> None:
+        """Work out each kind's occupancy (``kind_occupancy``) and give every instruction its kind's
+        (``occupancies``). Only for a validated program: the timing rules assume well-formed operands."""
+        instructions = self.program.instructions
+        self.kind_occupancy = []
+        elsewhere = {}  # the occupancy of a kind on another instance of its unit differs only in that instance
+        for key, i in zip(self.keys, self.first):
+            unitless = key[:1] + key[2:]
+            other = elsewhere.get(unitless)
+            if other is None:
+                occ = elsewhere[unitless] = occupancy(instructions[i], self.chip)
+            else:
+                occ = on_instance(other, key[1])
+            self.kind_occupancy.append(occ)
+        self.occupancies = [self.kind_occupancy[s] for s in self.signature.tolist()]
 
     def spread(self, counts) -> tuple:
         """Per-signature lists of ``counts[s]`` items, laid out instruction by instruction.

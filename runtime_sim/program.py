@@ -399,6 +399,7 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
         if columns.oversized:  # defensive: a value that large always breaks a rule above
             raise ProgramFormatError("an address, size or issue cycle is out of range")
     _validate_outputs_covered(program)
+    columns.time_kinds()
     return columns
 
 

@@ -125,3 +125,15 @@ def test_in_flight_windows_come_in_bounded_parts_and_miss_no_pair():
         parts = list(_windows(owner, lo, hi, most))
         assert [(a, b) for e, l in parts for a, b in zip(e.tolist(), l.tolist())] == every
         assert max(len(e) for e, _ in parts) <= most + 300  # a part ends at the first owner past the bound
+
+
+def test_operands_that_break_their_opcodes_rules_are_named_before_any_timing_rule_reads_them():
+    """The columns time each kind only once the program is valid: a MATMUL with no source is a format
+    error naming it, not an IndexError from inside the matrix unit's timing rule."""
+    from programs import Layout, ins, program
+    from lpx_tvm.runtime_sim import DType
+
+    layout = Layout()
+    bad = program([ins("MATMUL", [], [layout.take((4, 32), DType.F32)], buffer=0)], layout)
+    with pytest.raises(ProgramFormatError, match=r"instruction 0 \(MATMUL\): MATMUL takes"):
+        Simulator(bad, timing_only=True)

@@ -143,6 +143,25 @@ class _Streams:
         chain = self.producer[ref.addr]
         chain[0], chain[4] = None, end
 
+    def consumed_by(self, index, ins, issue, occ, stretch=None) -> Occupancy:
+        """Check each chained source of ``ins``; returns its occupancy stretched to its slowest producer's
+        pace (by ``stretch``, :func:`_stretched` unless given)."""
+        for ref in ins.srcs:
+            if ref.space == Space.STREAM:
+                producer_busy = self.consume(index, ref, issue)
+                if producer_busy > occ.busy:
+                    occ = (stretch or _stretched)(occ, producer_busy)
+        return occ
+
+    def passed_on(self, index, ins, issue, occ) -> None:
+        """Free the streams ``ins`` has read and start the chains it produces."""
+        for ref in ins.srcs:
+            if ref.space == Space.STREAM:
+                self.taken(ref, issue + occ.busy)
+        for ref in ins.dsts:
+            if ref.space == Space.STREAM:
+                self.produce(index, ref, issue, occ)
+
 
 def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None = None,
                  protected=()) -> Timeline:
@@ -176,12 +195,7 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
     for index in order:
         ins = instructions[index]
         issue = ins.cycle
-        occ = occupancy(ins, chip)
-        for ref in ins.srcs:
-            if ref.space == Space.STREAM:
-                producer_busy = streams.consume(index, ref, issue)
-                if producer_busy > occ.busy:
-                    occ = _stretched(occ, producer_busy)
+        occ = streams.consumed_by(index, ins, issue, occupancy(ins, chip))
         _check_exclusive(index, issue, occ, free)
         running.admit(index, issue, occ)
         memory.check(index, ins, issue, occ)
@@ -189,12 +203,7 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
             buffers.install(index, ins, issue, occ)
         elif ins.opcode == Opcode.MATMUL:
             buffers.use(index, ins, issue, occ)
-        for ref in ins.srcs:
-            if ref.space == Space.STREAM:
-                streams.taken(ref, issue + occ.busy)
-        for ref in ins.dsts:
-            if ref.space == Space.STREAM:
-                streams.produce(index, ref, issue, occ)
+        streams.passed_on(index, ins, issue, occ)
         occupancies[index] = occ
         makespan = max(makespan, issue + occ.finish)
     if program.predicted_cycles != makespan:

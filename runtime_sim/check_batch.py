@@ -31,7 +31,7 @@ from .check import (_CAPACITY, _RATES, ScheduleError, Timeline, _limits, _Reside
                     check_timing)
 from .columns import _HI, _IN_SRAM, _ROWS, _RUN, _STRIDE, _WRITE, ProgramColumns
 from .hazards import meet_pairs
-from .isa import Opcode, Space
+from .isa import Opcode
 
 
 def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None = None,
@@ -81,23 +81,16 @@ def _follow_chains(instructions, columns, chained) -> None:
     streams = _Streams()
     occupancies = columns.occupancies
     stretched = {}  # (kind's occupancy, producer's busy) -> the consumer's, stretched: kinds repeat
+
+    def stretch(occ, producer_busy):
+        key = (id(occ), producer_busy)
+        if key not in stretched:
+            stretched[key] = _stretched(occ, producer_busy)
+        return stretched[key]
     for index in chained[np.argsort(columns.position[chained])].tolist():
-        ins, issue = instructions[index], instructions[index].cycle
-        occ = occupancies[index]
-        for ref in ins.srcs:
-            if ref.space == Space.STREAM:
-                producer_busy = streams.consume(index, ref, issue)
-                if producer_busy > occ.busy:
-                    key = (id(occ), producer_busy)
-                    if key not in stretched:
-                        stretched[key] = _stretched(occ, producer_busy)
-                    occ = stretched[key]
-        for ref in ins.srcs:
-            if ref.space == Space.STREAM:
-                streams.taken(ref, issue + occ.busy)
-        for ref in ins.dsts:
-            if ref.space == Space.STREAM:
-                streams.produce(index, ref, issue, occ)
+        ins = instructions[index]
+        occ = streams.consumed_by(index, ins, ins.cycle, occupancies[index], stretch)
+        streams.passed_on(index, ins, ins.cycle, occ)
         occupancies[index] = occ
 
 

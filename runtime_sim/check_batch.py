@@ -236,9 +236,6 @@ def _resident_untouched(writes, constants, protected) -> bool:
     return not any(resident.overwritten_by(tuple(writes[:, k].tolist())) for k in near)
 
 
-_BLOCK = 4096  # grains a block of the read-before-write map holds
-
-
 def _reads_written(keys, write, constants, sram_size) -> bool:
     """Each read lies in one constant or in bytes written earlier in issue order (accesses come in that order).
 
@@ -264,33 +261,19 @@ def _reads_written(keys, write, constants, sram_size) -> bool:
     grain = int(np.gcd.reduce(scaled[[0, 1, 2, 5]].ravel())) or 1
     scaled = scaled // grain
     scaled[4] = keys[4, pending]
-    n_blocks = -(-sram_size // (grain * _BLOCK))
-    written = np.zeros(n_blocks * _BLOCK, np.bool_)
-    # blocks known to be written in full: SRAM is reused layer after layer, so most accesses after the first
-    # layers fall in such blocks and cost no scan. A plain write fills the blocks it covers; a read that
-    # passes scans the blocks it spans for any that are now full
-    full = bytearray(n_blocks + 1)  # searched as bytes: none of numpy's per-call cost
-    full_blocks = np.frombuffer(full, np.uint8)
+    written = np.zeros(-(-sram_size // grain), np.bool_)
     size, all_of = len(written), np.logical_and.reduce
     for lo, hi, stride, addr, rows, run, is_write in zip(*scaled.tolist(), write[pending].tolist()):
-        if full.find(0, lo // _BLOCK, (hi - 1) // _BLOCK + 1) < 0:
-            continue
         if not stride:
             view = written[lo:hi]
         elif addr + rows * stride <= size:  # a reshape of the rows' span: far cheaper than as_strided
             view = written[addr:addr + rows * stride].reshape(rows, stride)[:, :run]
         else:
             view = np.lib.stride_tricks.as_strided(written[addr:], shape=(rows, run), strides=(stride, 1))
-        inside, outside = -(-lo // _BLOCK), hi // _BLOCK  # the blocks the access spans wholly
         if is_write:
             view[...] = True
-            if not stride and outside > inside:
-                full_blocks[inside:outside] = 1
         elif not all_of(view, axis=None):
             return False
-        elif outside > inside:
-            unknown = inside + np.flatnonzero(full_blocks[inside:outside] == 0)
-            full_blocks[unknown] = written.reshape(n_blocks, _BLOCK)[unknown].all(axis=1)
     return True
 
 

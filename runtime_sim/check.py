@@ -59,7 +59,8 @@ class Timeline:
     occupancies: tuple  # by instruction index
     order: tuple  # instruction indexes in issue order
     makespan: int
-    busy: np.ndarray | None = field(default=None, compare=False)  # the occupancies' busy cycles, as an array
+    # the occupancies' busy cycles as an array, where the whole-program check measured them (the walk: None)
+    busy: np.ndarray | None = field(default=None, compare=False)
 
 
 _EXCLUSIVE_RULES = {"HOST": "host link", "MXM.load": "install port"}

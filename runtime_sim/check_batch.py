@@ -8,7 +8,7 @@ operations instead:
 
 - an instruction's occupancy and footprints depend only on its opcode, unit,
   attributes and operand shapes, and a program repeats a few hundred such
-  signatures thousands of times: each is worked out once;
+  kinds thousands of times (:mod:`.columns`): each kind is worked out once;
 - exclusive units are free when consecutive holders of each one do not
   overlap; shared rates fit when the running sums, kept as prefix sums of starts
   minus ends, stay within the chip's limits;
@@ -30,6 +30,7 @@ import numpy as np
 from .check import (_CAPACITY, _RATES, ScheduleError, Timeline, _limits, _Resident, _stretched, _Streams,
                     check_timing)
 from .columns import _HI, _IN_SRAM, _ROWS, _RUN, _STRIDE, _WRITE, ProgramColumns
+from .program import MAX_CYCLE
 from .hazards import meet_pairs
 from .isa import Opcode
 
@@ -52,17 +53,15 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
     """
     program, chip = columns.program, columns.chip
     instructions = program.instructions
-    if not instructions:
-        return None
-    occupancies = columns.occupancies
-    op = columns.operand
-    chained = np.unique(columns.owner[op[:, _IN_SRAM] == 0])
+    if not instructions or max(o.busy + o.latency for o in columns.kind_occupancy) >= MAX_CYCLE:
+        return None  # (the walk's Python integers take what int64 sums might not)
+    chained = np.unique(columns.owner[columns.operand[:, _IN_SRAM] == 0])
     try:
-        _follow_chains(instructions, columns, chained)
+        occupancies = _follow_chains(instructions, columns, chained)
     except ScheduleError:
         return None
-    busy = np.array([o.busy for o in columns.kind_occupancy], np.int64)[columns.signature]
-    latency = np.array([o.latency for o in columns.kind_occupancy], np.int64)[columns.signature]
+    busy = np.array([o.busy for o in columns.kind_occupancy], np.int64)[columns.kind]
+    latency = np.array([o.latency for o in columns.kind_occupancy], np.int64)[columns.kind]
     for index in chained.tolist():
         busy[index], latency[index] = occupancies[index].busy, occupancies[index].latency
     finish = busy + latency
@@ -70,16 +69,17 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
     if makespan != program.predicted_cycles:
         return None
     if not (_buffers_ready(columns, busy, finish) and _units_free(columns, busy)
-            and _rates_fit(columns, chained, busy, chip)
+            and _rates_fit(columns, occupancies, chained, busy, chip)
             and _sram_safe(columns, busy, finish, constants, protected, sram_size or chip.sram_bytes)):
         return None
     return Timeline(tuple(occupancies), tuple(columns.order.tolist()), makespan, busy)
 
 
-def _follow_chains(instructions, columns, chained) -> None:
-    """Chained producers and consumers in issue order (few: walked one by one); stretches slow consumers."""
+def _follow_chains(instructions, columns, chained) -> list:
+    """Chained producers and consumers in issue order (few: walked one by one). Returns every instruction's
+    occupancy, a slow producer's consumers stretched to its pace."""
     streams = _Streams()
-    occupancies = columns.occupancies
+    occupancies = list(columns.occupancies)
     stretched = {}  # (kind's occupancy, producer's busy) -> the consumer's, stretched: kinds repeat
 
     def stretch(occ, producer_busy):
@@ -92,6 +92,7 @@ def _follow_chains(instructions, columns, chained) -> None:
         occ = streams.consumed_by(index, ins, ins.cycle, occupancies[index], stretch)
         streams.passed_on(index, ins, ins.cycle, occ)
         occupancies[index] = occ
+    return occupancies
 
 
 def _buffers_ready(columns, busy, finish) -> bool:
@@ -102,11 +103,11 @@ def _buffers_ready(columns, busy, finish) -> bool:
     installs = np.array([k.opcode == Opcode.INSTALL for k in kinds])
     matmuls = np.array([k.opcode == Opcode.MATMUL for k in kinds])
     order = columns.order
-    kind = columns.signature[order]
+    kind = columns.kind[order]
     chosen = order[installs[kind] | matmuls[kind]]
     if not len(chosen):
         return True
-    kind = columns.signature[chosen]
+    kind = columns.kind[chosen]
     classes = sorted({k.srcs[0].dtype.matrix_class for k in kinds if k.opcode in (Opcode.INSTALL, Opcode.MATMUL)})
 
     def tile(k):  # (plane, buffer, k, n, matrix class): what is installed, or what a MATMUL needs
@@ -157,16 +158,16 @@ def _units_free(columns, busy) -> bool:
     return not (same & (start[1:] < end[:-1])).any()
 
 
-def _rates_fit(columns, chained, busy, chip) -> bool:
+def _rates_fit(columns, occupancies, chained, busy, chip) -> bool:
     """At each issue, what still runs (started earlier in issue order, not yet ended) plus the newcomer fits.
 
     What runs at instruction ``i``'s issue is every earlier start minus every end by then; an instruction
     busy for no cycles ends as it starts and is counted for no one but itself.
     """
     limits = _limits(chip)
-    rates = np.array([_RATES(o) for o in columns.kind_occupancy], np.int64)[columns.signature]
+    rates = np.array([_RATES(o) for o in columns.kind_occupancy], np.int64)[columns.kind]
     for index in chained.tolist():  # a stretched consumer's rates are spread over its longer time
-        rates[index] = _RATES(columns.occupancies[index])
+        rates[index] = _RATES(occupancies[index])
     order = columns.order
     issue = columns.cycle[order]
     lasting = (busy > 0)[order]
@@ -198,6 +199,8 @@ def _sram_safe(columns, busy, finish, constants, protected, sram_size) -> bool:
     op, addr, index = op[in_sram], addr[in_sram], index[in_sram]
     write = op[:, _WRITE].astype(bool)
     keys = np.stack([addr, addr + op[:, _HI], op[:, _STRIDE], addr, op[:, _ROWS], op[:, _RUN]])
+    if keys[1].max() > sram_size:
+        return False  # the byte map must span every access (the simulator sizes it so)
     pos = columns.position[index]
     start = columns.cycle[index]
     end = start + np.where(write, finish[index], busy[index])

@@ -2,12 +2,12 @@
 
 An instruction's timing, its operands' footprints relative to their addresses,
 and whether its operands fit its opcode depend only on its *signature*: opcode,
-unit instance, attributes and operand shapes, dtypes, strides and spaces. A
-compiled model repeats a few hundred signatures thousands of times (ResNet-50:
-891 in 5,451 instructions), so each is worked out once, by the same functions
-the instruction-by-instruction walk uses (:func:`.timing.occupancy`,
-:func:`.program.validate`'s operand rules), and spread to its instructions as
-arrays.
+unit instance, attributes and operand shapes, dtypes, strides and spaces.
+Instructions of one signature are one *kind*. A compiled model has a few
+hundred kinds of thousands of instructions (ResNet-50: 891 kinds of 5,451), so
+each kind is worked out once, by the same functions the instruction-by-
+instruction walk uses (:func:`.timing.occupancy`, :func:`.program.validate`'s
+operand rules), and spread to its instructions as arrays.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from .isa import Space
 from .program import MAX_CYCLE, ProgramFormatError, _validate_for_chip, _validate_operands
 from .timing import occupancy, on_instance
 
-# per operand: is a write, in SRAM, element bytes, bytes, end - addr, footprint rows, run, stride, hi - addr
+# per operand: is a write, in SRAM, element bytes, bytes, end - addr (past its last element), its footprint's
+# rows, run and stride, and hi - addr (past the footprint, which covers one element of a zero-size view)
 _WRITE, _IN_SRAM, _ITEM, _NBYTES, _END, _ROWS, _RUN, _STRIDE, _HI = range(9)
-_HUGE = 1 << 62  # int64 sums of two such values cannot overflow
+_HUGE = 1 << 62  # int64 sums of two values below this cannot overflow; no legal value comes near it
 
 
 def _operand_row(ref) -> tuple:
@@ -33,39 +34,52 @@ def _operand_row(ref) -> tuple:
             (rows - 1) * stride + run)
 
 
+def _integer_column(values: list) -> tuple:
+    """``(column, ok)``: ``values`` as int64, and whether every one is an integer in ``[0, _HUGE)``. Damage
+    or a hand-made program can put anything there; the column is then zeros, and validation, going
+    instruction by instruction, names the first value that is wrong."""
+    column = np.array(values) if values else np.zeros(0, np.int64)
+    if column.dtype.kind not in "iu" or (len(column) and (column.min() < 0 or column.max() >= _HUGE)):
+        return np.zeros(len(values), np.int64), False
+    return column.astype(np.int64, copy=False), True
+
+
 class ProgramColumns:
     """One program's instructions and operands as arrays (see the module docstring).
 
     Attributes
     ----------
-    signature : int array, per instruction
-        Index into ``first``, the first instruction of each distinct signature.
-    kind_occupancy, occupancies : lists of Occupancy, per signature and per instruction
-        Set by :meth:`time_kinds`; an instruction's is its signature's, shared (a chained consumer's may
-        later be replaced by a stretched one).
+    kind : int array, per instruction
+        Its kind: an index into ``first`` (each kind's first instruction) and ``keys`` (their signatures).
+    kind_occupancy, occupancies : lists of Occupancy, per kind and per instruction
+        Set by :meth:`time_kinds`; an instruction's is its kind's, shared.
     cycle, order, position : int arrays
         Issue cycles; instruction indexes in issue order; each instruction's place in that order.
     owner, operand : arrays, per operand (sources then destinations, instruction by instruction)
-        The instruction it belongs to, and its row of signature-derived values (the ``_WRITE`` ... ``_HI``
+        The instruction it belongs to, and its row of its kind's values (the ``_WRITE`` ... ``_HI``
         columns); ``addr`` its address (SRAM byte, or stream number).
     """
 
     def __init__(self, program, chip: ChipConfig):
         instructions = program.instructions
-        ids, first, signature, addrs = {}, [], [], []
+        ids, first, kinds, addrs = {}, [], [], []
         for ins in instructions:
             srcs = ins.srcs
             refs = srcs + ins.dsts
             key = (ins.opcode, ins.unit_index, tuple(ins.attrs.values()), len(srcs),
                    tuple([(r.shape, r.dtype, r.strides, r.space) for r in refs]))
-            sid = ids.get(key)
+            try:
+                sid = ids.get(key)
+            except TypeError:  # a hand-made program with a list where a tuple belongs
+                raise ProgramFormatError(f"instruction {len(kinds)} ({ins.opcode.name}): operand shapes and "
+                                         "strides must be tuples of integers") from None
             if sid is None:
                 sid = ids[key] = len(first)
-                first.append(len(signature))
-            signature.append(sid)
+                first.append(len(kinds))
+            kinds.append(sid)
             addrs += [r.addr for r in refs]
         self.program, self.chip, self.first, self.keys = program, chip, first, list(ids)
-        self.signature = np.array(signature, np.int64)
+        self.kind = np.array(kinds, np.int64)
         self.kind_occupancy = self.occupancies = None  # timed once validated (time_kinds)
         by_shape = {}  # an operand's row but for its direction depends on its shape, dtype, strides and space
         rows = []
@@ -79,15 +93,11 @@ class ProgramColumns:
                 kind.append((int(j >= n_srcs),) + row)
             rows.append(kind)
         self.owner, template = self.spread([len(r) for r in rows])
-        operand = [v for r in rows for row in r for v in row]
-        cycles = [ins.cycle for ins in instructions]
-        # no legal value comes near this; one that does (damage, a hand-made program) fails validation
-        self.oversized = max(operand + addrs + cycles, default=0) >= _HUGE
-        if self.oversized:
-            operand, addrs, cycles = ([min(v, _HUGE) for v in values] for values in (operand, addrs, cycles))
-        self.operand = np.array(operand, np.int64).reshape(-1, 9)[template]
-        self.addr = np.array(addrs, np.int64)
-        self.cycle = np.array(cycles, np.int64)
+        operand, operand_ok = _integer_column([v for r in rows for row in r for v in row])
+        self.operand = operand.reshape(-1, 9)[template]
+        self.addr, addr_ok = _integer_column(addrs)
+        self.cycle, cycle_ok = _integer_column([ins.cycle for ins in instructions])
+        self.malformed = not (operand_ok and addr_ok and cycle_ok)
         self.order = np.lexsort((np.arange(len(instructions)), self.cycle))
         self.position = np.empty(len(instructions), np.int64)
         self.position[self.order] = np.arange(len(instructions))
@@ -106,33 +116,33 @@ class ProgramColumns:
             else:
                 occ = on_instance(other, key[1])
             self.kind_occupancy.append(occ)
-        self.occupancies = [self.kind_occupancy[s] for s in self.signature.tolist()]
+        self.occupancies = [self.kind_occupancy[s] for s in self.kind.tolist()]
 
     def spread(self, counts) -> tuple:
-        """Per-signature lists of ``counts[s]`` items, laid out instruction by instruction.
+        """Per-kind lists of ``counts[k]`` items, laid out instruction by instruction.
 
         Returns ``(owner, item)``: for each item of each instruction, the instruction's index and the item's
-        index in the signatures' concatenated lists.
+        index in the kinds' concatenated lists.
         """
         counts = np.asarray(counts, np.int64)
         offsets = np.cumsum(counts) - counts
-        per_instruction = counts[self.signature]
-        owner = np.repeat(np.arange(len(self.signature)), per_instruction)
+        per_instruction = counts[self.kind]
+        owner = np.repeat(np.arange(len(self.kind)), per_instruction)
         step = np.arange(len(owner)) - np.repeat(np.cumsum(per_instruction) - per_instruction, per_instruction)
-        return owner, np.repeat(offsets[self.signature], per_instruction) + step
+        return owner, np.repeat(offsets[self.kind], per_instruction) + step
 
-    def instruction_errors(self) -> bool:
+    def has_instruction_errors(self) -> bool:
         """Whether any instruction breaks a rule :func:`.program.validate` checks for it alone (issue cycle,
         unit instance, operand bounds, shapes and attributes). ``validate`` then names the first."""
         program, chip, instructions = self.program, self.chip, self.program.instructions
-        if self.oversized or (self.cycle >= MAX_CYCLE).any():
+        if self.malformed or (self.cycle >= MAX_CYCLE).any():
             return True
         operands_seen = set()  # the operand rules do not depend on the unit instance
         for i in self.first:
             ins = instructions[i]
-            if ins.unit_index >= chip.unit_count(ins.unit.name):
+            if not 0 <= ins.unit_index < chip.unit_count(ins.unit.name):
                 return True
-            key = self.keys[self.signature[i]]
+            key = self.keys[self.kind[i]]
             key = key[:1] + key[2:]
             if key in operands_seen:
                 continue

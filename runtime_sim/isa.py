@@ -566,7 +566,8 @@ class TensorRef:
         bounding range, which only ever adds dependencies, never drops one.
         """
         item = self.dtype.itemsize
-        axes = sorted(((st, d) for st, d in zip(self.element_strides, self.shape) if d > 1), reverse=True)
+        # an axis of stride 0 (a broadcast) repeats the same bytes: it adds none
+        axes = sorted(((st, d) for st, d in zip(self.element_strides, self.shape) if d > 1 and st), reverse=True)
         merged = []  # (stride, size) from outermost; neighbours that tile each other merge
         for st, d in axes:
             if merged and merged[-1][0] == st * d:

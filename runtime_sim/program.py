@@ -392,18 +392,26 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
             raise ProgramFormatError(f"state {ref} does not match input {index} of the program's signature")
     if program.plan.sram_bytes > chip.sram_bytes or program.plan.activation_base > chip.sram_bytes:
         raise ProgramFormatError(f"SRAM plan of {program.plan.sram_bytes} bytes exceeds the chip's {chip.sram_bytes}")
+    if not _is_count(program.predicted_cycles):
+        raise ProgramFormatError(f"predicted cycles {program.predicted_cycles!r} is not a non-negative integer")
     columns = ProgramColumns(program, chip)
-    if columns.instruction_errors():
+    if columns.has_instruction_errors():
         for index, ins in enumerate(program.instructions):  # one by one, to name the first
             _validate_instruction(index, ins, program, chip)
-        if columns.oversized:  # defensive: a value that large always breaks a rule above
-            raise ProgramFormatError("an address, size or issue cycle is out of range")
+        if columns.malformed:  # defensive: such a value always breaks a rule above
+            raise ProgramFormatError("an operand's size or shape is not a non-negative integer in range")
     _validate_outputs_covered(program)
     columns.time_kinds()
     return columns
 
 
+def _is_count(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+
+
 def _check_ref(ref: TensorRef, chip: ChipConfig, where: str) -> None:
+    if not _is_count(ref.addr) or not all(_is_count(d) for d in ref.shape):
+        raise ProgramFormatError(f"{where}: {ref!r} needs a non-negative integer address and dimensions")
     if ref.space == Space.STREAM:
         if ref.addr >= chip.stream_capacity or ref.nbytes > chip.sram_bytes:
             raise ProgramFormatError(f"{where}: stream S{ref.addr} carrying {ref.nbytes} bytes does not exist "
@@ -415,12 +423,12 @@ def _check_ref(ref: TensorRef, chip: ChipConfig, where: str) -> None:
 
 
 def _validate_instruction(index: int, ins: Instruction, program: Program, chip: ChipConfig) -> None:
-    """The rules an instruction must meet on its own (:meth:`.columns.ProgramColumns.instruction_errors`
-    checks the same ones, once per signature)."""
+    """The rules an instruction must meet on its own (:meth:`.columns.ProgramColumns.has_instruction_errors`
+    checks the same ones, once per kind)."""
     where = f"instruction {index} ({ins.opcode.name})"
-    if ins.cycle >= MAX_CYCLE:
-        raise ProgramFormatError(f"{where}: issue cycle {ins.cycle} is past {MAX_CYCLE}")
-    if ins.unit_index >= chip.unit_count(ins.unit.name):
+    if not _is_count(ins.cycle) or ins.cycle >= MAX_CYCLE:
+        raise ProgramFormatError(f"{where}: issue cycle {ins.cycle!r} is not an integer in [0, {MAX_CYCLE})")
+    if not _is_count(ins.unit_index) or ins.unit_index >= chip.unit_count(ins.unit.name):
         raise ProgramFormatError(f"{where}: {ins.unit.name} instance {ins.unit_index} does not exist")
     for ref in ins.srcs + ins.dsts:
         _check_ref(ref, chip, where)

@@ -74,7 +74,7 @@ def _rule_link(op, srcs, dsts, attrs):
 
 def _rule_control(op, srcs, dsts, attrs):
     _count(srcs, dsts, 0, 0, op)
-    _check(attrs["cycles"] >= 0, "NOP cycles must be >= 0")
+    _check(0 <= attrs["cycles"] < 1 << 48, "NOP cycles must be >= 0 and below 2^48 (3.6 days at 900 MHz)")
     return None
 
 

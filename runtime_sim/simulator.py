@@ -289,5 +289,5 @@ def _measure_unchecked(columns: ProgramColumns) -> Timeline:
     """The timeline without enforcing the rules (each instruction timed alone by the machine's rules)."""
     occupancies = columns.occupancies
     finish = [o.busy + o.latency for o in columns.kind_occupancy]
-    makespan = int((columns.cycle + np.array(finish, np.int64)[columns.signature]).max(initial=0))
+    makespan = int((columns.cycle + np.array(finish, np.int64)[columns.kind]).max(initial=0))
     return Timeline(tuple(occupancies), tuple(columns.order.tolist()), makespan)

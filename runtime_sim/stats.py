@@ -72,14 +72,21 @@ class RunStats(Timed):
 _BOUND_OF_UNIT = {"MXM": "matrix", "VXM": "vector", "SXM": "switch", "MEM": "host link", "C2C": "link"}
 
 
+def _sum_by(index, values, n: int) -> np.ndarray:
+    """Sums of ``values`` by ``index`` (0 <= index < n), in exact int64 (``bincount`` sums in float64)."""
+    out = np.zeros(n, np.int64)
+    np.add.at(out, index, values)
+    return out
+
+
 def run_stats(columns: ProgramColumns, timeline, sram_size: int) -> RunStats:
     """The figures of a program's measured timeline, summed as arrays (each instruction's occupancy is its
-    signature's, but for the busy time of a stretched chained consumer)."""
+    kind's, but for the busy time of a stretched chained consumer)."""
     program, chip = columns.program, columns.chip
     instructions = program.instructions
     kinds = [instructions[i] for i in columns.first]
     kind_occ = columns.kind_occupancy
-    sig = columns.signature
+    sig = columns.kind
     units = [u.name for u in Unit]
     unit = np.array([units.index(k.unit.name) for k in kinds], np.int64)[sig]
     busy = timeline.busy if timeline.busy is not None else \
@@ -95,10 +102,10 @@ def run_stats(columns: ProgramColumns, timeline, sram_size: int) -> RunStats:
     plane = per_kind([k.unit_index for k in kinds])
     moved = per_kind([o.sram_bytes for o in kind_occ])
     host = per_kind([o.host_bytes for o in kind_occ])
-    unit_busy = np.bincount(unit, busy, minlength=len(units))
+    unit_busy = _sum_by(unit, busy, len(units))
     return RunStats(timeline.makespan, program.predicted_cycles, chip.clock_hz,
                     {u: int(unit_busy[k]) for k, u in enumerate(units)}, {u: chip.unit_count(u) for u in units},
-                    np.bincount(plane[matmul], busy[matmul], minlength=chip.mxm_planes).astype(np.int64).tolist(),
+                    _sum_by(plane[matmul], busy[matmul], chip.mxm_planes).tolist(),
                     int(macs[matmul].sum()), float((macs * passes)[matmul].sum()), sram_size, int(moved.sum()),
                     int(host.sum()), int(flops.sum()), int(busy.sum()),
                     _layer_rows(columns, unit, units, busy, finish, flops, macs, moved + host),
@@ -123,17 +130,17 @@ def _layer_rows(columns, unit, units, busy, finish, flops, macs, moved) -> list:
     cell = row * n_units + unit
     present = np.full(n_rows * n_units, len(instructions))
     np.minimum.at(present, cell, np.arange(len(instructions)))  # first instruction of each unit in each layer
-    unit_busy = np.bincount(cell, busy, minlength=n_rows * n_units).reshape(n_rows, n_units)
+    unit_busy = _sum_by(cell, busy, n_rows * n_units).reshape(n_rows, n_units)
     present = present.reshape(n_rows, n_units)
     bound_names = sorted({o.bound for o in columns.kind_occupancy})
-    bound = np.array([bound_names.index(o.bound) for o in columns.kind_occupancy], np.int64)[columns.signature]
-    bound_busy = np.bincount(row * len(bound_names) + bound, busy,
-                             minlength=n_rows * len(bound_names)).reshape(n_rows, len(bound_names))
+    bound = np.array([bound_names.index(o.bound) for o in columns.kind_occupancy], np.int64)[columns.kind]
+    bound_busy = _sum_by(row * len(bound_names) + bound, busy, n_rows * len(bound_names))
+    bound_busy = bound_busy.reshape(n_rows, len(bound_names))
     start = np.full(n_rows, np.iinfo(np.int64).max)
     np.minimum.at(start, row, columns.cycle)
     end = np.zeros(n_rows, np.int64)
     np.maximum.at(end, row, columns.cycle + finish)
-    sums = [np.bincount(row, w, minlength=n_rows) for w in (flops, macs, moved)]
+    sums = [_sum_by(row, w, n_rows) for w in (flops, macs, moved)]
     out = []
     for name, r in row_of_name.items():
         seen = [k for k in np.argsort(present[r], kind="stable").tolist() if present[r, k] < len(instructions)]

@@ -137,3 +137,59 @@ def test_operands_that_break_their_opcodes_rules_are_named_before_any_timing_rul
     bad = program([ins("MATMUL", [], [layout.take((4, 32), DType.F32)], buffer=0)], layout)
     with pytest.raises(ProgramFormatError, match=r"instruction 0 \(MATMUL\): MATMUL takes"):
         Simulator(bad, timing_only=True)
+
+
+def _verdicts_of(prog):
+    """(walk, whole) verdicts of a hand-made program: a ScheduleError's rule, or the timeline."""
+    columns = validated_columns(prog)
+    resident = [c.ref for c in prog.constants]
+    try:
+        walk = check_timing(prog, columns.chip, resident)
+    except ScheduleError as err:
+        walk = err.rule
+    return walk, proven_timeline(columns, resident)
+
+
+def test_a_broadcast_view_touches_its_bytes_once_for_both_checks():
+    """An axis of stride 0 repeats the same bytes: the footprint is one element, which the walk's byte map
+    used to take as no bytes at all (a write through it marked nothing, a read through it never failed)."""
+    from programs import TINY, Layout, ins, program
+    from lpx_tvm.runtime_sim import DType, TensorRef
+
+    layout = Layout()
+    source = layout.const(np.ones(4, np.float32))
+    broadcast = TensorRef(256, (4,), DType.F32, strides=(0,))
+    assert broadcast.footprint() == (256, 1, 4, 4)
+    write = ins("COPY", [source], [broadcast])
+    read = ins("COPY", [TensorRef(256, (1,), DType.F32)], [TensorRef(512, (1,), DType.F32)], cycle=100)
+    written_then_read = program([write, read], layout, predicted=100 + occupancy(read, TINY).finish)
+    walk, whole = _verdicts_of(written_then_read)
+    assert whole is not None and whole == walk
+    never_written = ins("COPY", [TensorRef(1024, (4,), DType.F32, strides=(0,))], [TensorRef(2048, (4,), DType.F32)])
+    assert _verdicts_of(program([never_written], Layout(), predicted=occupancy(never_written, TINY).finish)) == \
+        ("read before write", None)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("huge NOP", "NOP cycles must be >= 0 and below 2"),
+    ("float cycle", r"issue cycle 0\.5 is not an integer"),
+    ("negative cycle", "issue cycle -10 is not an integer"),
+    ("negative header", "predicted cycles -6 is not a non-negative integer"),
+    ("float address", "needs a non-negative integer address"),
+    ("list shape", "operand shapes and strides must be tuples"),
+])
+def test_hand_made_programs_with_values_no_encoding_holds_are_named(case, message):
+    """Such values would wrap or truncate in the whole-program check's int64 columns: validation names
+    them first (a NOP of 2^63 cycles once made the check's makespan wrap around and pass)."""
+    from programs import Layout, ins, program
+    from lpx_tvm.runtime_sim import DType, TensorRef
+
+    copy = ins("COPY", [TensorRef(4.5 if case == "float address" else 0, [4] if case == "list shape" else (4,),
+                                  DType.I8)], [TensorRef(64, (4,), DType.I8)])
+    instructions = {"huge NOP": [ins("NOP", cycles=5), ins("NOP", cycle=1024, cycles=2 ** 63 - 1024)],
+                    "float cycle": [ins("NOP", cycle=0.5, cycles=5)],
+                    "negative cycle": [ins("NOP", cycle=-10, cycles=3)],
+                    "negative header": [ins("NOP", cycles=3)]}.get(case, [copy])
+    broken = program(instructions, Layout(), predicted=-6 if case == "negative header" else 6)
+    with pytest.raises(ProgramFormatError, match=message):
+        Simulator(broken, timing_only=True)

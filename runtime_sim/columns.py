@@ -16,7 +16,7 @@ import numpy as np
 
 from .config import ChipConfig
 from .isa import Space
-from .program import MAX_CYCLE, ProgramFormatError, _validate_for_chip, _validate_operands
+from .program import MAX_CYCLE, ProgramFormatError, _is_count, _validate_for_chip, _validate_operands, ref_form_error
 from .timing import occupancy, on_instance
 
 # per operand: is a write, in SRAM, element bytes, bytes, end - addr (past its last element), its footprint's
@@ -38,7 +38,10 @@ def _integer_column(values: list) -> tuple:
     """``(column, ok)``: ``values`` as int64, and whether every one is an integer in ``[0, _HUGE)``. Damage
     or a hand-made program can put anything there; the column is then zeros, and validation, going
     instruction by instruction, names the first value that is wrong."""
-    column = np.array(values) if values else np.zeros(0, np.int64)
+    try:
+        column = np.array(values) if values else np.zeros(0, np.int64)
+    except (ValueError, TypeError, OverflowError):  # ragged, or not numbers at all
+        return np.zeros(len(values), np.int64), False
     if column.dtype.kind not in "iu" or (len(column) and (column.min() < 0 or column.max() >= _HUGE)):
         return np.zeros(len(values), np.int64), False
     return column.astype(np.int64, copy=False), True
@@ -71,8 +74,9 @@ class ProgramColumns:
             try:
                 sid = ids.get(key)
             except TypeError:  # a hand-made program with a list where a tuple belongs
-                raise ProgramFormatError(f"instruction {len(kinds)} ({ins.opcode.name}): operand shapes and "
-                                         "strides must be tuples of integers") from None
+                raise ProgramFormatError(f"instruction {len(kinds)} ({ins.opcode.name}): its unit instance, and its "
+                                         "operands' shapes and strides, must be integers and tuples of "
+                                         "integers") from None
             if sid is None:
                 sid = ids[key] = len(first)
                 first.append(len(kinds))
@@ -97,7 +101,8 @@ class ProgramColumns:
         self.operand = operand.reshape(-1, 9)[template]
         self.addr, addr_ok = _integer_column(addrs)
         self.cycle, cycle_ok = _integer_column([ins.cycle for ins in instructions])
-        self.malformed = not (operand_ok and addr_ok and cycle_ok)
+        self.layer, layer_ok = _integer_column([ins.layer for ins in instructions])
+        self.malformed = not (operand_ok and addr_ok and cycle_ok and layer_ok)
         self.order = np.lexsort((np.arange(len(instructions)), self.cycle))
         self.position = np.empty(len(instructions), np.int64)
         self.position[self.order] = np.arange(len(instructions))
@@ -140,7 +145,8 @@ class ProgramColumns:
         operands_seen = set()  # the operand rules do not depend on the unit instance
         for i in self.first:
             ins = instructions[i]
-            if not 0 <= ins.unit_index < chip.unit_count(ins.unit.name):
+            if not _is_count(ins.unit_index) or ins.unit_index >= chip.unit_count(ins.unit.name) \
+                    or any(ref_form_error(ref) for ref in ins.srcs + ins.dsts):
                 return True
             key = self.keys[self.kind[i]]
             key = key[:1] + key[2:]

@@ -388,8 +388,10 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
     for index, ref in program.state:
         _check_ref(ref, chip, "state")
         # the chip may keep it in its storage type (fp16 for an fp32 input): the shape must match
-        if index >= len(program.inputs) or tuple(ref.shape) != tuple(program.inputs[index].shape):
+        if not _is_count(index) or index >= len(program.inputs) or tuple(ref.shape) != tuple(program.inputs[index].shape):
             raise ProgramFormatError(f"state {ref} does not match input {index} of the program's signature")
+    if not (_is_count(program.plan.sram_bytes) and _is_count(program.plan.activation_base)):
+        raise ProgramFormatError(f"SRAM plan {program.plan} needs non-negative integer sizes")
     if program.plan.sram_bytes > chip.sram_bytes or program.plan.activation_base > chip.sram_bytes:
         raise ProgramFormatError(f"SRAM plan of {program.plan.sram_bytes} bytes exceeds the chip's {chip.sram_bytes}")
     if not _is_count(program.predicted_cycles):
@@ -402,16 +404,39 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
             raise ProgramFormatError("an operand's size or shape is not a non-negative integer in range")
     _validate_outputs_covered(program)
     columns.time_kinds()
+    for kind, occ in enumerate(columns.kind_occupancy):  # kinds come in order of their first instruction
+        if occ.busy + occ.latency >= MAX_CYCLE or max(occ.flops, occ.macs, occ.sram_bytes) >= MAX_OPERAND_BYTES:
+            index = columns.first[kind]
+            raise ProgramFormatError(f"instruction {index} ({program.instructions[index].opcode.name}): runs "
+                                     f"{occ.busy + occ.latency} cycles for {occ.flops} operations and "
+                                     f"{occ.sram_bytes} bytes, past 2^48")
     return columns
 
 
+MAX_OPERAND_BYTES = MAX_CYCLE  # a broadcast view's size is not bounded by the SRAM it spans: this bounds it
+
+
 def _is_count(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, (int, np.integer)) and value >= 0
+
+
+def ref_form_error(ref: TensorRef) -> str | None:
+    """What is wrong with a ref's numbers themselves, if anything (a decoded ref is always well formed)."""
+    strides = () if ref.strides is None else ref.strides
+    if not (_is_count(ref.addr) and all(_is_count(d) and 1 <= d < MAX_DIM for d in ref.shape)
+            and all(_is_count(s) and s < 1 << 32 for s in strides)
+            and (ref.strides is None or len(strides) == len(ref.shape))):
+        return (f"{ref!r} needs a non-negative integer address, dimensions in [1, 2^31) and, if any, one stride "
+                "in [0, 2^32) per dimension")
+    if ref.nbytes >= MAX_OPERAND_BYTES:
+        return f"{ref} holds {ref.nbytes} bytes, past 2^48"
+    return None
 
 
 def _check_ref(ref: TensorRef, chip: ChipConfig, where: str) -> None:
-    if not _is_count(ref.addr) or not all(_is_count(d) for d in ref.shape):
-        raise ProgramFormatError(f"{where}: {ref!r} needs a non-negative integer address and dimensions")
+    error = ref_form_error(ref)
+    if error:
+        raise ProgramFormatError(f"{where}: {error}")
     if ref.space == Space.STREAM:
         if ref.addr >= chip.stream_capacity or ref.nbytes > chip.sram_bytes:
             raise ProgramFormatError(f"{where}: stream S{ref.addr} carrying {ref.nbytes} bytes does not exist "
@@ -428,6 +453,8 @@ def _validate_instruction(index: int, ins: Instruction, program: Program, chip: 
     where = f"instruction {index} ({ins.opcode.name})"
     if not _is_count(ins.cycle) or ins.cycle >= MAX_CYCLE:
         raise ProgramFormatError(f"{where}: issue cycle {ins.cycle!r} is not an integer in [0, {MAX_CYCLE})")
+    if not _is_count(ins.layer) or ins.layer >= MAX_CYCLE:
+        raise ProgramFormatError(f"{where}: layer {ins.layer!r} is not a non-negative integer")
     if not _is_count(ins.unit_index) or ins.unit_index >= chip.unit_count(ins.unit.name):
         raise ProgramFormatError(f"{where}: {ins.unit.name} instance {ins.unit_index} does not exist")
     for ref in ins.srcs + ins.dsts:

@@ -63,8 +63,8 @@ class Simulator:
         self.program, self.config, self.chip = program, config, chip
         operand = columns.operand
         in_sram = operand[:, _IN_SRAM].astype(bool)
-        self.sram_size = max([c.ref.end for c in program.constants] + [ref.end for _, ref in program.state]
-                             + [int((columns.addr + operand[:, _END])[in_sram].max(initial=1))])
+        self.sram_size = int(max([c.ref.end for c in program.constants] + [ref.end for _, ref in program.state]
+                                 + [int((columns.addr + operand[:, _END])[in_sram].max(initial=1))]))
         # the plan's resident weights (this program's and its siblings') are never written
         protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
         resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]

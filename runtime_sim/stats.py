@@ -73,10 +73,20 @@ _BOUND_OF_UNIT = {"MXM": "matrix", "VXM": "vector", "SXM": "switch", "MEM": "hos
 
 
 def _sum_by(index, values, n: int) -> np.ndarray:
-    """Sums of ``values`` by ``index`` (0 <= index < n), in exact int64 (``bincount`` sums in float64)."""
+    """Exact sums of ``values`` by ``index`` (0 <= index < n): in int64 (``bincount`` sums in float64), or in
+    Python integers where a sum could pass int64's range (validation bounds each value, not their sum)."""
+    if len(values) and int(values.max()) >= (1 << 62) // len(values):
+        out = np.zeros(n, object)
+        for k, value in zip(index.tolist(), values.tolist()):
+            out[k] += value
+        return out
     out = np.zeros(n, np.int64)
     np.add.at(out, index, values)
     return out
+
+
+def _total(values) -> int:
+    return int(_sum_by(np.zeros(len(values), np.int64), values, 1)[0])
 
 
 def run_stats(columns: ProgramColumns, timeline, sram_size: int) -> RunStats:
@@ -106,8 +116,8 @@ def run_stats(columns: ProgramColumns, timeline, sram_size: int) -> RunStats:
     return RunStats(timeline.makespan, program.predicted_cycles, chip.clock_hz,
                     {u: int(unit_busy[k]) for k, u in enumerate(units)}, {u: chip.unit_count(u) for u in units},
                     _sum_by(plane[matmul], busy[matmul], chip.mxm_planes).tolist(),
-                    int(macs[matmul].sum()), float((macs * passes)[matmul].sum()), sram_size, int(moved.sum()),
-                    int(host.sum()), int(flops.sum()), int(busy.sum()),
+                    _total(macs[matmul]), float((macs * passes)[matmul].sum()), sram_size, _total(moved),
+                    _total(host), _total(flops), _total(busy),
                     _layer_rows(columns, unit, units, busy, finish, flops, macs, moved + host),
                     chip.mxm_planes, chip.mxm_rows * chip.mxm_cols)
 
@@ -116,7 +126,7 @@ def _layer_rows(columns, unit, units, busy, finish, flops, macs, moved) -> list:
     """Per layer (in order of first appearance): its span, work, and what bounds it."""
     program, chip = columns.program, columns.chip
     instructions = program.instructions
-    layer = np.fromiter((ins.layer for ins in instructions), np.int64, len(instructions))
+    layer = columns.layer
     names = program.layer_names
     layers, first_of_layer = np.unique(layer, return_index=True)
     row_of_name, row_of_layer = {}, []

@@ -176,7 +176,10 @@ def test_a_broadcast_view_touches_its_bytes_once_for_both_checks():
     ("negative cycle", "issue cycle -10 is not an integer"),
     ("negative header", "predicted cycles -6 is not a non-negative integer"),
     ("float address", "needs a non-negative integer address"),
-    ("list shape", "operand shapes and strides must be tuples"),
+    ("list shape", "shapes and strides, must be integers and tuples of integers"),
+    ("broadcast of 2^62 bytes", "holds 4611686014132420609 bytes, past 2"),
+    ("zero-size dimension", r"dimensions in \[1, 2\^31\)"),
+    ("kernel of 2^60 taps", "runs .* cycles .* past 2"),
 ])
 def test_hand_made_programs_with_values_no_encoding_holds_are_named(case, message):
     """Such values would wrap or truncate in the whole-program check's int64 columns: validation names
@@ -186,10 +189,17 @@ def test_hand_made_programs_with_values_no_encoding_holds_are_named(case, messag
 
     copy = ins("COPY", [TensorRef(4.5 if case == "float address" else 0, [4] if case == "list shape" else (4,),
                                   DType.I8)], [TensorRef(64, (4,), DType.I8)])
+    big = 2 ** 31 - 1  # a broadcast view's size is not bounded by the bytes it spans
+    broadcast = ins("GELU", [TensorRef(0, (big, big), DType.F8, (0, 0))], [TensorRef(0, (big, big), DType.F8, (0, 0))])
+    empty = ins("COPY", [TensorRef(0, (0, 4), DType.I8)], [TensorRef(64, (0, 4), DType.I8)])
+    # a 1x1 output of a window of 2^30 x 2^30 taps (padding and stride keep the output one position)
+    pool = ins("MAXPOOL", [TensorRef(0, (1, 16, 1, 1), DType.F32)], [TensorRef(64, (1, 16, 1, 1), DType.F32)],
+               kernel=(1 << 30, 1 << 30), pad=(1 << 30,) * 4, stride=(1 << 32, 1 << 32))
     instructions = {"huge NOP": [ins("NOP", cycles=5), ins("NOP", cycle=1024, cycles=2 ** 63 - 1024)],
                     "float cycle": [ins("NOP", cycle=0.5, cycles=5)],
                     "negative cycle": [ins("NOP", cycle=-10, cycles=3)],
-                    "negative header": [ins("NOP", cycles=3)]}.get(case, [copy])
+                    "negative header": [ins("NOP", cycles=3)], "broadcast of 2^62 bytes": [broadcast],
+                    "zero-size dimension": [empty], "kernel of 2^60 taps": [pool]}.get(case, [copy])
     broken = program(instructions, Layout(), predicted=-6 if case == "negative header" else 6)
     with pytest.raises(ProgramFormatError, match=message):
         Simulator(broken, timing_only=True)

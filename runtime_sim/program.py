@@ -504,6 +504,10 @@ def _validate_for_chip(ins: Instruction, chip: ChipConfig, where: str) -> None:
 
 def _validate_operands(ins: Instruction, program: Program, where: str) -> None:
     try:
+        for ref in ins.dsts:
+            if ref.strides is not None and any(st == 0 and d > 1 for st, d in zip(ref.strides, ref.shape)):
+                raise ValueError(f"destination {ref} has an axis of stride 0: it would write one element several "
+                                 "times")
         check_operands(ins.opcode, [(r.shape, r.dtype) for r in ins.srcs], [(r.shape, r.dtype) for r in ins.dsts],
                        ins.attrs)
         if ins.spec.group == Group.HOST:

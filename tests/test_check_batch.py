@@ -152,22 +152,25 @@ def _verdicts_of(prog):
 
 def test_a_broadcast_view_touches_its_bytes_once_for_both_checks():
     """An axis of stride 0 repeats the same bytes: the footprint is one element, which the walk's byte map
-    used to take as no bytes at all (a write through it marked nothing, a read through it never failed)."""
+    used to take as no bytes at all (a read through it never failed). A destination may not broadcast."""
     from programs import TINY, Layout, ins, program
     from lpx_tvm.runtime_sim import DType, TensorRef
 
     layout = Layout()
-    source = layout.const(np.ones(4, np.float32))
+    source = layout.const(np.ones(1, np.float32))
     broadcast = TensorRef(256, (4,), DType.F32, strides=(0,))
     assert broadcast.footprint() == (256, 1, 4, 4)
-    write = ins("COPY", [source], [broadcast])
-    read = ins("COPY", [TensorRef(256, (1,), DType.F32)], [TensorRef(512, (1,), DType.F32)], cycle=100)
+    write = ins("COPY", [source], [TensorRef(256, (1,), DType.F32)])
+    read = ins("COPY", [broadcast], [TensorRef(512, (4,), DType.F32)], cycle=100)
     written_then_read = program([write, read], layout, predicted=100 + occupancy(read, TINY).finish)
     walk, whole = _verdicts_of(written_then_read)
     assert whole is not None and whole == walk
     never_written = ins("COPY", [TensorRef(1024, (4,), DType.F32, strides=(0,))], [TensorRef(2048, (4,), DType.F32)])
     assert _verdicts_of(program([never_written], Layout(), predicted=occupancy(never_written, TINY).finish)) == \
         ("read before write", None)
+    onto_one = ins("COPY", [TensorRef(512, (4,), DType.F32)], [broadcast])
+    with pytest.raises(ProgramFormatError, match="has an axis of stride 0: it would write one element"):
+        Simulator(program([onto_one], Layout(), predicted=occupancy(onto_one, TINY).finish), timing_only=True)
 
 
 @pytest.mark.parametrize("case, message", [

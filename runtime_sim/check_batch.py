@@ -70,7 +70,7 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
         return None
     if not (_buffers_ready(columns, busy, finish) and _units_free(columns, busy)
             and _rates_fit(columns, occupancies, chained, busy, chip)
-            and _sram_safe(columns, busy, finish, constants, protected, sram_size or chip.sram_bytes)):
+            and _sram_safe(columns, busy, finish, constants, protected, int(sram_size or chip.sram_bytes))):
         return None
     return Timeline(tuple(occupancies), tuple(columns.order.tolist()), makespan, busy)
 

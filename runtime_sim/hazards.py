@@ -53,21 +53,10 @@ def overlaps(keys: np.ndarray, key: tuple) -> np.ndarray:
     blocks of different strides compare by their bounding ranges. Nothing that
     overlaps is ever missed. :func:`meets` is the same test for one pair.
     """
-    lo, hi, stride, addr, rows, run = key
-    hit = (keys[0] < hi) & (keys[1] > lo)
-    if not hit.any():
+    hit = (keys[0] < key[1]) & (keys[1] > key[0])
+    if not hit.any():  # most queries: no bounding range meets, and nothing more to compare
         return hit
-    k_stride = keys[2]
-    if stride:
-        k_rows = np.where(k_stride == 0, -(-(keys[1] - keys[0]) // stride), keys[4])
-        k_run = np.where(k_stride == 0, np.minimum(keys[1] - keys[0], stride), keys[5])
-        exact = _blocks_meet(keys[3], k_rows, k_run, addr, rows, run, stride)
-        hit &= np.where((k_stride == stride) | (k_stride == 0), exact, True)
-    else:
-        safe = np.maximum(k_stride, 1)
-        exact = _blocks_meet(keys[3], keys[4], keys[5], lo, -(-(hi - lo) // safe), np.minimum(hi - lo, safe), safe)
-        hit &= np.where(k_stride != 0, exact, True)
-    return hit
+    return meet_pairs(keys, np.asarray(key, np.int64)[:, None])
 
 
 def meets(a: tuple, b: tuple) -> bool:

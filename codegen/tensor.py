@@ -26,7 +26,7 @@ import numpy as np
 from ..runtime_sim import ChipConfig, Opcode
 from ..runtime_sim.isa import OP_TABLE, Group
 from ..runtime_sim.system import SystemConfig
-from ..runtime_sim.system_sim import SystemProgram
+from ..runtime_sim.system_sim import SystemProgram, axis_slice
 from .alloc import CapacityError, allocate
 from .emit import emit, resolve
 from .graph import Graph, Node
@@ -332,11 +332,10 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
 
 def _columns(a: np.ndarray, axis: int, lo: int, hi: int, width: int) -> np.ndarray:
     """Columns ``[lo, hi)`` of ``a`` along ``axis``, zero-padded to ``width`` (an uneven split's last slices)."""
-    index = [slice(None)] * a.ndim
-    index[axis] = slice(lo, hi)
+    part = a[axis_slice(axis, lo, hi)]
     pad = [(0, 0)] * a.ndim
     pad[axis] = (0, width - (hi - lo))
-    return np.ascontiguousarray(np.pad(a[tuple(index)], pad) if hi - lo < width else a[tuple(index)])
+    return np.ascontiguousarray(np.pad(part, pad) if hi - lo < width else part)
 
 
 def _column_inputs(g: Graph, part: Graph, node, n: int, lo: int, hi: int, width: int) -> list:

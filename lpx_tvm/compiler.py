@@ -145,8 +145,8 @@ def _state_slice(value: np.ndarray, index, cut, full: tuple, name: str) -> np.nd
     if any(not isinstance(i, slice) or i != slice(None) for i in index[:axis + 1]):
         raise CallError(f"state {name!r} is split over chips along axis {axis}: write it with an index that "
                         f"takes axes 0..{axis} whole, got {index!r}")
-    whole = np.lib.stride_tricks.as_strided(np.zeros(1, value.dtype), full, (0,) * len(full))
-    return np.broadcast_to(value, whole[index].shape)[axis_slice(axis, lo, hi)]
+    indexed = np.broadcast_to(np.zeros((), value.dtype), full)[index].shape  # the shape ``index`` selects
+    return np.broadcast_to(value, indexed)[axis_slice(axis, lo, hi)]
 
 
 class _ProgramBytes(Mapping):

@@ -29,9 +29,8 @@ import numpy as np
 
 from .check import (_CAPACITY, _RATES, ScheduleError, Timeline, _limits, _Resident, _stretched, _Streams,
                     check_timing)
-from .columns import _HI, _IN_SRAM, _ROWS, _RUN, _STRIDE, _WRITE, ProgramColumns
-from .program import MAX_CYCLE
-from .hazards import meet_pairs
+from .columns import _END, _IN_SRAM, _ROWS, _RUN, _STRIDE, _WRITE, ProgramColumns
+from .hazards import block_of, meet_pairs
 from .isa import Opcode
 
 
@@ -53,18 +52,17 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
     """
     program, chip = columns.program, columns.chip
     instructions = program.instructions
-    if not instructions or max(o.busy + o.latency for o in columns.kind_occupancy) >= MAX_CYCLE:
-        return None  # (the walk's Python integers take what int64 sums might not)
+    if not instructions:  # (validation bounds each instruction's cycles: int64 sums cannot overflow)
+        return None
     chained = np.unique(columns.owner[columns.operand[:, _IN_SRAM] == 0])
     try:
         occupancies = _follow_chains(instructions, columns, chained)
     except ScheduleError:
         return None
-    busy = np.array([o.busy for o in columns.kind_occupancy], np.int64)[columns.kind]
-    latency = np.array([o.latency for o in columns.kind_occupancy], np.int64)[columns.kind]
-    for index in chained.tolist():
-        busy[index], latency[index] = occupancies[index].busy, occupancies[index].latency
-    finish = busy + latency
+    busy = columns.busy.copy()
+    for index in chained.tolist():  # a stretched consumer keeps its latency
+        busy[index] = occupancies[index].busy
+    finish = busy + columns.latency
     makespan = int((columns.cycle + finish).max())
     if makespan != program.predicted_cycles:
         return None
@@ -198,7 +196,7 @@ def _sram_safe(columns, busy, finish, constants, protected, sram_size) -> bool:
     in_sram = in_sram[np.argsort(columns.position[index[in_sram]], kind="stable")]  # issue order
     op, addr, index = op[in_sram], addr[in_sram], index[in_sram]
     write = op[:, _WRITE].astype(bool)
-    keys = np.stack([addr, addr + op[:, _HI], op[:, _STRIDE], addr, op[:, _ROWS], op[:, _RUN]])
+    keys = np.stack([addr, addr + op[:, _END], op[:, _STRIDE], addr, op[:, _ROWS], op[:, _RUN]])
     if keys[1].max() > sram_size:
         return False  # the byte map must span every access (the simulator sizes it so)
     pos = columns.position[index]
@@ -214,8 +212,8 @@ def _sram_safe(columns, busy, finish, constants, protected, sram_size) -> bool:
             near = (pos[early] != pos[late]) & (keys[0, early] < keys[1, late]) & (keys[1, early] > keys[0, late])
             if meet_pairs(keys[:, early[near]], keys[:, late[near]]).any():  # (few bounding ranges meet)
                 return False
-    return _resident_untouched(keys[:, write], constants, protected) and \
-        _reads_written(keys, write, constants, sram_size)
+    resident = _Resident(constants, protected)
+    return _resident_untouched(keys[:, write], resident) and _reads_written(keys, write, resident, sram_size)
 
 
 def _windows(owner, lo, hi, most: int = 1 << 21):
@@ -229,8 +227,7 @@ def _windows(owner, lo, hi, most: int = 1 << 21):
         yield np.repeat(owner[part], n), np.repeat(lo[part], n) + step
 
 
-def _resident_untouched(writes, constants, protected) -> bool:
-    resident = _Resident(constants, protected)
+def _resident_untouched(writes, resident) -> bool:
     if not resident._los:
         return True
     below = np.searchsorted(resident._los, writes[1], side="left")
@@ -239,13 +236,13 @@ def _resident_untouched(writes, constants, protected) -> bool:
     return not any(resident.overwritten_by(tuple(writes[:, k].tolist())) for k in near)
 
 
-def _reads_written(keys, write, constants, sram_size) -> bool:
+def _reads_written(keys, write, resident, sram_size) -> bool:
     """Each read lies in one constant or in bytes written earlier in issue order (accesses come in that order).
 
     Bytes once written stay written, so of the accesses to one footprint only the first (in issue order, a
     read before its own instruction's write) needs the byte map: after it, the footprint is known written.
     """
-    starts = sorted((ref.addr, ref.end) for ref in constants)
+    starts = resident.constant_ranges
     if starts:
         const_lo = np.array([s for s, _ in starts], np.int64)
         const_hi = np.array([e for _, e in starts], np.int64)
@@ -265,14 +262,9 @@ def _reads_written(keys, write, constants, sram_size) -> bool:
     scaled = scaled // grain
     scaled[4] = keys[4, pending]
     written = np.zeros(-(-sram_size // grain), np.bool_)
-    size, all_of = len(written), np.logical_and.reduce
-    for lo, hi, stride, addr, rows, run, is_write in zip(*scaled.tolist(), write[pending].tolist()):
-        if not stride:
-            view = written[lo:hi]
-        elif addr + rows * stride <= size:  # a reshape of the rows' span: far cheaper than as_strided
-            view = written[addr:addr + rows * stride].reshape(rows, stride)[:, :run]
-        else:
-            view = np.lib.stride_tricks.as_strided(written[addr:], shape=(rows, run), strides=(stride, 1))
+    all_of = np.logical_and.reduce
+    for _, _, stride, addr, rows, run, is_write in zip(*scaled.tolist(), write[pending].tolist()):
+        view = block_of(written, addr, rows, run, stride)
         if is_write:
             view[...] = True
         elif not all_of(view, axis=None):

@@ -19,19 +19,17 @@ from .isa import Space
 from .program import MAX_CYCLE, ProgramFormatError, _is_count, _validate_for_chip, _validate_operands, ref_form_error
 from .timing import occupancy, on_instance
 
-# per operand: is a write, in SRAM, element bytes, bytes, end - addr (past its last element), its footprint's
-# rows, run and stride, and hi - addr (past the footprint, which covers one element of a zero-size view)
-_WRITE, _IN_SRAM, _ITEM, _NBYTES, _END, _ROWS, _RUN, _STRIDE, _HI = range(9)
+# per operand: is a write, in SRAM, element bytes, bytes, end - addr (past its last byte, where its footprint
+# ends too), and its footprint's rows, run and stride (0 for a plain range, as hazards.footprint_key has it)
+_WRITE, _IN_SRAM, _ITEM, _NBYTES, _END, _ROWS, _RUN, _STRIDE = range(8)
 _HUGE = 1 << 62  # int64 sums of two values below this cannot overflow; no legal value comes near it
 
 
 def _operand_row(ref) -> tuple:
-    """The ``_IN_SRAM`` ... ``_HI`` columns of an operand."""
+    """The ``_IN_SRAM`` ... ``_STRIDE`` columns of an operand."""
     _, rows, run, stride = ref.footprint()
-    if rows == 1:
-        run, stride = (rows - 1) * stride + run, 0  # a plain range, as hazards.footprint_key gives it
-    return (ref.space == Space.SRAM, ref.dtype.itemsize, ref.nbytes, ref.end - ref.addr, rows, run, stride,
-            (rows - 1) * stride + run)
+    return (ref.space == Space.SRAM, ref.dtype.itemsize, ref.nbytes, ref.end - ref.addr, rows, run,
+            stride if rows > 1 else 0)
 
 
 def _integer_column(values: list) -> tuple:
@@ -56,10 +54,12 @@ class ProgramColumns:
         Its kind: an index into ``first`` (each kind's first instruction) and ``keys`` (their signatures).
     kind_occupancy, occupancies : lists of Occupancy, per kind and per instruction
         Set by :meth:`time_kinds`; an instruction's is its kind's, shared.
+    busy, latency : int arrays, per instruction
+        Its kind's occupancy's, set by :meth:`time_kinds`.
     cycle, order, position : int arrays
         Issue cycles; instruction indexes in issue order; each instruction's place in that order.
     owner, operand : arrays, per operand (sources then destinations, instruction by instruction)
-        The instruction it belongs to, and its row of its kind's values (the ``_WRITE`` ... ``_HI``
+        The instruction it belongs to, and its row of its kind's values (the ``_WRITE`` ... ``_STRIDE``
         columns); ``addr`` its address (SRAM byte, or stream number).
     """
 
@@ -84,7 +84,7 @@ class ProgramColumns:
             addrs += [r.addr for r in refs]
         self.program, self.chip, self.first, self.keys = program, chip, first, list(ids)
         self.kind = np.array(kinds, np.int64)
-        self.kind_occupancy = self.occupancies = None  # timed once validated (time_kinds)
+        self.kind_occupancy = self.occupancies = self.busy = self.latency = None  # timed once valid (time_kinds)
         by_shape = {}  # an operand's row but for its direction depends on its shape, dtype, strides and space
         rows = []
         for key, i in zip(self.keys, first):
@@ -98,7 +98,7 @@ class ProgramColumns:
             rows.append(kind)
         self.owner, template = self.spread([len(r) for r in rows])
         operand, operand_ok = _integer_column([v for r in rows for row in r for v in row])
-        self.operand = operand.reshape(-1, 9)[template]
+        self.operand = operand.reshape(-1, 8)[template]
         self.addr, addr_ok = _integer_column(addrs)
         self.cycle, cycle_ok = _integer_column([ins.cycle for ins in instructions])
         self.layer, layer_ok = _integer_column([ins.layer for ins in instructions])
@@ -122,6 +122,8 @@ class ProgramColumns:
                 occ = on_instance(other, key[1])
             self.kind_occupancy.append(occ)
         self.occupancies = [self.kind_occupancy[s] for s in self.kind.tolist()]
+        self.busy = np.array([o.busy for o in self.kind_occupancy], np.int64)[self.kind]
+        self.latency = np.array([o.latency for o in self.kind_occupancy], np.int64)[self.kind]
 
     def spread(self, counts) -> tuple:
         """Per-kind lists of ``counts[k]`` items, laid out instruction by instruction.
@@ -140,15 +142,14 @@ class ProgramColumns:
         """Whether any instruction breaks a rule :func:`.program.validate` checks for it alone (issue cycle,
         unit instance, operand bounds, shapes and attributes). ``validate`` then names the first."""
         program, chip, instructions = self.program, self.chip, self.program.instructions
-        if self.malformed or (self.cycle >= MAX_CYCLE).any():
+        if self.malformed or (self.cycle >= MAX_CYCLE).any() or (self.layer >= MAX_CYCLE).any():
             return True
         operands_seen = set()  # the operand rules do not depend on the unit instance
-        for i in self.first:
+        for key, i in zip(self.keys, self.first):
             ins = instructions[i]
             if not _is_count(ins.unit_index) or ins.unit_index >= chip.unit_count(ins.unit.name) \
                     or any(ref_form_error(ref) for ref in ins.srcs + ins.dsts):
                 return True
-            key = self.keys[self.kind[i]]
             key = key[:1] + key[2:]
             if key in operands_seen:
                 continue

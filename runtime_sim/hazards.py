@@ -142,7 +142,11 @@ class AccessLog:
 
 def block_view(bitmap: np.ndarray, ref) -> np.ndarray:
     """The bytes of ``ref``'s footprint as a 2-D view of a byte-per-byte map of SRAM."""
-    addr, rows, run, stride = ref.footprint()
+    return block_of(bitmap, *ref.footprint())
+
+
+def block_of(bitmap: np.ndarray, addr: int, rows: int, run: int, stride: int) -> np.ndarray:
+    """``rows`` runs of ``run`` entries, ``stride`` apart from ``addr``, as a 2-D view of ``bitmap``."""
     if rows == 1:
         return bitmap[addr:addr + run].reshape(1, run)
     if addr + rows * stride <= len(bitmap):  # a reshape of the rows' span: far cheaper than as_strided

@@ -63,12 +63,13 @@ class Simulator:
         self.program, self.config, self.chip = program, config, chip
         operand = columns.operand
         in_sram = operand[:, _IN_SRAM].astype(bool)
-        self.sram_size = int(max([c.ref.end for c in program.constants] + [ref.end for _, ref in program.state]
-                                 + [int((columns.addr + operand[:, _END])[in_sram].max(initial=1))]))
+        # in SRAM from the load on: the constants and the resident state (read, never written by the program)
+        self.resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
         # the plan's resident weights (this program's and its siblings') are never written
-        protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
-        resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
-        self.timeline: Timeline = checked_timeline(columns, resident, self.sram_size, protected) \
+        self.protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
+        self.sram_size = int(max([ref.end for ref in self.resident]
+                                 + [int((columns.addr + operand[:, _END])[in_sram].max(initial=1))]))
+        self.timeline: Timeline = checked_timeline(columns, self.resident, self.sram_size, self.protected) \
             if check_schedule else _measure_unchecked(columns)
         self.order = self.timeline.order
         self.stats = run_stats(columns, self.timeline, self.sram_size)
@@ -287,7 +288,5 @@ def _stable_installs(program, order) -> set:
 
 def _measure_unchecked(columns: ProgramColumns) -> Timeline:
     """The timeline without enforcing the rules (each instruction timed alone by the machine's rules)."""
-    occupancies = columns.occupancies
-    finish = [o.busy + o.latency for o in columns.kind_occupancy]
-    makespan = int((columns.cycle + np.array(finish, np.int64)[columns.kind]).max(initial=0))
-    return Timeline(tuple(occupancies), tuple(columns.order.tolist()), makespan)
+    makespan = int((columns.cycle + columns.busy + columns.latency).max(initial=0))
+    return Timeline(tuple(columns.occupancies), tuple(columns.order.tolist()), makespan, columns.busy)

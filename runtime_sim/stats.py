@@ -101,7 +101,7 @@ def run_stats(columns: ProgramColumns, timeline, sram_size: int) -> RunStats:
     unit = np.array([units.index(k.unit.name) for k in kinds], np.int64)[sig]
     busy = timeline.busy if timeline.busy is not None else \
         np.fromiter((o.busy for o in timeline.occupancies), np.int64, len(instructions))
-    finish = busy + np.fromiter((o.latency for o in timeline.occupancies), np.int64, len(instructions))
+    finish = busy + columns.latency  # (stretching a chained consumer keeps its latency)
 
     def per_kind(values):
         return np.array(values, np.int64)[sig]

@@ -303,7 +303,7 @@ class SystemSimulator:
         per_in = [[self._placeholders.get((k, i)) for i in range(len(s.inputs))] for k, s in enumerate(self.sims)]
         for value, destinations in zip(inputs, self.program.inputs):
             for chip, index, *cut in destinations:
-                per_in[where[chip]][index] = _cut(np.asarray(value), cut) if cut else value
+                per_in[where[chip]][index] = np.asarray(value)[axis_slice(*cut)] if cut else value
         sessions = [sim.session(per_in[k]) for k, sim in enumerate(self.sims)]
         mailbox = {}
         for _, k, pos in self._steps:
@@ -324,7 +324,7 @@ class SystemSimulator:
                 continue
             whole = np.empty(sig.shape, sig.dtype.np)  # each chip stored its slice
             for chip, index, *cut in parts:
-                _cut(whole, cut)[...] = results[where[chip]][index]
+                whole[axis_slice(*cut)] = results[where[chip]][index]
             out.append(whole)
         if outputs is not None:
             for buffer, value in zip(outputs, out):
@@ -336,11 +336,6 @@ class SystemSimulator:
 def axis_slice(axis: int, lo: int, hi: int) -> tuple:
     """The index of the slice ``[lo, hi)`` along ``axis`` (every axis before it whole)."""
     return (slice(None),) * axis + (slice(lo, hi),)
-
-
-def _cut(value: np.ndarray, cut) -> np.ndarray:
-    """The slice of ``value`` a chip takes (``cut = (axis, lo, hi)``)."""
-    return value[axis_slice(*cut)]
 
 
 def _host_tensors(program: SystemProgram, table: tuple, sims: list, attr: str, what: str) -> tuple:

@@ -30,14 +30,13 @@ def _both_verdicts(program):
         columns = validated_columns(program)
     except ProgramFormatError:
         return "invalid", "invalid"
-    sram_size = Simulator(program, check_schedule=False, timing_only=True).sram_size
-    resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
-    protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
+    loaded = Simulator(program, check_schedule=False, timing_only=True)  # what the simulator checks against
+    where = (loaded.resident, loaded.sram_size, loaded.protected)
     try:
-        walk = check_timing(program, columns.chip, resident, sram_size, protected)
+        walk = check_timing(program, columns.chip, *where)
     except ScheduleError as err:
         walk = err.rule
-    return walk, proven_timeline(columns, resident, sram_size, protected)
+    return walk, proven_timeline(columns, *where)
 
 
 def test_compiled_programs_are_proven_with_the_walks_timeline(compiled_programs):
@@ -139,17 +138,6 @@ def test_operands_that_break_their_opcodes_rules_are_named_before_any_timing_rul
         Simulator(bad, timing_only=True)
 
 
-def _verdicts_of(prog):
-    """(walk, whole) verdicts of a hand-made program: a ScheduleError's rule, or the timeline."""
-    columns = validated_columns(prog)
-    resident = [c.ref for c in prog.constants]
-    try:
-        walk = check_timing(prog, columns.chip, resident)
-    except ScheduleError as err:
-        walk = err.rule
-    return walk, proven_timeline(columns, resident)
-
-
 def test_a_broadcast_view_touches_its_bytes_once_for_both_checks():
     """An axis of stride 0 repeats the same bytes: the footprint is one element, which the walk's byte map
     used to take as no bytes at all (a read through it never failed). A destination may not broadcast."""
@@ -163,10 +151,10 @@ def test_a_broadcast_view_touches_its_bytes_once_for_both_checks():
     write = ins("COPY", [source], [TensorRef(256, (1,), DType.F32)])
     read = ins("COPY", [broadcast], [TensorRef(512, (4,), DType.F32)], cycle=100)
     written_then_read = program([write, read], layout, predicted=100 + occupancy(read, TINY).finish)
-    walk, whole = _verdicts_of(written_then_read)
+    walk, whole = _both_verdicts(written_then_read)
     assert whole is not None and whole == walk
     never_written = ins("COPY", [TensorRef(1024, (4,), DType.F32, strides=(0,))], [TensorRef(2048, (4,), DType.F32)])
-    assert _verdicts_of(program([never_written], Layout(), predicted=occupancy(never_written, TINY).finish)) == \
+    assert _both_verdicts(program([never_written], Layout(), predicted=occupancy(never_written, TINY).finish)) == \
         ("read before write", None)
     onto_one = ins("COPY", [TensorRef(512, (4,), DType.F32)], [broadcast])
     with pytest.raises(ProgramFormatError, match="has an axis of stride 0: it would write one element"):

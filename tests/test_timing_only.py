@@ -34,11 +34,9 @@ def test_timing_only_gives_a_full_runs_cycles_on_every_zoo_model(name):
         assert _figures(timing.stats) == _figures(full.stats)
         assert timing.stats.cycles > 0
         # both ran the whole-program check; it proved the schedule (no walk needed) with the walk's timeline
-        program = full.program
-        resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
-        protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
-        walked = check_timing(program, full.config, resident, full.sram_size, protected)
-        assert proven_timeline(validated_columns(program), resident, full.sram_size, protected) == walked
+        where = (full.resident, full.sram_size, full.protected)
+        walked = check_timing(full.program, full.config, *where)
+        assert proven_timeline(validated_columns(full.program), *where) == walked
 
 
 def test_timing_only_refuses_to_run_and_still_rejects_a_bad_schedule():

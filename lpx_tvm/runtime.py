@@ -14,9 +14,9 @@ from collections import Counter
 import numpy as np
 import tvm_ffi
 
-from .runtime_sim import Simulator, decode
+from .runtime_sim import Simulator
 from .runtime_sim.chip import Chip
-from .runtime_sim.program import read_digest
+from .runtime_sim.program import decoded_columns, read_digest
 from .runtime_sim.system_sim import SystemSimulator, is_system_program
 
 _SIMULATORS: dict = {}
@@ -82,13 +82,15 @@ def load_program(blob):
             if sim is None and is_system_program(blob):
                 sim = _SIMULATORS[key] = SystemSimulator(memoryview(blob).cast("B"))
             if sim is None:
-                program = decode(memoryview(blob).cast("B"))  # views of the executable's bytes, no copy
+                # views of the executable's bytes, no copy; validated once, here, for the simulator too
+                columns = decoded_columns(memoryview(blob).cast("B"))
+                program = columns.program
                 if program.plan.model:
                     chip = _CHIPS.setdefault((program.plan.model, program.config_digest),
                                              Chip(program.plan.sram_bytes))
-                    sim = chip.load(program)
+                    sim = chip.load(columns)
                 else:
-                    sim = Simulator(program)
+                    sim = Simulator(columns)
                 _SIMULATORS[key] = sim
     return sim
 

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from .program import Program, ProgramFormatError
+from .program import ProgramFormatError
 
 
 class Chip:
@@ -30,10 +30,12 @@ class Chip:
         self.lock = threading.Lock()
         self.resident = {}  # program digest -> (lo, hi) of its weights
 
-    def load(self, program: Program, check_schedule: bool = True):
-        """A simulator for ``program`` on this chip, its weights placed in the shared SRAM."""
+    def load(self, program, check_schedule: bool = True):
+        """A simulator for ``program`` (a Program, or one validated as ProgramColumns) on this chip, its weights
+        placed in the shared SRAM."""
         from .simulator import Simulator
 
+        loaded, program = program, getattr(program, "program", program)
         resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
         lo = min((ref.addr for ref in resident), default=0)
         hi = max((ref.end for ref in resident), default=0)
@@ -45,4 +47,4 @@ class Chip:
             raise ProgramFormatError(f"program needs {max(hi, program.plan.sram_bytes)} bytes of SRAM, the plan "
                                      f"gave its chip {self.sram.size}")
         self.resident[program.digest] = (lo, hi)
-        return Simulator(program, check_schedule=check_schedule, chip=self)
+        return Simulator(loaded, check_schedule=check_schedule, chip=self)

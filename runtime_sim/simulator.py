@@ -42,8 +42,9 @@ class Simulator:
 
     Parameters
     ----------
-    program : Program or bytes-like
-        A decoded program, or its encoded bytes (decoded and validated here).
+    program : Program, ProgramColumns or bytes-like
+        A decoded program, one already validated (as :func:`.program.decoded_columns` gives it), or its encoded
+        bytes (decoded and validated here).
     config : ChipConfig or str, optional
         The chip; by default the preset the program names.
     check_schedule : bool
@@ -57,8 +58,12 @@ class Simulator:
 
     def __init__(self, program, config: ChipConfig | str | None = None, check_schedule: bool = True, chip=None,
                  timing_only: bool = False):
-        columns = validated_columns(program, config) if isinstance(program, Program) else \
-            decoded_columns(program, config)
+        if isinstance(program, ProgramColumns) and (config is None or config is program.chip):
+            columns = program  # validated already
+        elif isinstance(program, (Program, ProgramColumns)):
+            columns = validated_columns(getattr(program, "program", program), config)
+        else:
+            columns = decoded_columns(program, config)
         program, config = columns.program, columns.chip
         self.program, self.config, self.chip = program, config, chip
         operand = columns.operand

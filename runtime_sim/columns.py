@@ -12,6 +12,9 @@ operand rules), and spread to its instructions as arrays.
 
 from __future__ import annotations
 
+from array import array
+from itertools import chain
+
 import numpy as np
 
 from .config import ChipConfig
@@ -45,6 +48,17 @@ def _integer_column(values: list) -> tuple:
     return column.astype(np.int64, copy=False), True
 
 
+def _all_integers(tuples: list) -> bool:
+    """Whether every value in ``tuples`` is an integer. An instruction is keyed to its kind by equality, so a
+    hand-made stride of ``16.0`` would join the kind of its twin ``16`` and pass as it: this catches it, and
+    validation, going one by one, names it."""
+    try:
+        array("q", chain.from_iterable(tuples))  # a C loop that takes only integers (their ranges are checked
+    except (TypeError, OverflowError):  # per kind: equal values, equal ranges)
+        return False
+    return True
+
+
 class ProgramColumns:
     """One program's instructions and operands as arrays (see the module docstring).
 
@@ -65,7 +79,7 @@ class ProgramColumns:
 
     def __init__(self, program, chip: ChipConfig):
         instructions = program.instructions
-        ids, first, kinds, addrs = {}, [], [], []
+        ids, first, kinds, addrs, dims = {}, [], [], [], []
         for ins in instructions:
             srcs = ins.srcs
             refs = srcs + ins.dsts
@@ -82,10 +96,13 @@ class ProgramColumns:
                 first.append(len(kinds))
             kinds.append(sid)
             addrs += [r.addr for r in refs]
+            dims += [r.shape for r in refs]
+            dims += [r.strides for r in refs if r.strides is not None]
         self.program, self.chip, self.first, self.keys = program, chip, first, list(ids)
         self.kind = np.array(kinds, np.int64)
         self.kind_occupancy = self.occupancies = self.busy = self.latency = None  # timed once valid (time_kinds)
         by_shape = {}  # an operand's row but for its direction depends on its shape, dtype, strides and space
+        self.shaped = []  # an operand of each distinct shape, dtype, strides and space (their rules are its)
         rows = []
         for key, i in zip(self.keys, first):
             n_srcs, ins = key[3], instructions[i]
@@ -94,6 +111,7 @@ class ProgramColumns:
                 row = by_shape.get(shape_key)
                 if row is None:
                     row = by_shape[shape_key] = _operand_row(ref)
+                    self.shaped.append(ref)
                 kind.append((int(j >= n_srcs),) + row)
             rows.append(kind)
         self.owner, template = self.spread([len(r) for r in rows])
@@ -102,7 +120,7 @@ class ProgramColumns:
         self.addr, addr_ok = _integer_column(addrs)
         self.cycle, cycle_ok = _integer_column([ins.cycle for ins in instructions])
         self.layer, layer_ok = _integer_column([ins.layer for ins in instructions])
-        self.malformed = not (operand_ok and addr_ok and cycle_ok and layer_ok)
+        self.malformed = not (operand_ok and addr_ok and cycle_ok and layer_ok and _all_integers(dims))
         self.order = np.lexsort((np.arange(len(instructions)), self.cycle))
         self.position = np.empty(len(instructions), np.int64)
         self.position[self.order] = np.arange(len(instructions))
@@ -142,13 +160,13 @@ class ProgramColumns:
         """Whether any instruction breaks a rule :func:`.program.validate` checks for it alone (issue cycle,
         unit instance, operand bounds, shapes and attributes). ``validate`` then names the first."""
         program, chip, instructions = self.program, self.chip, self.program.instructions
-        if self.malformed or (self.cycle >= MAX_CYCLE).any() or (self.layer >= MAX_CYCLE).any():
+        if self.malformed or (self.cycle >= MAX_CYCLE).any() or (self.layer >= MAX_CYCLE).any() \
+                or any(ref_form_error(ref) for ref in self.shaped):
             return True
         operands_seen = set()  # the operand rules do not depend on the unit instance
         for key, i in zip(self.keys, self.first):
             ins = instructions[i]
-            if not _is_count(ins.unit_index) or ins.unit_index >= chip.unit_count(ins.unit.name) \
-                    or any(ref_form_error(ref) for ref in ins.srcs + ins.dsts):
+            if not _is_count(ins.unit_index) or ins.unit_index >= chip.unit_count(ins.unit.name):
                 return True
             key = key[:1] + key[2:]
             if key in operands_seen:

@@ -167,6 +167,7 @@ def test_a_broadcast_view_touches_its_bytes_once_for_both_checks():
     ("negative cycle", "issue cycle -10 is not an integer"),
     ("negative header", "predicted cycles -6 is not a non-negative integer"),
     ("float address", "needs a non-negative integer address"),
+    ("float stride with an integer twin", r"instruction 1 \(COPY\).*strides=\(2\.0,\).* one stride in \[0, 2\^32\)"),
     ("list shape", "shapes and strides, must be integers and tuples of integers"),
     ("broadcast of 2^62 bytes", "holds 4611686014132420609 bytes, past 2"),
     ("zero-size dimension", r"dimensions in \[1, 2\^31\)"),
@@ -186,11 +187,16 @@ def test_hand_made_programs_with_values_no_encoding_holds_are_named(case, messag
     # a 1x1 output of a window of 2^30 x 2^30 taps (padding and stride keep the output one position)
     pool = ins("MAXPOOL", [TensorRef(0, (1, 16, 1, 1), DType.F32)], [TensorRef(64, (1, 16, 1, 1), DType.F32)],
                kernel=(1 << 30, 1 << 30), pad=(1 << 30,) * 4, stride=(1 << 32, 1 << 32))
+    # equal to its twin's (2,), so of one kind with it: the kind's rules must not pass it as its twin
+    strided = [ins("COPY", [TensorRef(0, (4,), DType.I8, strides=(stride,))], [TensorRef(64, (4,), DType.I8)],
+                   cycle=cycle) for cycle, stride in ((0, 2), (100, 2.0))]
     instructions = {"huge NOP": [ins("NOP", cycles=5), ins("NOP", cycle=1024, cycles=2 ** 63 - 1024)],
                     "float cycle": [ins("NOP", cycle=0.5, cycles=5)],
                     "negative cycle": [ins("NOP", cycle=-10, cycles=3)],
                     "negative header": [ins("NOP", cycles=3)], "broadcast of 2^62 bytes": [broadcast],
-                    "zero-size dimension": [empty], "kernel of 2^60 taps": [pool]}.get(case, [copy])
+                    "zero-size dimension": [empty], "kernel of 2^60 taps": [pool],
+                    "float stride with an integer twin": strided}.get(case, [copy])
     broken = program(instructions, Layout(), predicted=-6 if case == "negative header" else 6)
-    with pytest.raises(ProgramFormatError, match=message):
-        Simulator(broken, timing_only=True)
+    for timing_only in (True, False):  # a full simulator validates alike (a twin once raised TypeError there)
+        with pytest.raises(ProgramFormatError, match=message):
+            Simulator(broken, timing_only=timing_only)

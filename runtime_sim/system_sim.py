@@ -39,7 +39,7 @@ import numpy as np
 
 from .check import ScheduleError
 from .isa import HostTensor, Opcode
-from .program import SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, decode, encode_array
+from .program import SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, decoded_columns, encode_array
 from .simulator import CallError, Simulator
 from .stats import Timed
 from .system import SystemConfig, load_system
@@ -117,6 +117,12 @@ def encode_system(program: SystemProgram) -> np.ndarray:
 
 def decode_system(blob, system: SystemConfig | str | None = None) -> SystemProgram:
     """Parse and validate a system program (each chip's program fully, as :func:`decode` does)."""
+    return _decoded_system(blob, system)[0]
+
+
+def _decoded_system(blob, system) -> tuple:
+    """:func:`decode_system`, with each chip's validated :class:`.columns.ProgramColumns` (what its
+    simulator would otherwise validate again)."""
     buf = memoryview(blob).cast("B")
     if len(buf) < _HEADER.size:
         raise ProgramFormatError("system program truncated: shorter than its header")
@@ -131,24 +137,27 @@ def decode_system(blob, system: SystemConfig | str | None = None) -> SystemProgr
     try:
         (n,) = struct.unpack_from("<I", body, 0)
         table = json.loads(bytes(body[4:4 + n]))
-        at = 4 + n
-        programs = []
-        for length in table["lengths"]:
-            programs.append(decode(body[at:at + length]))
-            at += length
-        program = SystemProgram(table["system"], bytes.fromhex(table["digest"]), tuple(table["chips"]),
-                                tuple(programs), tuple(tuple(tuple(d) for d in x) for x in table["inputs"]),
-                                tuple(table["outputs"]), int(table["predicted"]),
-                                table.get("parallel", ""), table.get("notes", ""))
-    except ProgramFormatError:
-        raise
+        name, system_digest = table["system"], bytes.fromhex(table["digest"])
+        lengths = [int(length) for length in table["lengths"]]
     except (ValueError, KeyError, TypeError, struct.error) as err:
         raise ProgramFormatError(f"malformed system program: {err}") from None
-    config = load_system(system if system is not None else program.system_name)
-    if config.digest != program.system_digest:
-        raise ProgramFormatError(f"system program was compiled for another {program.system_name!r} "
-                                 f"(digests {program.system_digest.hex()} vs {config.digest.hex()})")
-    return program
+    config = load_system(system if system is not None else name)
+    if config.digest != system_digest:
+        raise ProgramFormatError(f"system program was compiled for another {name!r} "
+                                 f"(digests {system_digest.hex()} vs {config.digest.hex()})")
+    columns, at = [], 4 + n
+    for length in lengths:  # each chip's program is validated against the system's chip
+        columns.append(decoded_columns(body[at:at + length], config.chip))
+        at += length
+    try:
+        program = SystemProgram(name, system_digest, tuple(table["chips"]),
+                                tuple(c.program for c in columns),
+                                tuple(tuple(tuple(d) for d in x) for x in table["inputs"]),
+                                tuple(table["outputs"]), int(table["predicted"]),
+                                table.get("parallel", ""), table.get("notes", ""))
+    except (ValueError, KeyError, TypeError) as err:
+        raise ProgramFormatError(f"malformed system program: {err}") from None
+    return program, columns
 
 
 def check_network(system: SystemConfig, program: SystemProgram, timelines: list) -> dict:
@@ -256,12 +265,15 @@ class SystemSimulator:
     """
 
     def __init__(self, program, system=None, check_schedule: bool = True, timing_only: bool = False):
-        if not isinstance(program, SystemProgram):
-            program = decode_system(program, system)
+        if isinstance(program, SystemProgram):
+            self.system = load_system(system if system is not None else program.system_name)
+            chip_programs = program.programs
+        else:
+            program, chip_programs = _decoded_system(program, system)  # validated: their columns
+            self.system = load_system(system if system is not None else program.system_name)
         self.program = program
-        self.system = load_system(system if system is not None else program.system_name)
         self.sims = [Simulator(p, self.system.chip, check_schedule=check_schedule, timing_only=timing_only)
-                     for p in program.programs]
+                     for p in chip_programs]
         usage = check_network(self.system, program, [s.timeline for s in self.sims])
         makespan = max((s.stats.cycles for s in self.sims), default=0)
         if check_schedule and makespan != program.predicted_cycles:

@@ -165,6 +165,27 @@ def test_a_damaged_system_program_is_rejected():
         decode_system(blob)
 
 
+def test_a_system_program_from_bytes_is_validated_once_and_against_its_systems_chip(monkeypatch):
+    """Decoding validates every chip's program; its simulator takes those columns instead of validating the
+    program again. A chip program made for another chip than the system's is named as such."""
+    from dataclasses import replace
+
+    from lpx_tvm.runtime_sim import ProgramFormatError, simulator
+
+    sysprog = system_program("tiny-2", {0: _sender(X, 1, 0), 1: _receiver((4, 32), 0, 0, HOP)}, outputs=[(1, 0)])
+    blob = encode_system(sysprog)
+
+    def validated_again(*args, **kwargs):
+        raise AssertionError("a decoded chip program was validated a second time")
+    with monkeypatch.context() as patch:
+        patch.setattr(simulator, "validated_columns", validated_again)
+        (out,) = SystemSimulator(blob).run([])
+    np.testing.assert_array_equal(out, X)
+    foreign = replace(sysprog.programs[1], config_name="tsp")
+    with pytest.raises(ProgramFormatError, match="compiled for chip config 'tsp', not for 'tiny'"):
+        SystemSimulator(encode_system(replace(sysprog, programs=(sysprog.programs[0], foreign))))
+
+
 @pytest.mark.parametrize("destinations, why", [
     (((0, 0, 1, 0, 64), (1, 0, 1, 64, 128)), "not \\[0, 64\\) along axis 1"),  # a slice the size of its input
     (((0, 0, 0, 0, 4), (1, 0, 0, 8, 12)), "do not tile"),                 # slices with a gap between them

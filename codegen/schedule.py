@@ -1,6 +1,8 @@
 """schedule: give every instruction an issue cycle, a unit instance and its streams.
 
-A list scheduler over the dependence graph, longest path to the end first.
+A list scheduler over the dependence graph: groups in the order their
+dependences let them start, the longest path to the end first among those
+(``_TIME_GRAIN``).
 Dependences come from the program order the tiler wrote: SRAM accesses to
 overlapping bytes (a read after a write waits for the write to finish; a write
 after a read waits for the read to end; writes stay in order), and each plane's
@@ -31,6 +33,13 @@ from ..runtime_sim.timing import occupancy
 from .calendar import Exclusive, Shared
 
 _SHARED = ("streams", "sram_read", "sram_write", "alus")
+# Ready groups are taken in the order their dependences let them start, to this many cycles, and by the
+# longest path to the end within that. By the longest path alone, a group that can start only late was booked
+# before one that could start at once and took the calendar slots that one needed. Over the zoo in fp32, fp16
+# and int8 (27 compiles) grains of 64 and 128 measured best: with 128, 2.2% fewer cycles (geometric mean), at
+# most 9.2% fewer (inception_v1, fp16), at worst 0.2% more. A grain of 1 (strict time order) cost up to 1.7%
+# more (alexnet, int8); 2048 gained half as much.
+_TIME_GRAIN = 128
 
 
 class _DepLog:
@@ -297,10 +306,15 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
         if fixed_at[i] != cycle:
             raise ValueError(f"schedule: instruction {i} must issue at cycle {cycle}, its resources are busy")
     waiting = {i: len(node_preds[i]) for i in nodes}
-    key = (lambda i: i) if in_order else (lambda i: -priority[i])  # in order: strictly program order
+    earliest = defaultdict(int)  # of a ready group: the cycle its dependences let it start
+    if in_order:
+        key = lambda i: i  # strictly program order
+    elif pairs:  # every chip of the collective places its groups in one order, which its own cycles cannot sway
+        key = lambda i: -priority[i]
+    else:  # time order, the longest path first among groups free to start in one grain
+        key = lambda i: (earliest[i] // _TIME_GRAIN, -priority[i])
     ready = [(key(i), i) for i in nodes if waiting[i] == 0]
     heapq.heapify(ready)
-    earliest = defaultdict(int)
     horizon = 0
     while ready:
         _, i = heapq.heappop(ready)

@@ -34,11 +34,12 @@ from .calendar import Exclusive, Shared
 
 _SHARED = ("streams", "sram_read", "sram_write", "alus")
 # Ready groups are taken in the order their dependences let them start, to this many cycles, and by the
-# longest path to the end within that. By the longest path alone, a group that can start only late was booked
-# before one that could start at once and took the calendar slots that one needed. Over the zoo in fp32, fp16
-# and int8 (27 compiles) grains of 64 and 128 measured best: with 128, 2.2% fewer cycles (geometric mean), at
-# most 9.2% fewer (inception_v1, fp16), at worst 0.2% more. A grain of 1 (strict time order) cost up to 1.7%
-# more (alexnet, int8); 2048 gained half as much.
+# longest path to the end within that. By the longest path alone, a group that could start only late was
+# booked before one that could start at once and could take the slots that one needed. Over the zoo's 70
+# runs (tsp in fp32, fp16, bf16 and int8; lp30 in fp8): 1.3% fewer cycles (geometric mean), from 9.2% fewer
+# (inception_v1, fp16) to 3.2% more (inception_v2, fp8 on lp30, where every grain tried cost 2-4% on both
+# inceptions and gained 5-8% on vgg19). On tsp, grains of 64 and 128 measured best; 1 (strict time order)
+# cost up to 1.7% more (alexnet, int8) and 2048 gained half as much.
 _TIME_GRAIN = 128
 
 

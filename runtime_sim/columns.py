@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from array import array
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def _integer_column(values: list) -> tuple:
     return column.astype(np.int64, copy=False), True
 
 
-def _all_integers(tuples: list) -> bool:
+def _all_integers(tuples) -> bool:
     """Whether every value in ``tuples`` is an integer. An instruction is keyed to its kind by equality, so a
     hand-made stride of ``16.0`` would join the kind of its twin ``16`` and pass as it: this catches it, and
     validation, going one by one, names it."""
@@ -79,7 +80,7 @@ class ProgramColumns:
 
     def __init__(self, program, chip: ChipConfig):
         instructions = program.instructions
-        ids, first, kinds, addrs, dims = {}, [], [], [], []
+        ids, first, kinds, operands = {}, [], [], []
         for ins in instructions:
             srcs = ins.srcs
             refs = srcs + ins.dsts
@@ -95,9 +96,7 @@ class ProgramColumns:
                 sid = ids[key] = len(first)
                 first.append(len(kinds))
             kinds.append(sid)
-            addrs += [r.addr for r in refs]
-            dims += [r.shape for r in refs]
-            dims += [r.strides for r in refs if r.strides is not None]
+            operands += refs
         self.program, self.chip, self.first, self.keys = program, chip, first, list(ids)
         self.kind = np.array(kinds, np.int64)
         self.kind_occupancy = self.occupancies = self.busy = self.latency = None  # timed once valid (time_kinds)
@@ -117,9 +116,10 @@ class ProgramColumns:
         self.owner, template = self.spread([len(r) for r in rows])
         operand, operand_ok = _integer_column([v for r in rows for row in r for v in row])
         self.operand = operand.reshape(-1, 8)[template]
-        self.addr, addr_ok = _integer_column(addrs)
+        self.addr, addr_ok = _integer_column(list(map(attrgetter("addr"), operands)))
         self.cycle, cycle_ok = _integer_column([ins.cycle for ins in instructions])
         self.layer, layer_ok = _integer_column([ins.layer for ins in instructions])
+        dims = chain(map(attrgetter("shape"), operands), filter(None, map(attrgetter("strides"), operands)))
         self.malformed = not (operand_ok and addr_ok and cycle_ok and layer_ok and _all_integers(dims))
         self.order = np.lexsort((np.arange(len(instructions)), self.cycle))
         self.position = np.empty(len(instructions), np.int64)

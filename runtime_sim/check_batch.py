@@ -213,7 +213,7 @@ def _sram_safe(columns, busy, finish, constants, protected, sram_size) -> bool:
             if meet_pairs(keys[:, early[near]], keys[:, late[near]]).any():  # (few bounding ranges meet)
                 return False
     resident = _Resident(constants, protected)
-    return _resident_untouched(keys[:, write], resident) and _reads_written(keys, write, resident, sram_size)
+    return _resident_untouched(keys[:, write], resident) and _reads_written(keys, write, resident)
 
 
 def _windows(owner, lo, hi, most: int = 1 << 21):
@@ -236,7 +236,7 @@ def _resident_untouched(writes, resident) -> bool:
     return not any(resident.overwritten_by(tuple(writes[:, k].tolist())) for k in near)
 
 
-def _reads_written(keys, write, resident, sram_size) -> bool:
+def _reads_written(keys, write, resident) -> bool:
     """Each read lies in one constant or in bytes written earlier in issue order (accesses come in that order).
 
     Bytes once written stay written, so of the accesses to one footprint only the first (in issue order, a
@@ -256,12 +256,17 @@ def _reads_written(keys, write, resident, sram_size) -> bool:
     first[1:] = (keys[:, grouped[1:]] != keys[:, grouped[:-1]]).any(axis=0)
     pending = np.sort(grouped[first])
     # every footprint edge is a multiple of the accesses' common divisor (an element size at least): the map
-    # keeps one flag per such grain
+    # keeps one flag per such grain, from the lowest byte these accesses touch to the highest (the weights
+    # below the activations, most of SRAM, need none: its pages are zeroed on first touch, at a cost)
+    if not len(pending):
+        return True
     scaled = keys[:, pending]
     grain = int(np.gcd.reduce(scaled[[0, 1, 2, 5]].ravel())) or 1
-    scaled = scaled // grain
+    base = int(scaled[0].min())
+    scaled = (scaled - base) // grain
+    scaled[[2, 5]] = keys[[2, 5]][:, pending] // grain  # a stride and a run are not addresses
     scaled[4] = keys[4, pending]
-    written = np.zeros(-(-sram_size // grain), np.bool_)
+    written = np.zeros(int(scaled[1].max()), np.bool_)
     all_of = np.logical_and.reduce
     for _, _, stride, addr, rows, run, is_write in zip(*scaled.tolist(), write[pending].tolist()):
         view = block_of(written, addr, rows, run, stride)

@@ -74,7 +74,7 @@ def compiled_blob(model: str = "resnet50", dtype: str = "fp32") -> bytes:
     return bytes(encode(program))
 
 
-def timing_only_speed(blob: bytes, model: str, dtype: str, repeat: int = 5) -> dict:
+def timing_only_speed(blob: bytes, model: str, dtype: str, repeat: int = 7) -> dict:
     """Timing-only, full and unchecked loads of ``blob``, each run on a freshly decoded program (nothing one
     run derives is cached for the next), alternated, medians of ``repeat``."""
     from lpx_tvm.runtime_sim import Simulator, decode

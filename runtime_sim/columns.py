@@ -119,8 +119,9 @@ class ProgramColumns:
         self.addr, addr_ok = _integer_column(list(map(attrgetter("addr"), operands)))
         self.cycle, cycle_ok = _integer_column([ins.cycle for ins in instructions])
         self.layer, layer_ok = _integer_column([ins.layer for ins in instructions])
+        _, unit_ok = _integer_column([ins.unit_index for ins in instructions])  # a unit 0.0 is keyed with unit 0
         dims = chain(map(attrgetter("shape"), operands), filter(None, map(attrgetter("strides"), operands)))
-        self.malformed = not (operand_ok and addr_ok and cycle_ok and layer_ok and _all_integers(dims))
+        self.malformed = not (operand_ok and addr_ok and cycle_ok and layer_ok and unit_ok and _all_integers(dims))
         self.order = np.lexsort((np.arange(len(instructions)), self.cycle))
         self.position = np.empty(len(instructions), np.int64)
         self.position[self.order] = np.arange(len(instructions))

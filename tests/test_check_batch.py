@@ -161,6 +161,31 @@ def test_a_broadcast_view_touches_its_bytes_once_for_both_checks():
         Simulator(program([onto_one], Layout(), predicted=occupancy(onto_one, TINY).finish), timing_only=True)
 
 
+def test_the_read_before_write_map_starts_at_the_lowest_byte_accessed():
+    """The map spans only the bytes its accesses touch, from the lowest (here a strided fp16 write far above
+    address 0, its rows 10 bytes apart): a read inside the written elements passes, one that reaches a gap
+    between the rows is named, by both checks alike."""
+    from programs import TINY, Layout, ins, program
+    from lpx_tvm.runtime_sim import DType, TensorRef
+
+    layout = Layout()
+    source = layout.const(np.ones((4, 3), np.float16))
+    rows = 1002  # 2-byte aligned, not 64: every footprint edge is a multiple of 2 bytes only
+
+    def strided(first, width):  # elements first .. first + width - 1 of 4 rows of 5
+        return TensorRef(rows + 2 * first, (4, width), DType.F16, strides=(5, 1))
+    write = ins("COPY", [source], [strided(0, 3)])
+    verdicts = []
+    for first in (1, 2):  # elements 1-2 were written; 2-3 reach element 3, which nothing wrote
+        read = ins("COPY", [strided(first, 2)], [TensorRef(4096, (4, 2), DType.F16)],
+                   cycle=occupancy(write, TINY).finish)
+        verdicts.append(_both_verdicts(program([write, read], layout,
+                                               predicted=read.cycle + occupancy(read, TINY).finish)))
+    (walk, whole), (bad_walk, bad_whole) = verdicts
+    assert whole is not None and whole == walk
+    assert (bad_walk, bad_whole) == ("read before write", None)
+
+
 @pytest.mark.parametrize("case, message", [
     ("huge NOP", "NOP cycles must be >= 0 and below 2"),
     ("float cycle", r"issue cycle 0\.5 is not an integer"),
@@ -168,6 +193,7 @@ def test_a_broadcast_view_touches_its_bytes_once_for_both_checks():
     ("negative header", "predicted cycles -6 is not a non-negative integer"),
     ("float address", "needs a non-negative integer address"),
     ("float stride with an integer twin", r"instruction 1 \(COPY\).*strides=\(2\.0,\).* one stride in \[0, 2\^32\)"),
+    ("float unit with an integer twin", r"instruction 1 \(COPY\): VXM instance 0\.0 does not exist"),
     ("list shape", "shapes and strides, must be integers and tuples of integers"),
     ("broadcast of 2^62 bytes", "holds 4611686014132420609 bytes, past 2"),
     ("zero-size dimension", r"dimensions in \[1, 2\^31\)"),
@@ -176,6 +202,8 @@ def test_a_broadcast_view_touches_its_bytes_once_for_both_checks():
 def test_hand_made_programs_with_values_no_encoding_holds_are_named(case, message):
     """Such values would wrap or truncate in the whole-program check's int64 columns: validation names
     them first (a NOP of 2^63 cycles once made the check's makespan wrap around and pass)."""
+    from dataclasses import replace
+
     from programs import Layout, ins, program
     from lpx_tvm.runtime_sim import DType, TensorRef
 
@@ -195,7 +223,8 @@ def test_hand_made_programs_with_values_no_encoding_holds_are_named(case, messag
                     "negative cycle": [ins("NOP", cycle=-10, cycles=3)],
                     "negative header": [ins("NOP", cycles=3)], "broadcast of 2^62 bytes": [broadcast],
                     "zero-size dimension": [empty], "kernel of 2^60 taps": [pool],
-                    "float stride with an integer twin": strided}.get(case, [copy])
+                    "float stride with an integer twin": strided,
+                    "float unit with an integer twin": [copy, replace(copy, cycle=100, unit_index=0.0)]}.get(case, [copy])
     broken = program(instructions, Layout(), predicted=-6 if case == "negative header" else 6)
     for timing_only in (True, False):  # a full simulator validates alike (a twin once raised TypeError there)
         with pytest.raises(ProgramFormatError, match=message):

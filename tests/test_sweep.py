@@ -102,37 +102,44 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(model_files, tmp_path
     assert "failed points:" in sweep.table(records)
 
 
-def test_each_point_is_timed_on_its_own_chip(tmp_path):
-    """x + y on [100, 32] fp32 tensors crossing the host link, on tiny chips with one or two planes and one or
-    two times the host link's bandwidth: each point's cycles worked out by hand from tiny.json, and a second
-    plane adds its 32 x 32 MACs' share of the matrix block's assumed 27% of 725 mm².
+# x + y on [100, 32] fp32 tensors crossing the host link, on tiny chips with one or two planes and one or two
+# times the host link's bandwidth, each point's cycles worked out by hand from tiny.json:
+#
+# tiny.json: 100 MHz; host link 1e9 B/s = 10 bytes a cycle (20 at 2x); MEM and VXM latency 4 cycles each;
+# 32 lanes, 8 streams a direction. A tensor is 100 x 32 x 4 = 12,800 bytes: 1,280 cycles on the link (640
+# at 2x). The add moves 12 bytes an element, 12 streams a vector: more than a direction's 8, so each of its
+# 100 vectors takes 2 cycles, one at a time: 200. Two inputs in turn, the MEM latency, the add, the VXM
+# latency, the result back, the MEM latency: 2 x 1,280 + 4 + 200 + 4 + 1,280 + 4 = 4,052 at 1x and
+# 2 x 640 + 4 + 200 + 4 + 640 + 4 = 2,132 at 2x. Planes do not matter: nothing multiplies.
+ADD_GRID = {"host_bytes_per_s": ["1x", "2x"], "mxm_planes": [1, 2]}
+ADD_CYCLES = [4052, 4052, 2132, 2132]
 
-    tiny.json: 100 MHz; host link 1e9 B/s = 10 bytes a cycle (20 at 2x); MEM and VXM latency 4 cycles each;
-    32 lanes, 8 streams a direction. A tensor is 100 x 32 x 4 = 12,800 bytes: 1,280 cycles on the link
-    (640 at 2x). The add moves 12 bytes an element, 12 streams a vector: more than a direction's 8, so each of
-    its 100 vectors takes 2 cycles, one at a time: 200. Two inputs in turn, the MEM latency, the add, the VXM
-    latency, the result back, the MEM latency: 2 x 1,280 + 4 + 200 + 4 + 1,280 + 4 = 4,052 at 1x and
-    2 x 640 + 4 + 200 + 4 + 640 + 4 = 2,132 at 2x. Planes do not matter: nothing multiplies."""
+
+def _add_sweep(tmp_path, workers: int) -> list:
     path = tmp_path / "add.onnx"
     onnx.save(add_model(100, 32), str(path))
-    spec = sweep.spec_from_dict({"base": "tiny", "models": [str(path)],
-                                 "grid": {"host_bytes_per_s": ["1x", "2x"], "mxm_planes": [1, 2]}})
-    records = sweep.run_sweep(spec, tmp_path / "r.jsonl", workers=0, progress=False)
+    spec = sweep.spec_from_dict({"base": "tiny", "models": [str(path)], "grid": ADD_GRID})
+    return sweep.run_sweep(spec, tmp_path / f"r{workers}.jsonl", workers=workers, progress=False)
+
+
+def test_each_point_is_timed_on_its_own_chip(tmp_path):
+    """Each point's cycles are its own chip's (``ADD_CYCLES``, by hand), and a second plane adds its 32 x 32
+    MACs' share of the matrix block's assumed 27% of 725 mm²."""
+    records = _add_sweep(tmp_path, workers=0)
     assert [r["variant"] for r in records] == [f"tiny[host_bytes_per_s={h},mxm_planes={p}]" for h in (10**9, 2 * 10**9)
                                                for p in (1, 2)]
     assert all(r["fits"] for r in records)
-    assert [r["cycles"] for r in records] == [4052, 4052, 2132, 2132]
+    assert [r["cycles"] for r in records] == ADD_CYCLES
     one_plane, two_planes = records[0]["area_mm2"], records[1]["area_mm2"]
     assert two_planes - one_plane == pytest.approx(0.27 * 725 * (32 * 32) / (4 * 320 * 320))
 
 
 @pytest.mark.slow
-def test_two_ray_workers_give_the_in_process_figures(model_files, tmp_path):
+def test_two_ray_workers_give_the_figures_worked_by_hand(tmp_path):
     pytest.importorskip("ray", reason="the sweep extra (ray) is not installed")
-    spec = _spec(model_files)
-    here = sweep.run_sweep(spec, tmp_path / "here.jsonl", workers=0, progress=False)
-    on_ray = sweep.run_sweep(spec, tmp_path / "ray.jsonl", workers=2, progress=False)
-    assert [(r["key"], r["cycles"]) for r in on_ray] == [(r["key"], r["cycles"]) for r in here]
+    on_ray = _add_sweep(tmp_path, workers=2)
+    assert [r["cycles"] for r in on_ray] == ADD_CYCLES
+    assert [r["variant"] for r in on_ray] == [r["variant"] for r in _add_sweep(tmp_path, workers=0)]
 
 
 def test_the_cli_writes_the_table_columns_first_and_resumes(model_files, tmp_path, capsys):

@@ -59,8 +59,7 @@ class Timeline:
     occupancies: tuple  # by instruction index
     order: tuple  # instruction indexes in issue order
     makespan: int
-    # the occupancies' busy cycles as an array, where the whole-program check measured them (the walk: None)
-    busy: np.ndarray | None = field(default=None, compare=False)
+    busy: np.ndarray = field(compare=False)  # the occupancies' busy cycles, as an array
 
 
 _EXCLUSIVE_RULES = {"HOST": "host link", "MXM.load": "install port"}
@@ -210,7 +209,8 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
     if program.predicted_cycles != makespan:
         raise ScheduleError("predicted cycles", len(instructions), makespan,
                             f"the header predicts {program.predicted_cycles} cycles, the schedule takes {makespan}")
-    return Timeline(tuple(occupancies), tuple(order), makespan)
+    return Timeline(tuple(occupancies), tuple(order), makespan,
+                    np.fromiter((o.busy for o in occupancies), np.int64, len(occupancies)))
 
 
 class _Running:
@@ -286,6 +286,23 @@ class _Resident:
         if not below or self._reach[below - 1] <= key[0]:
             return False
         return bool(overlaps(self.keys[:, :below], key).any())
+
+    def hold(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """:meth:`holds` for arrays of byte ranges ``[lo, hi)``."""
+        if not self.constant_ranges:
+            return np.zeros(len(lo), bool)
+        k = np.searchsorted(self._starts, lo, side="right") - 1
+        ends = np.array([end for _, end in self.constant_ranges], np.int64)
+        return (k >= 0) & (hi <= ends[np.maximum(k, 0)])
+
+    def overwritten_by_any(self, keys: np.ndarray) -> bool:
+        """:meth:`overwritten_by` for any of the footprints ``keys`` (6 × n): only those whose range reaches a
+        resident one are compared."""
+        if not self._los:
+            return False
+        below = np.searchsorted(self._los, keys[1], side="left")
+        near = np.flatnonzero((below > 0) & (np.asarray(self._reach)[np.maximum(below - 1, 0)] > keys[0]))
+        return any(self.overwritten_by(tuple(keys[:, k].tolist())) for k in near)
 
 
 class _Memory:

@@ -29,7 +29,7 @@ import numpy as np
 
 from .check import (_CAPACITY, _RATES, ScheduleError, Timeline, _limits, _Resident, _stretched, _Streams,
                     check_timing)
-from .columns import _END, _IN_SRAM, _ROWS, _RUN, _STRIDE, _WRITE, ProgramColumns
+from .columns import _END, _IN_SRAM, _ROWS, _RUN, _STRIDE, _WRITE, ProgramColumns, ragged_steps
 from .hazards import block_of, meet_pairs
 from .isa import Opcode
 
@@ -56,7 +56,7 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
         return None
     chained = np.unique(columns.owner[columns.operand[:, _IN_SRAM] == 0])
     try:
-        occupancies = _follow_chains(instructions, columns, chained)
+        occupancies = _follow_chains(columns, chained)
     except ScheduleError:
         return None
     busy = columns.busy.copy()
@@ -67,16 +67,16 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
     if makespan != program.predicted_cycles:
         return None
     if not (_buffers_ready(columns, busy, finish) and _units_free(columns, busy)
-            and _rates_fit(columns, occupancies, chained, busy, chip)
+            and _rates_fit(columns, occupancies, chained, busy)
             and _sram_safe(columns, busy, finish, constants, protected, int(sram_size or chip.sram_bytes))):
         return None
     return Timeline(tuple(occupancies), tuple(columns.order.tolist()), makespan, busy)
 
 
-def _follow_chains(instructions, columns, chained) -> list:
+def _follow_chains(columns, chained) -> list:
     """Chained producers and consumers in issue order (few: walked one by one). Returns every instruction's
     occupancy, a slow producer's consumers stretched to its pace."""
-    streams = _Streams()
+    instructions, streams = columns.program.instructions, _Streams()
     occupancies = list(columns.occupancies)
     stretched = {}  # (kind's occupancy, producer's busy) -> the consumer's, stretched: kinds repeat
 
@@ -96,8 +96,7 @@ def _follow_chains(instructions, columns, chained) -> list:
 def _buffers_ready(columns, busy, finish) -> bool:
     """Each plane's weight buffers: a MATMUL reads a tile installed, finished and of its shape; a tile is not
     replaced while a MATMUL still reads it (:class:`.check._Buffers`' rules, buffer by buffer in issue order)."""
-    instructions = columns.program.instructions
-    kinds = [instructions[i] for i in columns.first]
+    kinds = columns.kind_instructions
     installs = np.array([k.opcode == Opcode.INSTALL for k in kinds])
     matmuls = np.array([k.opcode == Opcode.MATMUL for k in kinds])
     order = columns.order
@@ -156,13 +155,13 @@ def _units_free(columns, busy) -> bool:
     return not (same & (start[1:] < end[:-1])).any()
 
 
-def _rates_fit(columns, occupancies, chained, busy, chip) -> bool:
+def _rates_fit(columns, occupancies, chained, busy) -> bool:
     """At each issue, what still runs (started earlier in issue order, not yet ended) plus the newcomer fits.
 
     What runs at instruction ``i``'s issue is every earlier start minus every end by then; an instruction
     busy for no cycles ends as it starts and is counted for no one but itself.
     """
-    limits = _limits(chip)
+    limits = _limits(columns.chip)
     rates = np.array([_RATES(o) for o in columns.kind_occupancy], np.int64)[columns.kind]
     for index in chained.tolist():  # a stretched consumer's rates are spread over its longer time
         rates[index] = _RATES(occupancies[index])
@@ -198,7 +197,7 @@ def _sram_safe(columns, busy, finish, constants, protected, sram_size) -> bool:
     write = op[:, _WRITE].astype(bool)
     keys = np.stack([addr, addr + op[:, _END], op[:, _STRIDE], addr, op[:, _ROWS], op[:, _RUN]])
     if keys[1].max() > sram_size:
-        return False  # the byte map must span every access (the simulator sizes it so)
+        return False  # an access past the walk's byte map is the walk's to judge (the simulator sizes it to all)
     pos = columns.position[index]
     start = columns.cycle[index]
     end = start + np.where(write, finish[index], busy[index])
@@ -213,7 +212,7 @@ def _sram_safe(columns, busy, finish, constants, protected, sram_size) -> bool:
             if meet_pairs(keys[:, early[near]], keys[:, late[near]]).any():  # (few bounding ranges meet)
                 return False
     resident = _Resident(constants, protected)
-    return _resident_untouched(keys[:, write], resident) and _reads_written(keys, write, resident)
+    return not resident.overwritten_by_any(keys[:, write]) and _reads_written(keys, write, resident)
 
 
 def _windows(owner, lo, hi, most: int = 1 << 21):
@@ -223,17 +222,7 @@ def _windows(owner, lo, hi, most: int = 1 << 21):
     bounds = np.searchsorted(np.cumsum(counts), np.arange(most, int(counts.sum()), most), side="left") + 1
     for part in np.split(np.arange(len(owner)), bounds):
         n = counts[part]
-        step = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-        yield np.repeat(owner[part], n), np.repeat(lo[part], n) + step
-
-
-def _resident_untouched(writes, resident) -> bool:
-    if not resident._los:
-        return True
-    below = np.searchsorted(resident._los, writes[1], side="left")
-    reach = np.asarray(resident._reach)
-    near = np.flatnonzero((below > 0) & (reach[np.maximum(below - 1, 0)] > writes[0]))
-    return not any(resident.overwritten_by(tuple(writes[:, k].tolist())) for k in near)
+        yield np.repeat(owner[part], n), np.repeat(lo[part], n) + ragged_steps(n)
 
 
 def _reads_written(keys, write, resident) -> bool:
@@ -242,15 +231,7 @@ def _reads_written(keys, write, resident) -> bool:
     Bytes once written stay written, so of the accesses to one footprint only the first (in issue order, a
     read before its own instruction's write) needs the byte map: after it, the footprint is known written.
     """
-    starts = resident.constant_ranges
-    if starts:
-        const_lo = np.array([s for s, _ in starts], np.int64)
-        const_hi = np.array([e for _, e in starts], np.int64)
-        k = np.searchsorted(const_lo, keys[3], side="right") - 1
-        in_constant = (k >= 0) & (keys[1] <= const_hi[np.maximum(k, 0)])
-    else:
-        in_constant = np.zeros(len(write), bool)
-    pending = np.flatnonzero(write | ~in_constant)
+    pending = np.flatnonzero(write | ~resident.hold(keys[3], keys[1]))
     grouped = pending[np.lexsort((np.arange(len(pending)),) + tuple(keys[:, pending][::-1]))]
     first = np.ones(len(grouped), bool)
     first[1:] = (keys[:, grouped[1:]] != keys[:, grouped[:-1]]).any(axis=0)

@@ -19,8 +19,8 @@ from operator import attrgetter
 import numpy as np
 
 from .config import ChipConfig
-from .isa import Space
-from .program import MAX_CYCLE, ProgramFormatError, _is_count, _validate_for_chip, _validate_operands, ref_form_error
+from .isa import MAX_CYCLE, Space
+from .program import ProgramFormatError, _validate_for_chip, _validate_operands, ref_form_error
 from .timing import occupancy, on_instance
 
 # per operand: is a write, in SRAM, element bytes, bytes, end - addr (past its last byte, where its footprint
@@ -60,13 +60,19 @@ def _all_integers(tuples) -> bool:
     return True
 
 
+def ragged_steps(counts: np.ndarray) -> np.ndarray:
+    """``0 .. counts[k] - 1`` for each ``k`` in turn, as one array."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 class ProgramColumns:
     """One program's instructions and operands as arrays (see the module docstring).
 
     Attributes
     ----------
     kind : int array, per instruction
-        Its kind: an index into ``first`` (each kind's first instruction) and ``keys`` (their signatures).
+        Its kind: an index into ``first`` (each kind's first instruction), ``kind_instructions`` (those
+        instructions, which stand for their kinds) and ``keys`` (their signatures).
     kind_occupancy, occupancies : lists of Occupancy, per kind and per instruction
         Set by :meth:`time_kinds`; an instruction's is its kind's, shared.
     busy, latency : int arrays, per instruction
@@ -98,13 +104,14 @@ class ProgramColumns:
             kinds.append(sid)
             operands += refs
         self.program, self.chip, self.first, self.keys = program, chip, first, list(ids)
+        self.kind_instructions = [instructions[i] for i in first]  # each kind's first, which stands for it
         self.kind = np.array(kinds, np.int64)
         self.kind_occupancy = self.occupancies = self.busy = self.latency = None  # timed once valid (time_kinds)
         by_shape = {}  # an operand's row but for its direction depends on its shape, dtype, strides and space
         self.shaped = []  # an operand of each distinct shape, dtype, strides and space (their rules are its)
         rows = []
-        for key, i in zip(self.keys, first):
-            n_srcs, ins = key[3], instructions[i]
+        for key, ins in zip(self.keys, self.kind_instructions):
+            n_srcs = key[3]
             kind = []
             for j, (shape_key, ref) in enumerate(zip(key[4], ins.srcs + ins.dsts)):
                 row = by_shape.get(shape_key)
@@ -129,14 +136,13 @@ class ProgramColumns:
     def time_kinds(self) -> None:
         """Work out each kind's occupancy (``kind_occupancy``) and give every instruction its kind's
         (``occupancies``). Only for a validated program: the timing rules assume well-formed operands."""
-        instructions = self.program.instructions
         self.kind_occupancy = []
         elsewhere = {}  # the occupancy of a kind on another instance of its unit differs only in that instance
-        for key, i in zip(self.keys, self.first):
+        for key, ins in zip(self.keys, self.kind_instructions):
             unitless = key[:1] + key[2:]
             other = elsewhere.get(unitless)
             if other is None:
-                occ = elsewhere[unitless] = occupancy(instructions[i], self.chip)
+                occ = elsewhere[unitless] = occupancy(ins, self.chip)
             else:
                 occ = on_instance(other, key[1])
             self.kind_occupancy.append(occ)
@@ -154,20 +160,18 @@ class ProgramColumns:
         offsets = np.cumsum(counts) - counts
         per_instruction = counts[self.kind]
         owner = np.repeat(np.arange(len(self.kind)), per_instruction)
-        step = np.arange(len(owner)) - np.repeat(np.cumsum(per_instruction) - per_instruction, per_instruction)
-        return owner, np.repeat(offsets[self.kind], per_instruction) + step
+        return owner, np.repeat(offsets[self.kind], per_instruction) + ragged_steps(per_instruction)
 
     def has_instruction_errors(self) -> bool:
         """Whether any instruction breaks a rule :func:`.program.validate` checks for it alone (issue cycle,
         unit instance, operand bounds, shapes and attributes). ``validate`` then names the first."""
-        program, chip, instructions = self.program, self.chip, self.program.instructions
+        program, chip = self.program, self.chip
         if self.malformed or (self.cycle >= MAX_CYCLE).any() or (self.layer >= MAX_CYCLE).any() \
                 or any(ref_form_error(ref) for ref in self.shaped):
             return True
         operands_seen = set()  # the operand rules do not depend on the unit instance
-        for key, i in zip(self.keys, self.first):
-            ins = instructions[i]
-            if not _is_count(ins.unit_index) or ins.unit_index >= chip.unit_count(ins.unit.name):
+        for key, ins in zip(self.keys, self.kind_instructions):
+            if ins.unit_index >= chip.unit_count(ins.unit.name):  # (an integer: else malformed)
                 return True
             key = key[:1] + key[2:]
             if key in operands_seen:

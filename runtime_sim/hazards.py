@@ -54,9 +54,10 @@ def overlaps(keys: np.ndarray, key: tuple) -> np.ndarray:
     overlaps is ever missed. :func:`meets` is the same test for one pair.
     """
     hit = (keys[0] < key[1]) & (keys[1] > key[0])
-    if not hit.any():  # most queries: no bounding range meets, and nothing more to compare
-        return hit
-    return meet_pairs(keys, np.asarray(key, np.int64)[:, None])
+    near = np.flatnonzero(hit)  # most queries: few bounding ranges meet, and only those compare exactly
+    if len(near):
+        hit[near] = meet_pairs(keys[:, near], np.asarray(key, np.int64)[:, None])
+    return hit
 
 
 def meets(a: tuple, b: tuple) -> bool:

@@ -368,6 +368,7 @@ MOVE_OPS = ops_in(Group.MOVE)
 EPILOGUE_OPS = frozenset({Opcode.NOP} | {op for op, spec in OP_TABLE.items() if spec.epilogue})
 
 MAX_RANK = 8
+MAX_CYCLE = 1 << 48  # issue cycles past this (3.6 days at 900 MHz) are corruption, and overflow int64 sums
 
 
 # ---------------------------------------------------------------------------

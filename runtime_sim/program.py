@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import ChipConfig, load_config
-from .isa import (MAX_RANK, UNIT_OF, DType, Group, HostTensor, Instruction, Opcode, Space, TensorRef, format_attrs,
-                  pack_attrs, unpack_attrs)
+from .isa import (MAX_CYCLE, MAX_RANK, UNIT_OF, DType, Group, HostTensor, Instruction, Opcode, Space, TensorRef,
+                  format_attrs, pack_attrs, unpack_attrs)
 from .shapes import check_operands
 
 MAGIC = b"LPXPROG\0"
@@ -32,7 +32,6 @@ VERSION = 6  # 2: streamed weights; 3: attributes in op-table order; 4: streams,
 _HEADER = struct.Struct("<8sHHQ16s")
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
 MAX_DIM = 1 << 31
-MAX_CYCLE = 1 << 48  # issue cycles past this (3.6 days at 900 MHz) are corruption, and overflow int64 sums
 MAX_NAME = 4096
 
 

@@ -14,7 +14,7 @@ from math import prod
 
 import numpy as np
 
-from .isa import FLOAT_DTYPES, OP_TABLE, QUANT_DTYPES, DType, Group, Opcode
+from .isa import FLOAT_DTYPES, MAX_CYCLE, OP_TABLE, QUANT_DTYPES, DType, Group, Opcode
 
 
 def _check(cond, message):
@@ -74,7 +74,7 @@ def _rule_link(op, srcs, dsts, attrs):
 
 def _rule_control(op, srcs, dsts, attrs):
     _count(srcs, dsts, 0, 0, op)
-    _check(0 <= attrs["cycles"] < 1 << 48, "NOP cycles must be >= 0 and below 2^48 (3.6 days at 900 MHz)")
+    _check(0 <= attrs["cycles"] < MAX_CYCLE, "NOP cycles must be >= 0 and below 2^48 (3.6 days at 900 MHz)")
     return None
 
 

@@ -58,8 +58,8 @@ class Simulator:
 
     def __init__(self, program, config: ChipConfig | str | None = None, check_schedule: bool = True, chip=None,
                  timing_only: bool = False):
-        if isinstance(program, ProgramColumns) and (config is None or config is program.chip):
-            columns = program  # validated already
+        if isinstance(program, ProgramColumns) and config in (None, program.chip, program.chip.name):
+            columns = program  # validated already, for this chip
         elif isinstance(program, (Program, ProgramColumns)):
             columns = validated_columns(getattr(program, "program", program), config)
         else:
@@ -72,7 +72,7 @@ class Simulator:
         self.resident = [c.ref for c in program.constants] + [ref for _, ref in program.state]
         # the plan's resident weights (this program's and its siblings') are never written
         self.protected = [(0, program.plan.activation_base)] if program.plan.activation_base else []
-        self.sram_size = int(max([ref.end for ref in self.resident]
+        self.sram_size = int(max([ref.end for ref in self.resident]  # a Python int, whatever the refs hold
                                  + [int((columns.addr + operand[:, _END])[in_sram].max(initial=1))]))
         self.timeline: Timeline = checked_timeline(columns, self.resident, self.sram_size, self.protected) \
             if check_schedule else _measure_unchecked(columns)

@@ -93,14 +93,12 @@ def run_stats(columns: ProgramColumns, timeline, sram_size: int) -> RunStats:
     """The figures of a program's measured timeline, summed as arrays (each instruction's occupancy is its
     kind's, but for the busy time of a stretched chained consumer)."""
     program, chip = columns.program, columns.chip
-    instructions = program.instructions
-    kinds = [instructions[i] for i in columns.first]
+    kinds = columns.kind_instructions
     kind_occ = columns.kind_occupancy
     sig = columns.kind
     units = [u.name for u in Unit]
     unit = np.array([units.index(k.unit.name) for k in kinds], np.int64)[sig]
-    busy = timeline.busy if timeline.busy is not None else \
-        np.fromiter((o.busy for o in timeline.occupancies), np.int64, len(instructions))
+    busy = timeline.busy
     finish = busy + columns.latency  # (stretching a chained consumer keeps its latency)
 
     def per_kind(values):

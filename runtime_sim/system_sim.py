@@ -266,12 +266,11 @@ class SystemSimulator:
 
     def __init__(self, program, system=None, check_schedule: bool = True, timing_only: bool = False):
         if isinstance(program, SystemProgram):
-            self.system = load_system(system if system is not None else program.system_name)
             chip_programs = program.programs
         else:
             program, chip_programs = _decoded_system(program, system)  # validated: their columns
-            self.system = load_system(system if system is not None else program.system_name)
         self.program = program
+        self.system = load_system(system if system is not None else program.system_name)
         self.sims = [Simulator(p, self.system.chip, check_schedule=check_schedule, timing_only=timing_only)
                      for p in chip_programs]
         usage = check_network(self.system, program, [s.timeline for s in self.sims])

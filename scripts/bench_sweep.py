@@ -6,7 +6,7 @@
    1 worker, then with 2 (fresh stores, so nothing is skipped); the ratio is the scaling.
 2. ResNet-50 on tsp, in fp32, fp16, bf16 and int8 (the zoo's QDQ model): a timing-only simulator (schedule
    verified, cycles counted) against a full one (also placing the weights, binding every instruction and
-   running the arithmetic once), median of 5, each on a freshly decoded program after a garbage collection,
+   running the arithmetic once), medians of 7, each on a freshly decoded program after a garbage collection,
    all four compiled before any is timed. Also timed: loading without the schedule check (validation, each
    instruction's timing and the statistics only), the part of a load that no check can speed up; full ÷ that
    is the ceiling on the speed-up a faster check could give.

@@ -186,6 +186,29 @@ def test_the_read_before_write_map_starts_at_the_lowest_byte_accessed():
     assert (bad_walk, bad_whole) == ("read before write", None)
 
 
+def test_blocks_of_the_read_before_write_map_are_flagged_only_once_wholly_written(monkeypatch):
+    """Blocks of 4 grains (16 bytes here): a write of bytes 256-299 fills the first two and most of the third;
+    a read of the first two passes without a look at its bytes, and one of bytes 292-303, all in the third,
+    reaches bytes nothing wrote and is named, by both checks alike."""
+    from programs import TINY, Layout, ins, program
+    from lpx_tvm.runtime_sim import DType, TensorRef
+    from lpx_tvm.runtime_sim import check_batch
+
+    monkeypatch.setattr(check_batch, "_BLOCK", 4)
+    layout = Layout()
+    source = layout.const(np.ones(11, np.float32))
+    write = ins("COPY", [source], [TensorRef(256, (11,), DType.F32)])
+    verdicts = []
+    for addr, elements in ((256, 8), (292, 3)):
+        read = ins("COPY", [TensorRef(addr, (elements,), DType.F32)], [TensorRef(4096, (elements,), DType.F32)],
+                   cycle=occupancy(write, TINY).finish)
+        verdicts.append(_both_verdicts(program([write, read], layout,
+                                               predicted=read.cycle + occupancy(read, TINY).finish)))
+    (walk, whole), (bad_walk, bad_whole) = verdicts
+    assert whole is not None and whole == walk
+    assert (bad_walk, bad_whole) == ("read before write", None)
+
+
 @pytest.mark.parametrize("case, message", [
     ("huge NOP", "NOP cycles must be >= 0 and below 2"),
     ("float cycle", r"issue cycle 0\.5 is not an integer"),

@@ -249,7 +249,7 @@ def _reads_written(keys, write, resident) -> bool:
     scaled = (scaled - base) // grain
     scaled[[2, 5]] = keys[[2, 5]][:, pending] // grain  # a stride and a run are not addresses
     scaled[4] = keys[4, pending]
-    # activation memory is reused: most accesses (ResNet-50: 4 of 5) fall where every byte was written long
+    # activation memory is reused: most accesses (ResNet-50 fp32: 85%) fall where every byte was written long
     # before, so the map is also kept by blocks, each flagged once wholly written; an access within flagged
     # blocks needs no look at its bytes (a read passes, a write changes nothing)
     size = int(scaled[1].max())

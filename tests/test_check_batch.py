@@ -161,11 +161,26 @@ def test_a_broadcast_view_touches_its_bytes_once_for_both_checks():
         Simulator(program([onto_one], Layout(), predicted=occupancy(onto_one, TINY).finish), timing_only=True)
 
 
+def _read_after_write_verdicts(layout, write, reads):
+    """Both checks' verdicts on ``write`` and then each of ``reads`` (sources, destinations), two instructions
+    a program, the read issued as the write ends: a good read's then a bad one's."""
+    from programs import TINY, ins, program
+
+    verdicts = []
+    for src, dst in reads:
+        read = ins("COPY", [src], [dst], cycle=occupancy(write, TINY).finish)
+        verdicts.append(_both_verdicts(program([write, read], layout,
+                                               predicted=read.cycle + occupancy(read, TINY).finish)))
+    (walk, whole), (bad_walk, bad_whole) = verdicts
+    assert whole is not None and whole == walk
+    assert (bad_walk, bad_whole) == ("read before write", None)
+
+
 def test_the_read_before_write_map_starts_at_the_lowest_byte_accessed():
     """The map spans only the bytes its accesses touch, from the lowest (here a strided fp16 write far above
     address 0, its rows 10 bytes apart): a read inside the written elements passes, one that reaches a gap
     between the rows is named, by both checks alike."""
-    from programs import TINY, Layout, ins, program
+    from programs import Layout, ins
     from lpx_tvm.runtime_sim import DType, TensorRef
 
     layout = Layout()
@@ -175,38 +190,24 @@ def test_the_read_before_write_map_starts_at_the_lowest_byte_accessed():
     def strided(first, width):  # elements first .. first + width - 1 of 4 rows of 5
         return TensorRef(rows + 2 * first, (4, width), DType.F16, strides=(5, 1))
     write = ins("COPY", [source], [strided(0, 3)])
-    verdicts = []
-    for first in (1, 2):  # elements 1-2 were written; 2-3 reach element 3, which nothing wrote
-        read = ins("COPY", [strided(first, 2)], [TensorRef(4096, (4, 2), DType.F16)],
-                   cycle=occupancy(write, TINY).finish)
-        verdicts.append(_both_verdicts(program([write, read], layout,
-                                               predicted=read.cycle + occupancy(read, TINY).finish)))
-    (walk, whole), (bad_walk, bad_whole) = verdicts
-    assert whole is not None and whole == walk
-    assert (bad_walk, bad_whole) == ("read before write", None)
+    # elements 1-2 were written; 2-3 reach element 3, which nothing wrote
+    _read_after_write_verdicts(layout, write, [(strided(first, 2), TensorRef(4096, (4, 2), DType.F16))
+                                               for first in (1, 2)])
 
 
 def test_blocks_of_the_read_before_write_map_are_flagged_only_once_wholly_written(monkeypatch):
     """Blocks of 4 grains (16 bytes here): a write of bytes 256-299 fills the first two and most of the third;
     a read of the first two passes without a look at its bytes, and one of bytes 292-303, all in the third,
     reaches bytes nothing wrote and is named, by both checks alike."""
-    from programs import TINY, Layout, ins, program
-    from lpx_tvm.runtime_sim import DType, TensorRef
-    from lpx_tvm.runtime_sim import check_batch
+    from programs import Layout, ins
+    from lpx_tvm.runtime_sim import DType, TensorRef, check_batch
 
     monkeypatch.setattr(check_batch, "_BLOCK", 4)
     layout = Layout()
     source = layout.const(np.ones(11, np.float32))
     write = ins("COPY", [source], [TensorRef(256, (11,), DType.F32)])
-    verdicts = []
-    for addr, elements in ((256, 8), (292, 3)):
-        read = ins("COPY", [TensorRef(addr, (elements,), DType.F32)], [TensorRef(4096, (elements,), DType.F32)],
-                   cycle=occupancy(write, TINY).finish)
-        verdicts.append(_both_verdicts(program([write, read], layout,
-                                               predicted=read.cycle + occupancy(read, TINY).finish)))
-    (walk, whole), (bad_walk, bad_whole) = verdicts
-    assert whole is not None and whole == walk
-    assert (bad_walk, bad_whole) == ("read before write", None)
+    _read_after_write_verdicts(layout, write, [(TensorRef(addr, (n,), DType.F32), TensorRef(4096, (n,), DType.F32))
+                                               for addr, n in ((256, 8), (292, 3))])
 
 
 @pytest.mark.parametrize("case, message", [

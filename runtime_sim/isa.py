@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from functools import cached_property
 from math import prod
+from types import MappingProxyType
 
 import ml_dtypes
 import numpy as np
@@ -620,7 +621,8 @@ class Instruction:
     srcs, dsts : tuple of TensorRef
         SRAM operands read and written.
     attrs : dict
-        Named attributes (see ``OP_TABLE``); missing ones take their defaults.
+        Named attributes (see ``OP_TABLE``); missing ones take their defaults. Checked here, and read-only
+        from then on (a mapping proxy): a value set afterwards would reach the simulator unchecked.
     layer : int
         Index into the program's layer names, for per-layer reports.
     """
@@ -634,7 +636,7 @@ class Instruction:
     layer: int = 0
 
     def __post_init__(self):
-        object.__setattr__(self, "attrs", make_attrs(self.opcode, self.attrs))
+        object.__setattr__(self, "attrs", MappingProxyType(make_attrs(self.opcode, self.attrs)))
 
     @property
     def unit(self) -> Unit:

@@ -49,6 +49,22 @@ def test_bad_attributes_are_named():
         make_attrs(Opcode.EPILOGUE, {"act": int(Opcode.EXP)})
 
 
+def test_an_instructions_attributes_are_read_only_once_checked():
+    """A value set after the check (a float kernel, an unknown name) would reach the simulator unchecked: the
+    attributes cannot be changed, only replaced through a new, checked instruction."""
+    import dataclasses
+
+    layout = Layout()
+    pool = ins("MAXPOOL", [layout.const(__import__("numpy").zeros((1, 1, 4, 4), "float32"))],
+               [layout.take((1, 1, 2, 2), DType.F32)], kernel=(2, 2), stride=(2, 2))
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        pool.attrs["kernel"] = (2.5, 2.0)
+    with pytest.raises(ValueError, match="MAXPOOL.kernel must be integers, got \\(2.5, 2.0\\)"):
+        dataclasses.replace(pool, attrs={**pool.attrs, "kernel": (2.5, 2.0)})
+    kernel = dataclasses.replace(pool, attrs={**pool.attrs, "kernel": (2.0, 2.0)}).attrs["kernel"]
+    assert kernel == (2, 2) and all(type(k) is int for k in kernel)  # (2.0 == 2: the type is the point)
+
+
 def test_disassembler_names_attributes_and_epilogues():
     layout = Layout()
     x = layout.const(__import__("numpy").zeros((1, 2, 6, 6), "float32"))

@@ -112,6 +112,15 @@ class Program:
     def __post_init__(self):
         if self.plan is None:
             object.__setattr__(self, "plan", SramPlan())
+        for name, kind in (("instructions", Instruction), ("constants", Constant), ("inputs", HostTensor),
+                           ("outputs", HostTensor), ("streamed", StreamedWeight)):
+            items = getattr(self, name)
+            bad = next((k for k, item in enumerate(items) if not isinstance(item, kind)), None) \
+                if isinstance(items, (tuple, list)) else -1
+            if bad is not None:
+                got = repr(items) if bad < 0 else f"{items[bad]!r} at {bad}"
+                raise TypeError(f"Program.{name} must be a tuple of {kind.__name__}, got {got}")
+            object.__setattr__(self, name, tuple(items))
 
 
 # ---------------------------------------------------------------------------

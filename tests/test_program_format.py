@@ -94,3 +94,33 @@ def test_int8_zero_points_outside_the_int8_range_are_rejected():
             validate(dataclasses.replace(program, instructions=(broken,)))
     with pytest.raises(ValueError, match="QUANTIZE.zero_point must be an integer"):
         Instruction(Opcode.QUANTIZE, 0, 0, (x,), (q,), {"scale": 0.5, "zero_point": 2.5})
+
+
+@pytest.mark.parametrize("part, value, message", [
+    ("instructions", None, r"Program.instructions must be a tuple of Instruction, got None"),
+    ("instructions", "two", r"Program.instructions must be a tuple of Instruction, got 'two'"),
+    ("one more instruction", None, r"Program.instructions must be a tuple of Instruction, got None at 1"),
+    ("constants", [3], r"Program.constants must be a tuple of Constant, got 3 at 0"),
+    ("srcs", None, r"COPY: srcs must be a tuple of TensorRef, got None"),
+    ("dsts", ["x"], r"COPY: dsts must be a tuple of TensorRef, got \['x'\]"),
+])
+def test_a_hand_made_program_of_the_wrong_parts_is_named_as_it_is_made(part, value, message):
+    """What the checks and the simulator read as tuples of instructions and operands is one, or the program
+    is not made (these failed deep inside the simulator, an AttributeError or a TypeError on ``+``). Lists are
+    taken as tuples."""
+    import dataclasses
+    from programs import Layout, ins, program
+    from lpx_tvm.runtime_sim import DType, Simulator, TensorRef
+
+    layout = Layout()
+    copy = ins("COPY", [layout.const(np.ones(4, np.float32))], [TensorRef(4096, (4,), DType.F32)])
+    made = program([copy], layout, predicted=5)
+    as_lists = dataclasses.replace(made, instructions=[dataclasses.replace(copy, srcs=list(copy.srcs))])
+    assert isinstance(as_lists.instructions, tuple) and as_lists.instructions[0].srcs == copy.srcs
+    assert Simulator(as_lists, timing_only=True).stats.cycles == made.predicted_cycles
+    with pytest.raises(TypeError, match=message):
+        if part in ("srcs", "dsts"):
+            dataclasses.replace(copy, **{part: value})
+        else:
+            dataclasses.replace(made, **({part: value} if part != "one more instruction"
+                                         else {"instructions": (copy, value)}))

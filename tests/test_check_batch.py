@@ -196,18 +196,27 @@ def test_the_read_before_write_map_starts_at_the_lowest_byte_accessed():
 
 
 def test_blocks_of_the_read_before_write_map_are_flagged_only_once_wholly_written(monkeypatch):
-    """Blocks of 4 grains (16 bytes here): a write of bytes 256-299 fills the first two and most of the third;
-    a read of the first two passes without a look at its bytes, and one of bytes 292-303, all in the third,
-    reaches bytes nothing wrote and is named, by both checks alike."""
+    """Blocks of 4 grains (16 bytes here). A write of bytes 256-299 fills the first two blocks and most of the
+    third: a read of the first two passes without a look at its bytes, and one of bytes 292-303, all in the
+    third, reaches bytes nothing wrote. A write of bytes 256-291: a read of bytes 256-295 ends inside the third
+    block, which is not wholly written, on bytes nothing wrote. Each bad read is named, by both checks alike."""
     from programs import Layout, ins
     from lpx_tvm.runtime_sim import DType, TensorRef, check_batch
+    from lpx_tvm.runtime_sim.hazards import block_of
 
     monkeypatch.setattr(check_batch, "_BLOCK", 4)
-    layout = Layout()
-    source = layout.const(np.ones(11, np.float32))
-    write = ins("COPY", [source], [TensorRef(256, (11,), DType.F32)])
-    _read_after_write_verdicts(layout, write, [(TensorRef(addr, (n,), DType.F32), TensorRef(4096, (n,), DType.F32))
-                                               for addr, n in ((256, 8), (292, 3))])
+    looked_at = []  # the footprints whose bytes the map was asked for
+    monkeypatch.setattr(check_batch, "block_of", lambda *args: looked_at.append(args[1:]) or block_of(*args))
+    for written, reads in ((11, ((256, 8), (292, 3))), (9, ((256, 8), (256, 10)))):
+        layout = Layout()
+        source = layout.const(np.ones(written, np.float32))
+        write = ins("COPY", [source], [TensorRef(256, (written,), DType.F32)])
+        _read_after_write_verdicts(layout, write, [(TensorRef(addr, (n,), DType.F32),
+                                                    TensorRef(4096, (n,), DType.F32)) for addr, n in reads])
+    # (addr, rows, run, stride) in grains of 4 bytes from byte 256, program by program: the write, then the good
+    # read's destination at byte 4096 (new bytes), or the bad read (the check ends there); never the good read
+    assert looked_at == [(0, 1, 11, 0), (960, 1, 8, 0), (0, 1, 11, 0), (9, 1, 3, 0),
+                         (0, 1, 9, 0), (960, 1, 8, 0), (0, 1, 9, 0), (0, 1, 10, 0)]
 
 
 @pytest.mark.parametrize("case, message", [

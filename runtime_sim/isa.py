@@ -502,6 +502,17 @@ def format_attrs(opcode: Opcode, attrs: dict) -> str:
 # ---------------------------------------------------------------------------
 # instructions
 # ---------------------------------------------------------------------------
+def _set_enum(obj, name: str, kind) -> None:
+    """Store ``obj.name`` as a member of ``kind`` (an int is taken as its value); anything else is named."""
+    value = getattr(obj, name)
+    if type(value) is kind:
+        return
+    try:
+        object.__setattr__(obj, name, kind(value))
+    except (ValueError, TypeError):
+        raise TypeError(f"{type(obj).__name__}.{name} must be one of {kind.__name__}'s members, got {value!r}") from None
+
+
 @dataclass(frozen=True)
 class TensorRef:
     """An operand: a (possibly strided) view of SRAM, or a stream.
@@ -523,6 +534,10 @@ class TensorRef:
     dtype: DType
     strides: tuple | None = None
     space: Space = Space.SRAM
+
+    def __post_init__(self):  # (the numbers are validation's: a program names its first bad one)
+        _set_enum(self, "dtype", DType)
+        _set_enum(self, "space", Space)
 
     @cached_property  # a frozen ref's size is asked for by every timing and checking rule: computed once
     def size(self) -> int:
@@ -602,6 +617,13 @@ class HostTensor:
     shape: tuple
     dtype: DType
 
+    def __post_init__(self):
+        _set_enum(self, "dtype", DType)
+        shape = self.shape
+        if not isinstance(shape, (tuple, list)) or not all(_integral(d) and d >= 0 for d in shape):
+            raise TypeError(f"HostTensor.shape must be a tuple of non-negative integers, got {shape!r}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+
     @property
     def nbytes(self) -> int:
         return prod(self.shape) * self.dtype.itemsize
@@ -636,6 +658,7 @@ class Instruction:
     layer: int = 0
 
     def __post_init__(self):
+        _set_enum(self, "opcode", Opcode)
         for name in ("srcs", "dsts"):  # tuples of TensorRef: the checks and the simulator read them so
             refs = getattr(self, name)
             if not isinstance(refs, (tuple, list)) or not all(isinstance(ref, TensorRef) for ref in refs):

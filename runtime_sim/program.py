@@ -388,6 +388,11 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
         raise ProgramFormatError(
             f"program was compiled for chip config {program.config_name!r}, not for {chip.name!r} "
             f"(config digests {program.config_digest.hex()} vs {chip.digest.hex()})")
+    for where, ref, data, nbytes in ([("constant", c.ref, c.data, c.ref.nbytes) for c in program.constants]
+                                     + [("streamed weight", w.host, w.data, w.host.nbytes) for w in program.streamed]):
+        if not isinstance(data, np.ndarray) or data.nbytes != nbytes:
+            got = f"{data.nbytes} bytes" if isinstance(data, np.ndarray) else f"a {type(data).__name__}"
+            raise ProgramFormatError(f"{where} {ref}: its data must be an array of its {nbytes} bytes, got {got}")
     for const in program.constants:
         _check_ref(const.ref, chip, "constant")
         if program.plan.activation_base and const.ref.end > program.plan.activation_base:

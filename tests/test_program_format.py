@@ -6,6 +6,7 @@ import pytest
 import lpx_tvm
 from lpx_tvm.runtime_sim import ProgramFormatError, decode, disassemble, encode, load_config
 from conftest import cnn_model
+from programs import program
 
 
 @pytest.fixture(scope="module")
@@ -96,21 +97,62 @@ def test_int8_zero_points_outside_the_int8_range_are_rejected():
         Instruction(Opcode.QUANTIZE, 0, 0, (x,), (q,), {"scale": 0.5, "zero_point": 2.5})
 
 
-@pytest.mark.parametrize("part, value, message", [
-    ("instructions", None, r"Program.instructions must be a tuple of Instruction, got None"),
-    ("instructions", "two", r"Program.instructions must be a tuple of Instruction, got 'two'"),
-    ("one more instruction", None, r"Program.instructions must be a tuple of Instruction, got None at 1"),
-    ("constants", [3], r"Program.constants must be a tuple of Constant, got 3 at 0"),
-    ("srcs", None, r"COPY: srcs must be a tuple of TensorRef, got None"),
-    ("dsts", ["x"], r"COPY: dsts must be a tuple of TensorRef, got \['x'\]"),
-])
-def test_a_hand_made_program_of_the_wrong_parts_is_named_as_it_is_made(part, value, message):
-    """What the checks and the simulator read as tuples of instructions and operands is one, or the program
-    is not made (these failed deep inside the simulator, an AttributeError or a TypeError on ``+``). Lists are
-    taken as tuples."""
+def _loaded(made):
+    from lpx_tvm.runtime_sim import Simulator
+
+    return Simulator(made)
+
+
+def _wrong_parts():
+    """Ways to make a program of the wrong parts: ``name -> (make(copy, made), error, message)``."""
     import dataclasses
-    from programs import Layout, ins, program
-    from lpx_tvm.runtime_sim import DType, Simulator, TensorRef
+    from lpx_tvm.runtime_sim import DType, Instruction, TensorRef
+    from lpx_tvm.runtime_sim.isa import HostTensor
+    from lpx_tvm.runtime_sim.program import Constant
+
+    def program_with(**parts):
+        return lambda copy, made: dataclasses.replace(made, **parts)
+
+    def instruction_with(**parts):
+        return lambda copy, made: dataclasses.replace(copy, **parts)
+    return {
+        "instructions None": (program_with(instructions=None), TypeError,
+                              r"Program.instructions must be a tuple of Instruction, got None"),
+        "instructions a string": (program_with(instructions="two"), TypeError,
+                                  r"Program.instructions must be a tuple of Instruction, got 'two'"),
+        "an instruction None": (lambda copy, made: dataclasses.replace(made, instructions=(copy, None)), TypeError,
+                                r"Program.instructions must be a tuple of Instruction, got None at 1"),
+        "a constant 3": (program_with(constants=[3]), TypeError,
+                         r"Program.constants must be a tuple of Constant, got 3 at 0"),
+        "srcs None": (instruction_with(srcs=None), TypeError, r"COPY: srcs must be a tuple of TensorRef, got None"),
+        "dsts of a string": (instruction_with(dsts=["x"]), TypeError,
+                             r"COPY: dsts must be a tuple of TensorRef, got \['x'\]"),
+        "opcode 999": (lambda copy, made: Instruction(999, 0, 0, copy.srcs, copy.dsts), TypeError,
+                       r"Instruction.opcode must be one of Opcode's members, got 999"),
+        "dtype a string": (lambda copy, made: TensorRef(4096, (4,), "fp32"), TypeError,
+                           r"TensorRef.dtype must be one of DType's members, got 'fp32'"),
+        "space 7": (lambda copy, made: TensorRef(4096, (4,), DType.F32, space=7), TypeError,
+                    r"TensorRef.space must be one of Space's members, got 7"),
+        "host shape a string": (lambda copy, made: HostTensor("ab", DType.F32), TypeError,
+                                r"HostTensor.shape must be a tuple of non-negative integers, got 'ab'"),
+        "constant data a list": (lambda copy, made: _loaded(dataclasses.replace(
+            made, constants=(Constant(made.constants[0].ref, [1, 2]),))), ProgramFormatError,
+            r"constant fp32\[4\]@0x0: its data must be an array of its 16 bytes, got a list"),
+        "constant data short": (lambda copy, made: _loaded(dataclasses.replace(
+            made, constants=(Constant(made.constants[0].ref, np.zeros(3, np.uint8)),))), ProgramFormatError,
+            r"constant fp32\[4\]@0x0: its data must be an array of its 16 bytes, got 3 bytes"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_wrong_parts()))
+def test_a_hand_made_program_of_the_wrong_parts_is_named_as_it_is_made(case):
+    """What the checks and the simulator read as tuples of instructions and operands, enum members and
+    arrays of the right size is one, or the program is not made or not loaded (each of these failed deep
+    inside the simulator: an AttributeError, a KeyError, a TypeError on ``+``, numpy's ValueError; a space of
+    7 was taken for a stream). Lists are taken as tuples, an enum's number as its member."""
+    import dataclasses
+    from programs import Layout, ins
+    from lpx_tvm.runtime_sim import DType, Simulator, Space, TensorRef
 
     layout = Layout()
     copy = ins("COPY", [layout.const(np.ones(4, np.float32))], [TensorRef(4096, (4,), DType.F32)])
@@ -118,9 +160,8 @@ def test_a_hand_made_program_of_the_wrong_parts_is_named_as_it_is_made(part, val
     as_lists = dataclasses.replace(made, instructions=[dataclasses.replace(copy, srcs=list(copy.srcs))])
     assert isinstance(as_lists.instructions, tuple) and as_lists.instructions[0].srcs == copy.srcs
     assert Simulator(as_lists, timing_only=True).stats.cycles == made.predicted_cycles
-    with pytest.raises(TypeError, match=message):
-        if part in ("srcs", "dsts"):
-            dataclasses.replace(copy, **{part: value})
-        else:
-            dataclasses.replace(made, **({part: value} if part != "one more instruction"
-                                         else {"instructions": (copy, value)}))
+    by_number = TensorRef(4096, (4,), int(DType.F32), space=int(Space.SRAM))
+    assert (type(by_number.dtype), type(by_number.space)) == (DType, Space) and by_number == copy.dsts[0]
+    make, error, message = _wrong_parts()[case]
+    with pytest.raises(error, match=message):
+        make(copy, made)

@@ -112,15 +112,30 @@ class Program:
     def __post_init__(self):
         if self.plan is None:
             object.__setattr__(self, "plan", SramPlan())
-        for name, kind in (("instructions", Instruction), ("constants", Constant), ("inputs", HostTensor),
-                           ("outputs", HostTensor), ("streamed", StreamedWeight)):
+        for name, kind, words in (("config_name", str, "a str"), ("config_digest", bytes, "bytes"),
+                                  ("plan", SramPlan, "a SramPlan")):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"Program.{name} must be {words}, got {getattr(self, name)!r}")
+        for name, is_part, part in _PARTS:
             items = getattr(self, name)
-            bad = next((k for k, item in enumerate(items) if not isinstance(item, kind)), None) \
+            bad = next((k for k, item in enumerate(items) if not is_part(item)), None) \
                 if isinstance(items, (tuple, list)) else -1
             if bad is not None:
                 got = repr(items) if bad < 0 else f"{items[bad]!r} at {bad}"
-                raise TypeError(f"Program.{name} must be a tuple of {kind.__name__}, got {got}")
+                raise TypeError(f"Program.{name} must be a tuple of {part}, got {got}")
             object.__setattr__(self, name, tuple(items))
+
+
+_PARTS = (  # what each of a Program's tuples holds: (field, test, in words)
+    ("instructions", lambda x: isinstance(x, Instruction), "Instruction"),
+    ("constants", lambda x: isinstance(x, Constant), "Constant"),
+    ("inputs", lambda x: isinstance(x, HostTensor), "HostTensor"),
+    ("outputs", lambda x: isinstance(x, HostTensor), "HostTensor"),
+    ("layer_names", lambda x: isinstance(x, str), "str"),
+    ("streamed", lambda x: isinstance(x, StreamedWeight), "StreamedWeight"),
+    ("state", lambda x: isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[1], TensorRef),
+     "(input index, TensorRef)"),
+)
 
 
 # ---------------------------------------------------------------------------

@@ -97,14 +97,26 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
     return model
 
 
+def _items(dims) -> tuple:
+    """``dims`` as a tuple, or ``(None,)`` (no dims at all) when it is not a sequence."""
+    try:
+        return tuple(dims)
+    except TypeError:
+        return (None,)
+
+
 def _prepared_inputs(graph, input_shapes: dict | None) -> list:
     """The graph's real inputs (initializers dropped), copies with ``input_shapes`` pinned."""
     init_names = {i.name for i in graph.initializer}
     inputs = [i for i in graph.input if i.name not in init_names]
-    for name in input_shapes or {}:
+    if input_shapes is not None and not isinstance(input_shapes, dict):
+        raise FrontendError(f"input shapes must be a dict of input name -> dims, got {input_shapes!r}")
+    for name, dims in (input_shapes or {}).items():
         if name not in {i.name for i in inputs}:
             raise FrontendError(f"--input-shape names {name!r}, but the model's inputs are "
                                 f"{[i.name for i in inputs]}")
+        if isinstance(dims, (str, bytes)) or not all(isinstance(d, (int, np.integer)) and d > 0 for d in _items(dims)):
+            raise FrontendError(f"--input-shape {name}: its dims must be positive integers, got {dims!r}")
     pinned = []
     for value_info in inputs:
         declared = value_info.type.tensor_type.shape.dim

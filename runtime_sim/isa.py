@@ -510,7 +510,8 @@ def _set_enum(obj, name: str, kind) -> None:
     try:
         object.__setattr__(obj, name, kind(value))
     except (ValueError, TypeError):
-        raise TypeError(f"{type(obj).__name__}.{name} must be one of {kind.__name__}'s members, got {value!r}") from None
+        raise TypeError(f"{type(obj).__name__}.{name} must be one of {kind.__name__}'s members, "
+                        f"got {value!r}") from None
 
 
 @dataclass(frozen=True)

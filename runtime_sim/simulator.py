@@ -63,6 +63,11 @@ class Simulator:
         elif isinstance(program, (Program, ProgramColumns)):
             columns = validated_columns(getattr(program, "program", program), config)
         else:
+            try:
+                memoryview(program)
+            except TypeError:
+                raise TypeError(f"Simulator takes a Program, its ProgramColumns or its encoded bytes, got "
+                                f"{type(program).__name__}") from None
             columns = decoded_columns(program, config)
         program, config = columns.program, columns.chip
         self.program, self.config, self.chip = program, config, chip

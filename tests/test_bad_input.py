@@ -60,6 +60,28 @@ def test_input_shape_pins_a_dynamic_dimension(rng):
     assert compiled.report.lpx_functions == 1
 
 
+@pytest.mark.parametrize("shapes, message", [
+    ({"x": "ab"}, r"--input-shape x: its dims must be positive integers, got 'ab'"),
+    ({"x": (4, -64)}, r"--input-shape x: its dims must be positive integers, got \(4, -64\)"),
+    ({"x": 5}, r"--input-shape x: its dims must be positive integers, got 5"),
+    ([("x", (4, 64))], r"input shapes must be a dict of input name -> dims, got \[\('x', \(4, 64\)\)\]"),
+])
+def test_bad_input_shapes_are_named(shapes, message):
+    """(Each used to die in int() or on .items(), naming neither the option nor the input.)"""
+    from lpx_tvm.frontend import FrontendError
+
+    with pytest.raises(FrontendError, match=message):
+        lpx_tvm.compile(mlp_model(), config="tiny", input_shapes=shapes)
+
+
+def test_a_simulator_of_something_not_a_program_is_named():
+    from lpx_tvm.runtime_sim import Simulator
+
+    with pytest.raises(TypeError, match="Simulator takes a Program, its ProgramColumns or its encoded bytes, "
+                                        "got NoneType"):
+        Simulator(None)
+
+
 def test_dynamic_shapes_offload_the_static_part_and_fall_back_on_the_rest(rng):
     """x[N, 64] ─► Gemm ─► Relu ─► ReduceMean over N ─► [1, 32] ─► Gemm ─► Relu: the tail is static."""
     from onnx import helper

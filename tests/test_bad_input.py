@@ -42,6 +42,18 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["profile", "model.onnx", "--top", "-2"], "argument --top: invalid non-negative integer value: '-2'"),
+    (["bench", "--repeat", "0"], "argument --repeat: invalid positive integer value: '0'"),
+    (["sweep", "spec.toml", "--workers", "-1"], "argument --workers: invalid non-negative integer value: '-1'"),
+])
+def test_cli_counts_below_their_least_are_named(argv, message, capsys):
+    """(--top -2 showed all but the last two layers; the others reached the code that used them.)"""
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err
+
+
 def test_wrong_inputs_name_expected_and_given(mlp):
     with pytest.raises(ValueError, match=r"expected float32\[4, 64\], got float32\[4, 63\]"):
         mlp(np.zeros((4, 63), np.float32))

@@ -80,3 +80,10 @@ def test_a_split_cache_is_written_with_its_head_axis_whole():
     np.testing.assert_array_equal(np.concatenate([v[:, :, 3:4] for v in views], axis=1), new)
     with pytest.raises(CallError, match="split over chips along axis 1"):
         compiled.write_state(names[0], new[:, :1], (slice(None), 0, slice(3, 4)))
+
+
+@pytest.mark.parametrize("tokens", [0, -1])
+def test_no_tokens_is_named(tokens):
+    """(0 decode steps reported a time a token with no cache write in it; -1 was taken as 0.)"""
+    with pytest.raises(ValueError, match=f"tokens must be a positive integer, got {tokens}"):
+        generate("llama-tiny", tokens=tokens)

@@ -67,6 +67,23 @@ def test_a_model_no_system_holds_is_named_with_its_bytes():
         plan("llama-3.1-405b", "lpx-rack", dtype="fp8")
 
 
+@pytest.mark.parametrize("given, message", [
+    ({"prompt": 0}, "prompt must be a positive integer, got 0"),
+    ({"batch": 0}, "batch must be a positive integer, got 0"),
+    ({"context": -5}, "context must be a positive integer, got -5"),
+    ({"chips": 0}, "chips must be a positive integer, got 0"),
+    ({"batches": (1, 0)}, r"batches must be positive integers, got \(1, 0\)"),
+    ({"mapping": (2,)}, r"mapping must be two positive integers, got \(2,\)"),
+    ({"target_tps_per_user": -5.0}, "the target tokens/s per user must be a positive number, got -5.0"),
+    ({"prompt": 9000, "context": 4096}, "a prompt of 9000 tokens does not fit a cache of 4096 positions"),
+])
+def test_sizes_that_are_no_sizes_are_named(given, message):
+    """(A prompt or context of 0 died in an IndexError, a batch of 0 deep in the program format; 0 chips and a
+    negative target were taken as no limit and no target, and a prompt longer than its cache was planned.)"""
+    with pytest.raises(PlanError, match=message):
+        plan("llama-tiny", "tsp-node", **given)
+
+
 def test_an_unknown_config_key_is_named(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**SMALL_MOE, "hidden_sise": 64}))

@@ -15,6 +15,17 @@ import sys
 import warnings
 
 
+def _at_least(lowest: int):
+    """An argparse type: an integer no less than ``lowest``."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < lowest:
+            raise ValueError(text)
+        return value
+    parse.__name__ = {0: "non-negative integer", 1: "positive integer"}[lowest]  # (argparse's error names it)
+    return parse
+
+
 def _input_shapes(values) -> dict:
     shapes = {}
     for value in values or []:
@@ -283,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = model_command("profile", "per-layer cycles, roofline and utilisation", cmd_profile)
     p.add_argument("--trace", help="write a Chrome/Perfetto trace-event file")
     p.add_argument("--json", help="write the profile as JSON")
-    p.add_argument("--top", type=int, default=20, help="show the N slowest layers (0: all; default 20)")
+    p.add_argument("--top", type=_at_least(0), default=20, help="show the N slowest layers (0: all; default 20)")
     p.add_argument("--plot", metavar="ROOFLINE.png", help="draw the layers' roofline (needs lpx-tvm[plot])")
     model_command("disasm", "print the LPX programs (an ONNX file or an encoded program)", cmd_disasm)
     p = model_command("compare", "compare every layer's output with ONNX Runtime's", cmd_compare)
@@ -338,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=[debug_anywhere])
     p.add_argument("spec", help="a sweep spec (.json, .toml or .yaml): base, grid/variants, models, dtypes")
     p.add_argument("--address", help="a Ray cluster to join (ray://HOST:PORT); default: a local Ray")
-    p.add_argument("--workers", type=int, help="Ray worker processes (default: the cores; 0: no Ray, here)")
+    p.add_argument("--workers", type=_at_least(0), help="Ray worker processes (default: the cores; 0: no Ray, here)")
     p.add_argument("--out", help="results .csv or .parquet (default: beside the spec); the .jsonl beside it "
                    "keeps every point, so a re-run resumes")
     p.add_argument("--plot", metavar="PARETO.png", help="draw the Pareto fronts (needs lpx-tvm[plot])")
@@ -350,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=[debug_anywhere])
     p.add_argument("--models", nargs="+", metavar="NAME", default=list(DEFAULT_BENCH_MODELS),
                    help=f"zoo models (default: {' '.join(DEFAULT_BENCH_MODELS)})")
-    p.add_argument("--repeat", type=int, default=10, help="timed calls per engine (median)")
+    p.add_argument("--repeat", type=_at_least(1), default=10, help="timed calls per engine (median)")
     p.add_argument("--json", help="write one record per model")
     p.set_defaults(func=cmd_bench)
     return parser

@@ -96,6 +96,8 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     """
     import lpx_tvm
 
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:  # (prompt_len: llama checks it)
+        raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
     cfg, prefill_graph, decode_graph, prompt_len = _models(model, prompt_len, seed)
     if prompt_len + tokens > cfg.max_context:
         raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the model's context of "

@@ -26,7 +26,8 @@ import json
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from math import ceil
+from math import ceil, inf
+from numbers import Integral, Real
 from pathlib import Path
 
 from ..runtime_sim import ChipConfig, DType
@@ -355,6 +356,22 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     return Mapping(stages, width, batch, stages * width, per_token, ttft, split, memory, placement)
 
 
+def _check_sizes(**sizes) -> None:
+    """Each of ``sizes`` a positive integer (``batches`` and ``mapping``: sequences of them; ``chips`` and
+    ``mapping`` may be None), else a :class:`PlanError` naming it."""
+    for name, value in sizes.items():
+        if value is None and name in ("chips", "mapping"):
+            continue
+        wanted = {"batches": "positive integers", "mapping": "two positive integers"}.get(name, "a positive integer")
+        try:
+            many = tuple(value) if name in ("batches", "mapping") else (value,)
+        except TypeError:  # not a sequence
+            many = (None,)
+        if any(isinstance(v, bool) or not isinstance(v, Integral) or v < 1 for v in many) \
+                or (name == "mapping" and len(many) != 2):
+            raise PlanError(f"{name} must be {wanted}, got {value!r}")
+
+
 def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, prompt: int = 512, batch: int = 1,
          chips: int | None = None, target_tps_per_user: float | None = None, batches=(1,),
          mapping: tuple | None = None) -> dict:
@@ -381,6 +398,12 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         Evaluate only this (pipeline stages, tensor-parallel width).
     """
     start = time.perf_counter()
+    _check_sizes(context=context, prompt=prompt, batch=batch, chips=chips, batches=batches, mapping=mapping)
+    if target_tps_per_user is not None and not (isinstance(target_tps_per_user, Real)
+                                                and 0 < target_tps_per_user < inf):
+        raise PlanError(f"the target tokens/s per user must be a positive number, got {target_tps_per_user!r}")
+    if prompt > context:
+        raise PlanError(f"a prompt of {prompt} tokens does not fit a cache of {context} positions")
     spec = model_spec(model)
     system = load_system(system)
     chip = system.chip

@@ -54,6 +54,27 @@ def test_cli_counts_below_their_least_are_named(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["compile", "m.onnx", "-o", "{missing}/m.so"], "-o/--output {missing}/m.so: the folder {missing} does not exist"),
+    (["compile", "m.onnx", "--emit-program", "{missing}/m.bin"],
+     "--emit-program {missing}/m.bin: the folder {missing} does not exist"),
+    (["plan", "--model", "llama-tiny", "--json", "{missing}/p.json"],
+     "--json {missing}/p.json: the folder {missing} does not exist"),
+    (["run", "m.onnx", "--parallel", "tensor"], "--parallel needs --system"),
+    (["profile", "m.onnx", "--chips", "2"], "--chips needs --system"),
+    (["compare", "{model}", "--min-cosine", "5"], "min_cosine must be a cosine, in [-1, 1], got 5.0"),
+])
+def test_cli_arguments_that_would_fail_after_the_work_are_named_before_it(argv, message, tmp_path, capsys):
+    """(A missing output folder failed after the whole compile, --parallel and --chips without --system were
+    ignored, and a minimum cosine of 5 had every layer part ways.)"""
+    import onnx
+
+    onnx.save(mlp_model(), str(tmp_path / "mlp.onnx"))
+    where = {"missing": str(tmp_path / "missing"), "model": str(tmp_path / "mlp.onnx")}
+    assert main([a.format(**where) for a in argv]) == 1
+    assert message.format(**where) in capsys.readouterr().err
+
+
 def test_wrong_inputs_name_expected_and_given(mlp):
     with pytest.raises(ValueError, match=r"expected float32\[4, 64\], got float32\[4, 63\]"):
         mlp(np.zeros((4, 63), np.float32))

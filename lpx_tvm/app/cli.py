@@ -44,7 +44,7 @@ def _compile(args):
 
     return lpx_tvm.compile(args.model, config=args.config, input_shapes=_input_shapes(args.input_shape),
                            dtype=args.dtype, system=getattr(args, "system", None),
-                           parallel=getattr(args, "parallel", "pipeline"), chips=getattr(args, "chips", None))
+                           parallel=getattr(args, "parallel", None) or "pipeline", chips=getattr(args, "chips", None))
 
 
 def cmd_compile(args) -> int:
@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     def system_args(p) -> None:
         p.add_argument("--system", help=f"run on a system of chips ({', '.join(available_systems())}); default "
                        "one chip")
-        p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor", "auto"],
+        p.add_argument("--parallel", choices=["pipeline", "tensor", "auto"],
                        help="with --system: consecutive layers on consecutive chips (pipeline), the products "
                        "split over the chips (tensor), or the faster (auto)")
         p.add_argument("--chips", type=int, help="with --system: use this many of its chips (default: a pipeline "
@@ -371,6 +371,24 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"lpx-tvm: warning: {category.__name__}: {message}\n"
 
 
+_OUTPUTS = ("output", "emit_program", "json", "trace", "plot", "out")  # the options that name a file to write
+
+
+def _check_before_running(args) -> None:
+    """What the arguments get wrong that would only show after the work: a file to write in a folder that
+    does not exist, or a multi-chip option without a system."""
+    from pathlib import Path
+
+    for name in _OUTPUTS:
+        path = getattr(args, name, None)
+        if path and not Path(path).resolve().parent.is_dir():
+            flag = "-o/--output" if name == "output" else "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
+    for name in ("parallel", "chips"):
+        if getattr(args, name, None) is not None and getattr(args, "system", None) is None:
+            raise ValueError(f"--{name} needs --system (a system of chips to run on)")
+
+
 def main(argv=None) -> int:
     """Entry point of the ``lpx-tvm`` command."""
     args = build_parser().parse_args(argv)
@@ -381,6 +399,7 @@ def main(argv=None) -> int:
     if not args.debug:  # warnings as one line each, without the source line they were raised from
         warnings.formatwarning = _one_line_warning
     try:
+        _check_before_running(args)
         return args.func(args)
     except KeyboardInterrupt:
         return 130

@@ -84,6 +84,9 @@ def compare(model, config: str = "tsp", dtype: str = "fp32", input_shapes: dict 
     from ..frontend import load_onnx, prepare_onnx
     from .zoo import seeded_inputs
 
+    if not -1 <= min_cosine <= 1:  # (a cosine is in [-1, 1]: above 1, every layer would part ways)
+        raise ValueError(f"min_cosine must be a cosine, in [-1, 1], got {min_cosine}")
+
     proto = prepare_onnx(load_onnx(model), input_shapes)
     names = watched_tensors(proto)
     wide = exposed(proto, names)

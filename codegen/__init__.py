@@ -82,6 +82,9 @@ class CodegenOptions:
                 raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
             if self.chips is not None and not 1 <= self.chips <= system.chips:
                 raise ValueError(f"chips must be 1..{system.chips} on {system.name!r}, got {self.chips}")
+        elif self.chips is not None or self.parallel != "pipeline":  # (else ignored: one chip, no system)
+            given = f"chips={self.chips!r}" if self.chips is not None else f"parallel={self.parallel!r}"
+            raise ValueError(f"{given} needs a system of chips to run on (system=...)")
         if not isinstance(self.in_order, bool):
             raise ValueError(f"in_order must be a bool, got {self.in_order!r}")
         if self.dtype not in DTYPES:

@@ -235,6 +235,8 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
     -------
     CompiledModel
     """
+    if isinstance(state, (str, bytes)):  # (a name alone would be taken letter by letter)
+        raise ValueError(f"state must be a sequence of input names, got {state!r}")
     options, mod = _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips)
     params = list(mod["main"].params)
     input_names = (mod["main"].attrs or {}).get("onnx_input_names")

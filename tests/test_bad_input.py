@@ -75,6 +75,18 @@ def test_cli_arguments_that_would_fail_after_the_work_are_named_before_it(argv, 
     assert message.format(**where) in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("given, message", [
+    ({"parallel": "tensor"}, r"parallel='tensor' needs a system of chips to run on"),
+    ({"chips": 2}, r"chips=2 needs a system of chips to run on"),
+    ({"state": "x"}, r"state must be a sequence of input names, got 'x'"),
+])
+def test_compile_options_that_would_be_ignored_or_misread_are_named(given, message):
+    """(Without a system, parallel and chips were ignored; a state of one name was read letter by letter, and a
+    one-letter input name made it resident.)"""
+    with pytest.raises(ValueError, match=message):
+        lpx_tvm.compile(mlp_model(), config="tiny", **given)
+
+
 def test_wrong_inputs_name_expected_and_given(mlp):
     with pytest.raises(ValueError, match=r"expected float32\[4, 64\], got float32\[4, 63\]"):
         mlp(np.zeros((4, 63), np.float32))

@@ -16,6 +16,8 @@ runs them in order and, with ``dump_dir``, writes each one's result to
 
 from __future__ import annotations
 
+import os
+
 import hashlib
 import warnings
 from dataclasses import dataclass, field
@@ -87,6 +89,8 @@ class CodegenOptions:
             raise ValueError(f"{given} needs a system of chips to run on (system=...)")
         if not isinstance(self.in_order, bool):
             raise ValueError(f"in_order must be a bool, got {self.in_order!r}")
+        if self.dump_dir is not None and not isinstance(self.dump_dir, (str, os.PathLike)):
+            raise ValueError(f"dump_dir must be a folder's path, got {self.dump_dir!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         chip.check_dtype(self.dtype)

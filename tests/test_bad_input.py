@@ -79,10 +79,11 @@ def test_cli_arguments_that_would_fail_after_the_work_are_named_before_it(argv, 
     ({"parallel": "tensor"}, r"parallel='tensor' needs a system of chips to run on"),
     ({"chips": 2}, r"chips=2 needs a system of chips to run on"),
     ({"state": "x"}, r"state must be a sequence of input names, got 'x'"),
+    ({"dump_dir": 5}, r"dump_dir must be a folder's path, got 5"),
 ])
 def test_compile_options_that_would_be_ignored_or_misread_are_named(given, message):
     """(Without a system, parallel and chips were ignored; a state of one name was read letter by letter, and a
-    one-letter input name made it resident.)"""
+    one-letter input name made it resident; a dump folder of 5 died in os.fspath, naming no option.)"""
     with pytest.raises(ValueError, match=message):
         lpx_tvm.compile(mlp_model(), config="tiny", **given)
 

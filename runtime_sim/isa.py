@@ -450,6 +450,12 @@ def pack_attrs(opcode: Opcode, attrs: dict) -> tuple:
 
 def unpack_attrs(opcode: Opcode, flat) -> dict:
     """The inverse of :func:`pack_attrs`, checked (ValueError on any mismatch)."""
+    return make_attrs(opcode, split_attrs(opcode, flat))
+
+
+def split_attrs(opcode: Opcode, flat) -> dict:
+    """The named values of :func:`pack_attrs`' tuple, their kinds not yet checked (:func:`make_attrs` does,
+    as an :class:`Instruction` is made); ValueError on a wrong count."""
     flat = list(flat)
     given, pos = {}, 0
     for a in OP_TABLE[opcode].attrs:
@@ -466,7 +472,7 @@ def unpack_attrs(opcode: Opcode, flat) -> dict:
             pos += 1
     if pos != len(flat):
         raise ValueError(f"{opcode.name}: {len(flat) - pos} attribute values left over")
-    return make_attrs(opcode, given)
+    return given
 
 
 def activation_attrs(act: Opcode, args) -> dict:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from math import isinf, isnan
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .config import ChipConfig, load_config
 from .isa import (MAX_CYCLE, MAX_RANK, UNIT_OF, DType, Group, HostTensor, Instruction, Opcode, Space, TensorRef,
-                  format_attrs, pack_attrs, unpack_attrs)
+                  format_attrs, pack_attrs, split_attrs)
 from .shapes import check_operands
 
 MAGIC = b"LPXPROG\0"
@@ -218,6 +219,9 @@ def _encode(program: Program, allocate):
 # ---------------------------------------------------------------------------
 # decode
 # ---------------------------------------------------------------------------
+_LAYOUTS = {}  # struct format -> its compiled Struct
+
+
 class _Reader:
     """Bounds-checked cursor over the body; every read names what it read."""
 
@@ -233,8 +237,15 @@ class _Reader:
         return view
 
     def unpack(self, fmt: str, what: str):
-        s = struct.Struct("<" + fmt)
-        return s.unpack(self.take(s.size, what))
+        layout = _LAYOUTS.get(fmt)
+        if layout is None:  # (a few dozen formats: ranks are bounded)
+            layout = _LAYOUTS[fmt] = struct.Struct("<" + fmt)
+        end = self.pos + layout.size
+        if end > len(self.buf):
+            raise ProgramFormatError(f"program truncated while reading {what} at byte {self.pos}")
+        values = layout.unpack_from(self.buf, self.pos)
+        self.pos = end
+        return values
 
     def count(self, what: str, min_record_bytes: int) -> int:
         (n,) = self.unpack("I", what)
@@ -251,25 +262,27 @@ class _Reader:
 
     def dims(self, what: str) -> tuple:
         code, rank = self.unpack("BB", what)
-        if code not in DType._value2member_map_:
+        dtype = DType._value2member_map_.get(code)  # (a dict lookup: an enum call costs ten)
+        if dtype is None:
             raise ProgramFormatError(f"{what}: unknown dtype code {code}")
         if rank > MAX_RANK:
             raise ProgramFormatError(f"{what}: rank {rank} exceeds {MAX_RANK}")
         shape = self.unpack(f"{rank}I", what)
         if any(d == 0 or d >= MAX_DIM for d in shape):
             raise ProgramFormatError(f"{what}: dimension out of range in {shape}")
-        return DType(code), tuple(shape)
+        return dtype, shape
 
     def ref(self, what: str) -> TensorRef:
-        space, addr = self.unpack("BQ", what)
-        if space not in Space._value2member_map_:
-            raise ProgramFormatError(f"{what}: unknown operand space {space}")
+        code, addr = self.unpack("BQ", what)
+        space = Space._value2member_map_.get(code)
+        if space is None:
+            raise ProgramFormatError(f"{what}: unknown operand space {code}")
         dtype, shape = self.dims(what)
         (has_strides,) = self.unpack("B", what)
         if has_strides > 1:
             raise ProgramFormatError(f"{what}: bad strides flag {has_strides}")
         strides = self.unpack(f"{len(shape)}I", what) if has_strides else None
-        return TensorRef(addr, shape, dtype, strides, Space(space))
+        return TensorRef(addr, shape, dtype, strides, space)
 
 
 def read_digest(blob) -> bytes:
@@ -352,13 +365,13 @@ def _parse_body(r: _Reader, digest: bytes) -> Program:
         refs = tuple(r.ref(f"{where} operand") for _ in range(n_src + n_dst))
         flat = r.unpack(f"{n_attr}d", f"{where} attributes")
         # CLIP's bounds (and an epilogue's) may be infinite; nothing may be NaN
-        if any(np.isnan(a) or (np.isinf(a) and op not in _INFINITE_OK) for a in flat):
+        if any(isnan(a) or (isinf(a) and op not in _INFINITE_OK) for a in flat):
             raise ProgramFormatError(f"{where}: non-finite attribute")
-        try:
-            attrs = unpack_attrs(op, flat)
+        try:  # (the instruction checks its attributes' kinds as it is made)
+            instructions.append(Instruction(op, unit_index, cycle, refs[:n_src], refs[n_src:],
+                                            split_attrs(op, flat), layer))
         except ValueError as err:
             raise ProgramFormatError(f"{where}: {err}") from None
-        instructions.append(Instruction(op, unit_index, cycle, refs[:n_src], refs[n_src:], attrs, layer))
     n_const = r.count("constant count", 10)
     constants = []
     for _ in range(n_const):

@@ -669,8 +669,7 @@ class Instruction:
         for name in ("srcs", "dsts"):  # tuples of TensorRef: the checks and the simulator read them so
             refs = getattr(self, name)
             if not isinstance(refs, (tuple, list)) or not all(isinstance(ref, TensorRef) for ref in refs):
-                raise TypeError(f"{getattr(self.opcode, 'name', self.opcode)}: {name} must be a tuple of TensorRef, "
-                                f"got {refs!r}")
+                raise TypeError(f"{self.opcode.name}: {name} must be a tuple of TensorRef, got {refs!r}")
             object.__setattr__(self, name, tuple(refs))
         object.__setattr__(self, "attrs", MappingProxyType(make_attrs(self.opcode, self.attrs)))
 

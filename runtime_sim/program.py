@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from math import isinf, isnan
 from dataclasses import dataclass, field
+from math import isinf, isnan
 
 import numpy as np
 

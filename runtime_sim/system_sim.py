@@ -160,6 +160,22 @@ def _decoded_system(blob, system) -> tuple:
     return program, columns
 
 
+def _check_placement(program: SystemProgram, system: SystemConfig) -> None:
+    """A program per chip, each on its own chip of ``system``, made for that system."""
+    if program.system_digest != system.digest:
+        raise ProgramFormatError(f"system program was made for another {program.system_name!r} "
+                                 f"(digests {bytes(program.system_digest).hex()} vs {system.digest.hex()})")
+    chips, programs = program.chips, program.programs
+    if not isinstance(programs, tuple) or not all(isinstance(p, Program) for p in programs):
+        raise ProgramFormatError(f"system program: its programs must be a tuple of Program, got "
+                                 f"{type(programs).__name__}" + (" of others" if isinstance(programs, tuple) else ""))
+    if not isinstance(chips, tuple) or len(chips) != len(programs):
+        raise ProgramFormatError(f"system program: {len(programs)} programs for the chips {chips!r} (one a chip)")
+    if len(set(chips)) != len(chips) or not all(type(c) is int and 0 <= c < system.chips for c in chips):
+        raise ProgramFormatError(f"system program: its chips {list(chips)} must be distinct chips of "
+                                 f"{system.name!r} (0..{system.chips - 1})")
+
+
 def check_network(system: SystemConfig, program: SystemProgram, timelines: list) -> dict:
     """Check every transfer (see the module docstring); return bytes and busy cycles per link direction.
 
@@ -271,6 +287,7 @@ class SystemSimulator:
             program, chip_programs = _decoded_system(program, system)  # validated: their columns
         self.program = program
         self.system = load_system(system if system is not None else program.system_name)
+        _check_placement(program, self.system)
         self.sims = [Simulator(p, self.system.chip, check_schedule=check_schedule, timing_only=timing_only)
                      for p in chip_programs]
         usage = check_network(self.system, program, [s.timeline for s in self.sims])

@@ -214,6 +214,30 @@ def test_an_input_map_that_does_not_fit_its_chips_is_rejected(destinations, why)
         SystemSimulator(replace(good, inputs=(destinations,)))
 
 
+@pytest.mark.parametrize("parts, why", [
+    ({"chips": (0, 1)}, r"1 programs for the chips \(0, 1\) \(one a chip\)"),
+    ({"chips": (7,)}, r"its chips \[7\] must be distinct chips of 'tiny-2' \(0..1\)"),
+    ({"chips": ("0",)}, r"its chips \['0'\] must be distinct chips of 'tiny-2'"),
+    ({"programs": None}, r"its programs must be a tuple of Program, got NoneType"),
+    ({"system_digest": bytes(8)}, r"system program was made for another 'tiny-2' \(digests 0000000000000000 vs"),
+])
+def test_a_hand_made_system_program_must_place_each_program_on_its_own_chip(parts, why):
+    """(A chip the system does not have, or more chips than programs, was accepted; programs of None died
+    in a TypeError; a program for another system's chips was run on this one.)"""
+    from dataclasses import replace
+
+    from lpx_tvm.runtime_sim import ProgramFormatError
+
+    layout = Layout()
+    x = layout.take((4, 32), F32)
+    loader = program([ins("LOAD", [], [x], cycle=0, index=0)], layout, inputs=[((4, 32), F32)],
+                     predicted=ceil(4 * 32 * 4 / HOST) + MEM)
+    good = system_program("tiny-2", {1: loader}, inputs=[((1, 0),)])
+    assert SystemSimulator(good).stats.cycles == ceil(4 * 32 * 4 / HOST) + MEM
+    with pytest.raises(ProgramFormatError, match=why):
+        SystemSimulator(replace(good, **parts))
+
+
 def _stored_by_both(rows: int):
     def storer(chip):
         layout = Layout()

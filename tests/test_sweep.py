@@ -3,6 +3,7 @@ recorded, the same figures on Ray as in-process, and the cost proxy and Pareto f
 
 import csv
 import json
+from math import ceil
 
 import onnx
 import pytest
@@ -102,17 +103,27 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(model_files, tmp_path
     assert "failed points:" in sweep.table(records)
 
 
-# x + y on [100, 32] fp32 tensors crossing the host link, on tiny chips with one or two planes and one or two
-# times the host link's bandwidth, each point's cycles worked out by hand from tiny.json:
-#
-# tiny.json: 100 MHz; host link 1e9 B/s = 10 bytes a cycle (20 at 2x); MEM and VXM latency 4 cycles each;
-# 32 lanes, 8 streams a direction. A tensor is 100 x 32 x 4 = 12,800 bytes: 1,280 cycles on the link (640
-# at 2x). The add moves 12 bytes an element, 12 streams a vector: more than a direction's 8, so each of its
-# 100 vectors takes 2 cycles, one at a time: 200. Two inputs in turn, the MEM latency, the add, the VXM
-# latency, the result back, the MEM latency: 2 x 1,280 + 4 + 200 + 4 + 1,280 + 4 = 4,052 at 1x and
-# 2 x 640 + 4 + 200 + 4 + 640 + 4 = 2,132 at 2x. Planes do not matter: nothing multiplies.
 ADD_GRID = {"host_bytes_per_s": ["1x", "2x"], "mxm_planes": [1, 2]}
-ADD_CYCLES = [4052, 4052, 2132, 2132]
+ADD_VARIANTS = [f"tiny[host_bytes_per_s={h},mxm_planes={p}]" for h in (10**9, 2 * 10**9) for p in (1, 2)]
+
+
+def _add_cycles(host_scale: int) -> int:
+    """x + y on [100, 32] fp32 tensors crossing the host link, by hand from tiny.json's parameters (100 MHz, a
+    1 GB/s host link, 32 lanes, 8 streams a direction, MEM and VXM latency 4 cycles each).
+
+    A tensor is 100 x 32 x 4 = 12,800 bytes: 1,280 cycles on the link at 10 bytes a cycle (640 at twice the
+    bandwidth). The add moves 12 bytes an element, 12 streams a vector: more than a direction's 8, so each of
+    its 100 vectors takes 2 cycles, one at a time: 200. Two inputs in turn, the MEM latency, the add, the VXM
+    latency, the result back, the MEM latency: 4,052 cycles at 1x, 2,132 at 2x. Planes do not matter:
+    nothing multiplies."""
+    tiny = load_config("tiny")
+    link = ceil(100 * 32 * 4 / (host_scale * tiny.host_bytes_per_s / tiny.clock_hz))
+    add = (100 * 32 // tiny.lanes) * ceil(3 * 4 / tiny.streams_per_direction)
+    mem, vxm = tiny.latency_cycles["MEM"], tiny.latency_cycles["VXM"]
+    return 2 * link + mem + add + vxm + link + mem
+
+
+ADD_CYCLES = [_add_cycles(scale) for scale in (1, 2) for _planes in (1, 2)]
 
 
 def _add_sweep(tmp_path, workers: int) -> list:
@@ -126,10 +137,9 @@ def test_each_point_is_timed_on_its_own_chip(tmp_path):
     """Each point's cycles are its own chip's (``ADD_CYCLES``, by hand), and a second plane adds its 32 x 32
     MACs' share of the matrix block's assumed 27% of 725 mm²."""
     records = _add_sweep(tmp_path, workers=0)
-    assert [r["variant"] for r in records] == [f"tiny[host_bytes_per_s={h},mxm_planes={p}]" for h in (10**9, 2 * 10**9)
-                                               for p in (1, 2)]
+    assert [r["variant"] for r in records] == ADD_VARIANTS
     assert all(r["fits"] for r in records)
-    assert [r["cycles"] for r in records] == ADD_CYCLES
+    assert [r["cycles"] for r in records] == ADD_CYCLES == [4052, 4052, 2132, 2132]  # (the docstring's sums)
     one_plane, two_planes = records[0]["area_mm2"], records[1]["area_mm2"]
     assert two_planes - one_plane == pytest.approx(0.27 * 725 * (32 * 32) / (4 * 320 * 320))
 
@@ -139,7 +149,7 @@ def test_two_ray_workers_give_the_figures_worked_by_hand(tmp_path):
     pytest.importorskip("ray", reason="the sweep extra (ray) is not installed")
     on_ray = _add_sweep(tmp_path, workers=2)
     assert [r["cycles"] for r in on_ray] == ADD_CYCLES
-    assert [r["variant"] for r in on_ray] == [r["variant"] for r in _add_sweep(tmp_path, workers=0)]
+    assert [r["variant"] for r in on_ray] == ADD_VARIANTS
 
 
 def test_the_cli_writes_the_table_columns_first_and_resumes(model_files, tmp_path, capsys):
@@ -193,11 +203,15 @@ def test_an_llm_point_is_planned_on_a_system_of_the_variants_chips(tmp_path):
     sram = 11_534_336
     assert round(load_config("tsp").sram_bytes * 0.05) == sram
     assert needed > sram and small["chips"] == small_fast_links["chips"] == 2
-    assert small["cycles"] - small_fast_links["cycles"] == 31 - 8
+    tsp = load_config("tsp")
+    hidden_state = 256 * 2  # bytes a token, in fp16
+    link = ceil(hidden_state * tsp.clock_hz / tsp.c2c_bytes_per_s_per_link)
+    fast_link = ceil(hidden_state * tsp.clock_hz / (4 * tsp.c2c_bytes_per_s_per_link))
+    assert (link, fast_link) == (31, 8)
+    assert small["cycles"] - small_fast_links["cycles"] == link - fast_link
     assert big["chips"] >= 1 and big["tokens_per_s_per_user"] == pytest.approx(1e6 / big["latency_us"])
     # the silicon of an LLM point is every chip its plan takes: a tsp (725 mm²) less the part of its SRAM
     # block (an assumed 40%) it lacks
-    tsp = load_config("tsp")
     assert small["area_mm2"] == pytest.approx(small["chips"] * (725 - 0.40 * 725 * (1 - sram / tsp.sram_bytes)))
     assert big["area_mm2"] == pytest.approx(big["chips"] * 725)
 

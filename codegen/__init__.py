@@ -16,9 +16,8 @@ runs them in order and, with ``dump_dir``, writes each one's result to
 
 from __future__ import annotations
 
-import os
-
 import hashlib
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path

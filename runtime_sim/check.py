@@ -269,6 +269,7 @@ class _Resident:
     def __init__(self, constants, protected):
         self.constant_ranges = sorted((ref.addr, ref.end) for ref in constants)
         self._starts = [lo for lo, _ in self.constant_ranges]
+        self._ends = np.array([hi for _, hi in self.constant_ranges], np.int64)
         keys = sorted([footprint_key(ref) for ref in constants] + [range_key(lo, hi) for lo, hi in protected])
         self.keys = np.array(keys, np.int64).T.reshape(6, len(keys))
         # with the footprints sorted by their first byte, those that can meet [lo, hi) start below hi; the
@@ -292,8 +293,7 @@ class _Resident:
         if not self.constant_ranges:
             return np.zeros(len(lo), bool)
         k = np.searchsorted(self._starts, lo, side="right") - 1
-        ends = np.array([end for _, end in self.constant_ranges], np.int64)
-        return (k >= 0) & (hi <= ends[np.maximum(k, 0)])
+        return (k >= 0) & (hi <= self._ends[np.maximum(k, 0)])
 
     def overwritten_by_any(self, keys: np.ndarray) -> bool:
         """:meth:`overwritten_by` for any of the footprints ``keys`` (6 × n): only those whose range reaches a

@@ -142,9 +142,7 @@ def _decoded_system(blob, system) -> tuple:
     except (ValueError, KeyError, TypeError, struct.error) as err:
         raise ProgramFormatError(f"malformed system program: {err}") from None
     config = load_system(system if system is not None else name)
-    if config.digest != system_digest:
-        raise ProgramFormatError(f"system program was compiled for another {name!r} "
-                                 f"(digests {system_digest.hex()} vs {config.digest.hex()})")
+    _check_made_for(config, name, system_digest)  # before any chip program is decoded
     columns, at = [], 4 + n
     for length in lengths:  # each chip's program is validated against the system's chip
         columns.append(decoded_columns(body[at:at + length], config.chip))
@@ -157,14 +155,18 @@ def _decoded_system(blob, system) -> tuple:
                                 table.get("parallel", ""), table.get("notes", ""))
     except (ValueError, KeyError, TypeError) as err:
         raise ProgramFormatError(f"malformed system program: {err}") from None
+    _check_placement(program, config)
     return program, columns
 
 
+def _check_made_for(system: SystemConfig, name: str, digest: bytes) -> None:
+    if digest != system.digest:
+        raise ProgramFormatError(f"system program was made for another {name!r} "
+                                 f"(digests {bytes(digest).hex()} vs {system.digest.hex()})")
+
+
 def _check_placement(program: SystemProgram, system: SystemConfig) -> None:
-    """A program per chip, each on its own chip of ``system``, made for that system."""
-    if program.system_digest != system.digest:
-        raise ProgramFormatError(f"system program was made for another {program.system_name!r} "
-                                 f"(digests {bytes(program.system_digest).hex()} vs {system.digest.hex()})")
+    """A program per chip, each on its own chip of ``system``."""
     chips, programs = program.chips, program.programs
     if not isinstance(programs, tuple) or not all(isinstance(p, Program) for p in programs):
         raise ProgramFormatError(f"system program: its programs must be a tuple of Program, got "
@@ -282,12 +284,14 @@ class SystemSimulator:
 
     def __init__(self, program, system=None, check_schedule: bool = True, timing_only: bool = False):
         if isinstance(program, SystemProgram):
+            self.system = load_system(system if system is not None else program.system_name)
+            _check_made_for(self.system, program.system_name, program.system_digest)
+            _check_placement(program, self.system)
             chip_programs = program.programs
         else:
             program, chip_programs = _decoded_system(program, system)  # validated: their columns
+            self.system = load_system(system if system is not None else program.system_name)
         self.program = program
-        self.system = load_system(system if system is not None else program.system_name)
-        _check_placement(program, self.system)
         self.sims = [Simulator(p, self.system.chip, check_schedule=check_schedule, timing_only=timing_only)
                      for p in chip_programs]
         usage = check_network(self.system, program, [s.timeline for s in self.sims])

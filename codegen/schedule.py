@@ -244,7 +244,7 @@ def _groups(instructions: list, occ: list, pairs: dict | None = None) -> tuple:
 
 
 def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fixed_units=None,
-             pinned: dict | None = None, pairs: dict | None = None) -> tuple:
+             pinned: dict | None = None, pairs: dict | None = None, alike: tuple = ()) -> tuple:
     """Assign issue cycles, unit instances, stream numbers and weight buffers.
 
     Parameters
@@ -266,11 +266,16 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
     pairs : dict, optional
         RECV ─► the SEND it is placed one hop (the SEND's latency) after: a collective in which every chip
         runs this schedule, so the data each RECV takes left a neighbour at its own SEND's cycle.
+    alike : tuple of lists of Instruction
+        The other ranks of an SPMD collective: instruction ``i`` of each does what ``instructions[i]`` does
+        (the same opcode, shapes and units) at addresses of its own (the block of a gathered tensor it
+        holds). The one schedule every rank runs honours every rank's SRAM dependences.
 
     Returns
     -------
-    (list of Instruction, int)
-        The scheduled instructions (sorted by issue cycle) and the makespan.
+    (list of Instruction, int, list of int)
+        The scheduled instructions (sorted by issue cycle), the makespan, and each scheduled instruction's
+        index in ``instructions`` (so that another rank's can take the same cycles, :func:`restamp`).
     """
     fixed_units = set(fixed_units or ())
     n = len(instructions)
@@ -281,6 +286,12 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
             if kind == "stream" and occ[p].busy > occ[c].busy:
                 occ[c] = _stretched(occ[c], occ[p].busy)
     preds = dependences(instructions, occ)
+    for other in alike:
+        for mine, theirs in zip(preds, dependences(other, occ)):
+            merged = dict(mine)
+            for j, delay in theirs:
+                merged[j] = max(merged.get(j, delay), delay)
+            mine[:] = merged.items()
     nodes = sorted(groups)  # roots, in program order (a topological order of the groups)
     where = {m: (root, off) for root, members in groups.items() for m, off in members}
     node_preds = {i: {} for i in nodes}
@@ -413,4 +424,26 @@ class _Placer:
                                    ins.layer))
         order = sorted(range(len(out)), key=lambda i: (out[i].cycle, i))
         makespan = max((self.issue[i] + self.occ[i].finish for i in range(len(out))), default=0)
-        return [out[i] for i in order], makespan
+        return [out[i] for i in order], makespan, order
+
+
+def restamp(instructions: list, scheduled: list, order: list, keep_units=()) -> list:
+    """Another rank's ``instructions`` (unscheduled, in program order) at the cycles, unit instances, streams
+    and weight buffers :func:`schedule` gave the rank it is ``alike`` to (``scheduled`` and ``order``, as it
+    returned them). Units in ``keep_units`` (a chip's C2C ports, which name its own links) stay its own."""
+    out = []
+    for template, i in zip(scheduled, order):
+        mine = instructions[i]
+        if mine.opcode != template.opcode:
+            raise ValueError(f"restamp: instruction {i} is {mine.opcode.name} here and {template.opcode.name} "
+                             "in the schedule it should share")
+        attrs = dict(mine.attrs)
+        if "buffer" in template.attrs:
+            attrs["buffer"] = template.attrs["buffer"]
+
+        def streams(refs, theirs):
+            return tuple(t if r.space == Space.STREAM else r for r, t in zip(refs, theirs))
+        unit = mine.unit_index if mine.unit.name in keep_units else template.unit_index
+        out.append(Instruction(mine.opcode, unit, template.cycle, streams(mine.srcs, template.srcs),
+                               streams(mine.dsts, template.dsts), attrs, mine.layer))
+    return out

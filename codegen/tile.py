@@ -217,8 +217,9 @@ class _Tiler:
     def allreduce(self, node: Node) -> None:
         """A ring all-reduce of this chip's partial sums (a row-split product's), over blocks of the last axis.
 
-        The partial sums arrive with their columns rotated by the rank (their block ``j`` is block
-        ``rank + j``), so every chip touches the same addresses at the same step. Reduce-scatter: at step ``s``
+        A row-split product's partial sums arrive with their columns rotated by the rank (their block ``j``
+        is block ``rank + j``), so every chip touches the same addresses at the same step; others (an
+        expert's, ``rotated=False``) are in place, and the one schedule honours every rank's addresses. Reduce-scatter: at step ``s``
         each chip sends block ``rank - s + 1``, receives the previous chip's block ``rank - s`` into the output
         (as scratch: the all-gather overwrites it) and adds it into its own. After ``ranks - 1`` steps block
         ``rank + 1`` holds the whole sum; an all-gather then passes the summed blocks round, as
@@ -232,8 +233,10 @@ class _Tiler:
         def block(r):
             return self._block(out, axis, width, r, ranks)
 
-        def mine(r):  # global block r of the rotated partial sums
-            return self._block(partial, axis, width, r - rank, ranks)
+        turn = rank if a.get("rotated", True) else 0  # (partial sums made in place, an expert's, are not)
+
+        def mine(r):  # global block r of the (rotated) partial sums
+            return self._block(partial, axis, width, r - turn, ranks)
 
         def add(step):
             self.emit(Opcode.ADD, [mine(rank - step), block(rank - step)], [mine(rank - step)], {}, node.layer)
@@ -375,6 +378,12 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
             tiler.allreduce(node)
         elif node.kind == "narrow":
             tiler.narrow(node)
+        elif node.kind == "recv":
+            tiler.emit(Opcode.RECV, [], [whole(g, node.output)], {"peer": node.attrs["peer"], "tag": node.attrs["tag"]},
+                       node.layer, node.attrs["port"])
+        elif node.kind == "send":
+            tiler.emit(Opcode.SEND, [whole(g, node.inputs[0])], [], {"peer": node.attrs["peer"], "tag": node.attrs["tag"]},
+                       node.layer, node.attrs["port"])
         else:
             tiler.single(node)
     for i, t in enumerate(g.outputs):

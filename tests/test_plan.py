@@ -44,7 +44,7 @@ def test_plan_needs_the_chips_the_compiler_needs_and_times_them(tmp_path):
     within 5%."""
     import lpx_tvm
     from lpx_tvm.app import llama
-    from lpx_tvm.codegen.system import SystemCompileError
+    from lpx_tvm.codegen import SystemCompileError
 
     config = llama.LlamaConfig(hidden_size=1024, num_layers=4, num_heads=16, num_kv_heads=8,
                                intermediate_size=2816, vocab_size=32000, max_context=128)

@@ -163,27 +163,23 @@ class ShardCost:
 
 
 def _measure(graph, chip: ChipConfig) -> ShardCost | None:
-    from ..codegen.alloc import CapacityError, allocate
-    from ..codegen.emit import emit, resolve
-    from ..codegen.schedule import schedule
-    from ..codegen.system import weight_budget
-    from ..codegen.tile import tile
+    """A block shard through the codegen's own stages (tile to emit, as a pipeline stage holds its weights),
+    timed by the timing-only simulator; None when it does not fit the chip."""
+    from ..codegen import CapacityError, CodegenOptions, Compilation, run_stages
+    from ..codegen.parallel.base import weight_budget
     from ..runtime_sim import Simulator
 
-    ops = tile(graph, chip, resident_budget=weight_budget(graph, chip))  # as a pipeline stage holds them
+    c = Compilation("block", CodegenOptions(config=chip), graph=graph, resident_budget=weight_budget(graph, chip))
     try:
-        addr = allocate(graph, ops, chip)
+        program = run_stages(c, "tile", "emit")
     except CapacityError:
         return None
-    instructions, layers, fixed = resolve(graph, ops, addr)
-    scheduled, makespan = schedule(instructions, chip, fixed_units=fixed)
-    program = emit(graph, addr, scheduled, layers, makespan, chip)
     stats = Simulator(program, chip, timing_only=True).stats
     resident = sum(c.ref.nbytes for c in program.constants) + sum(r.nbytes for _, r in program.state)
     bounds = {}
     for row in stats.layers:
         bounds[row["bound"]] = bounds.get(row["bound"], 0) + row["cycles"]
-    return ShardCost(stats.cycles, bounds, resident, addr["high_water"] - resident, bool(program.streamed))
+    return ShardCost(stats.cycles, bounds, resident, c.addr["high_water"] - resident, bool(program.streamed))
 
 
 def _as_built(chip: ChipConfig, dtype: str) -> tuple:

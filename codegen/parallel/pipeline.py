@@ -1,35 +1,23 @@
-"""system: compile one model's operator graph for a system of chips, every transfer scheduled at both ends.
+"""pipeline: the graph's operators, in order, cut into one stage per chip.
 
-Pipeline parallel: the graph's operators, in order, are cut into one stage per
-chip, balanced by their estimated cycles with each stage's weights under its
-chip's budget. A tensor one stage makes and a later one reads goes chip to
-chip (through the stages between, which pass it on); model inputs and outputs
-move over each chip's own host link. The stages are compiled one after the
-other: a stage's RECVs are pinned at the cycles its predecessor's SENDs arrive.
-Tensor parallel is :mod:`.tensor`'s.
+The stages are balanced by their estimated cycles, each stage's weights under
+its chip's budget. A tensor one stage makes and a later one reads goes chip to
+chip (through the stages between, which pass it on) as a ``send`` node at its
+maker's end and a ``recv`` node at the reader's; model inputs and outputs move
+over each chip's own host link. The runner compiles the stages in order, each
+RECV pinned at the cycle its SEND's data arrives.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import prod
 
-from ..runtime_sim import ChipConfig, Opcode
-from ..runtime_sim.system import SystemConfig
-from ..runtime_sim.system_sim import SystemProgram
-from .alloc import allocate
-from .emit import emit, resolve
-from .graph import Graph
-from .schedule import schedule
-from .tile import TileOp, tile
-from .views import whole
-
-PARALLEL = ("pipeline", "tensor", "auto")
-
-
-class SystemCompileError(ValueError):
-    """A model that cannot be mapped onto a system (it does not fit, or the system cannot carry it)."""
+from ...runtime_sim import ChipConfig
+from ...runtime_sim.system import SystemConfig
+from ..graph import Graph, Node
+from .base import Mapping, Part, SystemCompileError, chip_order, node_weights, strategy, weight_budget
 
 
 @dataclass
@@ -57,18 +45,6 @@ def node_cycles(g: Graph, node, chip: ChipConfig, dtype: str) -> float:
         install = w.nbytes / (chip.mxm_planes * chip.mxm_install_streams * chip.lanes)
         return max(out * k / peak, install) + chip.latency_cycles["MXM"]
     return out / chip.lanes + chip.latency_cycles["VXM"]
-
-
-def node_weights(g: Graph, node) -> set:
-    """The resident tensors (weights, and state such as a KV cache) an operator reads."""
-    return {g.base(t) for t in node.inputs if g.is_resident(t)}
-
-
-def weight_budget(g: Graph, chip: ChipConfig) -> int:
-    """Bytes of resident weights a chip may take: its SRAM less room for the activations (the four largest
-    tensors the graph computes, which bounds what one stage holds live), and at least half of it."""
-    activations = sorted((t.nbytes for k, t in enumerate(g.tensors) if not g.is_resident(k)), reverse=True)
-    return max(chip.sram_bytes // 2, chip.sram_bytes - 2 * sum(activations[:4]) - (4 << 20))
 
 
 def crossing_bytes(g: Graph) -> list:
@@ -165,7 +141,6 @@ def _split(n: int, stages: int, allowed, cost, combine, fewer: bool = False):
     return best[used][n][0], runs[::-1]
 
 
-# ---- pipeline ---------------------------------------------------------------------------------------------
 def plan_pipeline(g: Graph, runs: list, chips: list) -> list:
     """Stages for ``runs`` of nodes on ``chips`` (in order): what each loads, receives, stores and sends."""
     stage_of = {}
@@ -192,50 +167,27 @@ def plan_pipeline(g: Graph, runs: list, chips: list) -> list:
     return stages
 
 
-def _stage_graph(g: Graph, stage: Stage) -> Graph:
-    """The stage's part of ``g``: its nodes; inputs (model, then received); outputs (model, then sent)."""
+def stage_graph(g: Graph, stage: Stage, system: SystemConfig, tags: dict) -> Graph:
+    """The stage's part of ``g``: a ``recv`` node for each tensor it receives, its nodes, a ``send`` node for
+    each tensor it passes on; the model's inputs it loads and outputs it stores."""
     part = copy.copy(g)
-    part.nodes = [g.nodes[i] for i in stage.nodes]
-    part.inputs = list(stage.inputs) + [t for t, _ in stage.received]
-    part.outputs = list(stage.outputs) + [t for t, _ in stage.sent]
+    recvs = [Node("recv", [], t, {"peer": peer, "tag": tags[(t, peer, stage.chip)],
+                                   "port": system.route(peer, stage.chip)[-1][3]}, "recv")
+             for t, peer in stage.received]
+    # a send makes nothing: its output names the tensor it sends
+    sends = [Node("send", [t], t, {"peer": peer, "tag": tags[(t, stage.chip, peer)],
+                                    "port": system.route(stage.chip, peer)[0][1]}, "send")
+             for t, peer in stage.sent]
+    part.nodes = recvs + [g.nodes[i] for i in stage.nodes] + sends
+    part.inputs, part.outputs = list(stage.inputs), list(stage.outputs)
     part.streamed = []
     return part
 
 
-def link_ops(g: Graph, ops: list, system: SystemConfig, stage: Stage, tags: dict) -> list:
-    """Replace the LOADs of received tensors by one RECV each, and the STOREs of sent ones by SENDs."""
-    n_in, n_out, chip = len(stage.inputs), len(stage.outputs), stage.chip
-    out, done = [], set()
-    for op in ops:
-        if op.opcode == Opcode.LOAD and op.attrs["index"] >= n_in:
-            t, peer = stage.received[op.attrs["index"] - n_in]
-            if t in done:
-                continue
-            done.add(t)
-            port = system.route(peer, chip)[-1][3]
-            out.append(TileOp(Opcode.RECV, [], [whole(g, t)], {"peer": peer, "tag": tags[(t, peer, chip)]},
-                              "recv", port))
-        elif op.opcode == Opcode.STORE and op.attrs["index"] >= n_out:
-            t, peer = stage.sent[op.attrs["index"] - n_out]
-            port = system.route(chip, peer)[0][1]
-            out.append(TileOp(Opcode.SEND, [whole(g, t)], [], {"peer": peer, "tag": tags[(t, chip, peer)]},
-                              "send", port))
-        else:
-            out.append(op)
-    return out
-
-
-def compile_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, in_order: bool = False,
-                     chips: int | None = None) -> tuple:
-    """Compile ``g`` as a pipeline over ``chips`` chips of ``system`` (default: as many of them as shorten its
-    longest stage, :func:`split_stages`), each a neighbour of the one before where the topology allows.
-
-    Returns
-    -------
-    (SystemProgram, dict)
-        The chip programs bundled, and a report: each stage's chip, layers, cycles, weights, SRAM and the
-        bytes it passes on.
-    """
+@strategy("pipeline", "consecutive layers on consecutive chips; a stage passes what later stages read")
+def split_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, chips: int | None) -> Mapping:
+    """``g`` as a pipeline over ``chips`` chips of ``system`` (default: as many of them as shorten its longest
+    stage, :func:`split_stages`), each a neighbour of the one before where the topology allows."""
     n = min(chips or system.chips, system.chips, max(len(g.nodes), 1))
     budget = weight_budget(g, chip)
     runs = split_stages(g, chip, n, dtype, budget, exact=chips is not None)
@@ -244,72 +196,12 @@ def compile_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: st
     for stage in stages:
         for t, peer in stage.sent:
             tags[(t, stage.chip, peer)] = len(tags)
-    arrivals = {}  # (tag) -> the cycle its first byte reaches the receiving chip
-    programs, report = [], []
-    for stage in stages:
-        part = _stage_graph(g, stage)
-        ops = tile(part, chip, resident_budget=budget)
-        addr = allocate(part, ops, chip)
-        ops = link_ops(part, ops, system, stage, tags)
-        instructions, layers, fixed = resolve(part, ops, addr)
-        pinned = {k: arrivals[op.attrs["tag"]] for k, op in enumerate(ops) if op.opcode == Opcode.RECV}
-        scheduled, makespan = schedule(instructions, chip, in_order=in_order, fixed_units=fixed, pinned=pinned)
-        for ins in scheduled:
-            if ins.opcode == Opcode.SEND:
-                hops = len(system.route(stage.chip, ins.attrs["peer"]))
-                arrivals[ins.attrs["tag"]] = ins.cycle + hops * system.hop_cycles
-        host = copy.copy(part)
-        host.inputs, host.outputs = list(stage.inputs), list(stage.outputs)
-        programs.append(emit(host, addr, scheduled, layers, makespan, chip))
-        weights = set().union(*[node_weights(g, g.nodes[i]) for i in stage.nodes])
-        report.append({"chip": stage.chip, "layers": len(stage.nodes), "first_layer": g.nodes[stage.nodes[0]].layer,
-                       "cycles": makespan, "weight_bytes": sum(g.tensors[t].nbytes for t in weights),
-                       "sram_high_water": addr["high_water"],
-                       "sent_bytes": sum(g.tensors[t].nbytes for t, _ in stage.sent)})
+    parts = [Part(stage.chip, stage_graph(g, stage, system, tags), budget) for stage in stages]
+    report = [{"chip": stage.chip, "layers": len(stage.nodes), "first_layer": g.nodes[stage.nodes[0]].layer,
+               "weight_bytes": sum(g.tensors[t].nbytes
+                                   for t in set().union(*[node_weights(g, g.nodes[i]) for i in stage.nodes])),
+               "sent_bytes": sum(g.tensors[t].nbytes for t, _ in stage.sent)} for stage in stages]
     inputs = tuple(tuple((st.chip, st.inputs.index(t)) for st in stages if t in st.inputs) for t in g.inputs)
     outputs = tuple(next((st.chip, st.outputs.index(t)) for st in stages if t in st.outputs) for t in g.outputs)
-    bundle = SystemProgram(system.name, system.digest, tuple(st.chip for st in stages), tuple(programs), inputs,
-                           outputs, max(p.predicted_cycles for p in programs), "pipeline",
-                           f"{len(stages)} stages on chips {[st.chip for st in stages]}")
-    return bundle, {"parallel": "pipeline", "stages": report}
-
-
-def chip_order(system: SystemConfig, count: int) -> list:
-    """``count`` chips each a neighbour of the one before where the topology allows (a walk from chip 0)."""
-    if not system.links:
-        return list(range(count))
-    order, seen = [0], {0}
-    while len(order) < count:
-        here = order[-1]
-        nxt = next((c for c in system.neighbours(here) if c not in seen), None)
-        if nxt is None:
-            nxt = next(c for c in range(system.chips) if c not in seen)
-        order.append(nxt)
-        seen.add(nxt)
-    return order
-
-
-def compile_parallel(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, parallel: str,
-                     in_order: bool = False, chips: int | None = None):
-    """The graph as a system program, ``parallel`` being ``pipeline``, ``tensor`` or ``auto`` (both compiled,
-    the one with fewer predicted cycles kept; its notes say which and why)."""
-    if parallel == "pipeline":
-        return compile_pipeline(g, chip, system, dtype, in_order, chips)[0]
-    from .tensor import compile_tensor  # (it builds on this module)
-
-    if parallel == "tensor":
-        return compile_tensor(g, chip, system, dtype, in_order, chips)[0]
-    candidates = {}
-    for kind, fn in (("pipeline", compile_pipeline), ("tensor", compile_tensor)):
-        try:
-            candidates[kind] = fn(g, chip, system, dtype, in_order, chips)[0]
-        except SystemCompileError as err:
-            candidates[kind] = err
-    built = {k: v for k, v in candidates.items() if not isinstance(v, Exception)}
-    if not built:
-        raise SystemCompileError("; ".join(f"{k}: {v}" for k, v in candidates.items()))
-    best = min(built, key=lambda k: built[k].predicted_cycles)
-    why = ", ".join(f"{k} {v.predicted_cycles} cycles" if not isinstance(v, Exception) else f"{k}: {v}"
-                    for k, v in candidates.items())
-    chosen = built[best]
-    return replace(chosen, parallel=best, notes=f"auto chose {best} ({why}); {chosen.notes}")
+    return Mapping("pipeline", parts, inputs, outputs, f"{len(stages)} stages on chips {[st.chip for st in stages]}",
+                   report={"parallel": "pipeline", "stages": report})

@@ -11,7 +11,9 @@ pair (a decoder's KV cache) reaches each chip as its slice, and each chip
 stores its slice of a model output made as slices (the new K/V, an LM head's
 logits) instead of gathering it. The chips run the same schedule: each RECV is
 placed one hop after the SEND it pairs with, at a fixed offset, and the offset
-holds on every chip because every chip sends at the same cycles.
+holds on every chip because every chip runs one schedule: the ranks' graphs are
+alike node for node (each computes every output, and stores only its own), and
+the scheduler honours every rank's dependences at once (SPMD by construction).
 """
 
 from __future__ import annotations
@@ -23,16 +25,12 @@ from math import prod
 
 import numpy as np
 
-from ..runtime_sim import ChipConfig, Opcode
-from ..runtime_sim.isa import OP_TABLE, Group
-from ..runtime_sim.system import SystemConfig
-from ..runtime_sim.system_sim import SystemProgram, axis_slice
-from .alloc import CapacityError, allocate
-from .emit import emit, resolve
-from .graph import Graph, Node
-from .schedule import schedule
-from .system import SystemCompileError, chip_order, node_weights
-from .tile import tile
+from ...runtime_sim import ChipConfig, Opcode
+from ...runtime_sim.isa import OP_TABLE, Group
+from ...runtime_sim.system import SystemConfig
+from ...runtime_sim.system_sim import axis_slice
+from ..graph import Graph, Node
+from .base import Mapping, Part, SystemCompileError, node_weights, ring, ring_ports, strategy
 
 
 def _splittable(g: Graph, node, ranks: int):
@@ -325,8 +323,9 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
             part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, ring, tag, node.layer))
         tag += ranks
         gathers += 1
-    # chip 0 stores every output, split ones as its slice; the other chips their slices of the split ones
-    part.outputs = [slice_of(t) if t in stored else t for t in g.outputs if rank == 0 or t in stored]
+    # every chip computes every output, so that the chips' programs are alike; chip 0 stores them all (split
+    # ones as its slice), the others their slices of the split ones (:class:`~.base.Part`'s ``stored``)
+    part.outputs = [slice_of(t) if t in stored else t for t in g.outputs]
     return part, gathers, reduces, stored
 
 
@@ -365,74 +364,44 @@ def _allgather(src: int, out: int, axis: int, rank: int, ranks: int, ring: dict,
                 layer + "+allgather")
 
 
-def compile_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, in_order: bool = False,
-                   chips: int | None = None) -> tuple:
-    """Compile ``g`` tensor parallel over ``chips`` chips of ``system`` (default: all) joined in a ring.
+def _has_split(g: Graph) -> bool:
+    return any(_splittable(g, node, 2) for node in g.nodes)
 
-    Returns
-    -------
-    (SystemProgram, dict)
-    """
+
+@strategy("tensor", "every product split by output columns over a ring (Megatron pairs by rows, one "
+          "all-reduce each); one schedule for every chip", applies=_has_split)
+def split_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, chips: int | None) -> Mapping:
+    """``g`` tensor parallel over ``chips`` chips of ``system`` (default: all) joined in a ring."""
     ranks = min(chips or system.chips, system.chips)
-    order = _ring(system, ranks)
+    order = ring(system, ranks)
     if not any(_splittable(g, node, ranks) for node in g.nodes):
         raise SystemCompileError(f"no matrix product of the model splits over {ranks} chips")
-    programs, report, sends = [], [], {}
     regions = _row_split_regions(g, ranks)
+    parts, report = [], []
     for rank, chip_id in enumerate(order):
-        nxt, prev = order[(rank + 1) % ranks], order[(rank - 1) % ranks]
-        ring = {"next": nxt, "next_port": system.route(chip_id, nxt)[0][1],
-                "prev": prev, "prev_port": system.route(prev, chip_id)[-1][3]}
-        part, gathers, reduces, stored = tensor_graph(g, rank, ranks, ring, regions)
-        ops = tile(part, chip)
-        try:
-            addr = allocate(part, ops, chip)
-        except CapacityError as err:
-            raise SystemCompileError(f"{ranks}-way tensor parallel does not fit chip {chip_id}: {err}; "
-                                     + _unsplit_weights(g, ranks)) from None
-        instructions, layers, fixed = resolve(part, ops, addr)
-        # every chip runs this schedule, so a RECV's data leaves the neighbour as this chip's SEND of that tag
-        send_of = {ins.attrs["tag"]: k for k, ins in enumerate(instructions) if ins.opcode == Opcode.SEND}
-        pairs = {k: send_of[ins.attrs["tag"]] for k, ins in enumerate(instructions) if ins.opcode == Opcode.RECV}
-        scheduled, makespan = schedule(instructions, chip, in_order=in_order, fixed_units=fixed, pairs=pairs)
-        _check_lockstep(sends, scheduled, chip_id, ranks)
-        programs.append(emit(part, addr, scheduled, layers, makespan, chip))
-        weights = {g2 for node in part.nodes for g2 in node_weights(part, node)}
-        report.append({"chip": chip_id, "cycles": makespan, "all_gathers": gathers, "all_reduces": reduces,
-                       "weight_bytes": sum(part.tensors[t].nbytes for t in weights),
-                       "sram_high_water": addr["high_water"]})
+        part, gathers, reduces, stored = tensor_graph(g, rank, ranks, ring_ports(system, order, rank), regions)
+        kept = None if rank == 0 else tuple(k for k, t in enumerate(g.outputs) if t in stored)
+        parts.append(Part(chip_id, part, stored=kept))
+        weights = {w for node in part.nodes for w in node_weights(part, node)}
+        report.append({"chip": chip_id, "all_gathers": gathers, "all_reduces": reduces,
+                       "weight_bytes": sum(part.tensors[t].nbytes for t in weights)})
     split_inputs = {t: region.axes[t] for region in regions.values() for t in region.inputs}
     split_outputs = [t for t in g.outputs if t in stored]
 
-    def parts(t: int, axis: int, index_of) -> tuple:
+    def pieces(t: int, axis: int, index_of) -> tuple:
         """Each chip's ``(chip, index, axis, lo, hi)`` of ``t`` split along ``axis``."""
         n = g.tensors[t].shape[axis] // ranks
         return tuple((c, index_of(rank), axis, rank * n, (rank + 1) * n) for rank, c in enumerate(order))
     # every chip loads every input (its slice of a split one); chip 0 stores every output, each chip its
     # slice of a split one (chip 0 at the output's index, the others at its index among the split ones)
-    inputs = tuple(parts(t, split_inputs[t], lambda rank, k=k: k) if t in split_inputs
+    inputs = tuple(pieces(t, split_inputs[t], lambda rank, k=k: k) if t in split_inputs
                    else tuple((c, k) for c in order) for k, t in enumerate(g.inputs))
-    outputs = tuple(parts(t, stored[t], lambda rank, k=k, t=t: k if rank == 0 else split_outputs.index(t))
+    outputs = tuple(pieces(t, stored[t], lambda rank, k=k, t=t: k if rank == 0 else split_outputs.index(t))
                     if t in stored else ((order[0], k),) for k, t in enumerate(g.outputs))
-    bundle = SystemProgram(system.name, system.digest, tuple(order), tuple(programs), inputs, outputs,
-                           max(p.predicted_cycles for p in programs), "tensor",
-                           f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers, "
-                           f"{report[0]['all_reduces']} all-reduces")
-    return bundle, {"parallel": "tensor", "chips": report}
-
-
-def _check_lockstep(sends: dict, scheduled: list, chip_id: int, ranks: int) -> None:
-    """Each chip places a RECV one hop after its own SEND of the same step, which holds only while every chip
-    sends each step at the same cycle. A consumer reading part of a gathered tensor can let one chip run
-    ahead; that is a compile error here rather than a network error at the first run."""
-    for ins in scheduled:
-        if ins.opcode == Opcode.SEND:
-            first = sends.setdefault(ins.attrs["tag"], (chip_id, ins.cycle))
-            if first[1] != ins.cycle:
-                raise SystemCompileError(
-                    f"{ranks}-way tensor parallel: the chips' schedules part (transfer {ins.attrs['tag']} leaves "
-                    f"chip {first[0]} at cycle {first[1]} but chip {chip_id} at cycle {ins.cycle}, so their ring "
-                    f"steps would not meet); try --parallel pipeline")
+    notes = (f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers, "
+             f"{report[0]['all_reduces']} all-reduces")
+    return Mapping("tensor", parts, inputs, outputs, notes, spmd=True,
+                   report={"parallel": "tensor", "chips": report, "hint": _unsplit_weights(g, ranks)})
 
 
 def _unsplit_weights(g: Graph, ranks: int) -> str:
@@ -444,13 +413,3 @@ def _unsplit_weights(g: Graph, ranks: int) -> str:
         return "every product's weights are split"
     listed = ", ".join(f"{layer} ({nbytes:,} bytes)" for nbytes, layer in whole[:3])
     return f"these products do not split evenly over {ranks} chips and every chip holds their weights whole: {listed}"
-
-
-def _ring(system: SystemConfig, count: int) -> list:
-    """``count`` chips each linked to the next, the last to the first (a ring through the topology)."""
-    if count == 1:
-        return [0]
-    order = chip_order(system, count)
-    if len(system.route(order[-1], order[0])) != 1 and count > 2:
-        raise SystemCompileError(f"system {system.name!r} has no ring of {count} chips for tensor parallel")
-    return order

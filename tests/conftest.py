@@ -87,3 +87,40 @@ def assert_close(actual, expected, rtol):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def run_on_lpx(compiled, args, programs=None, host_ops=None):
+    """Call a compiled model and show that lpx ran it: the number of lpx calls it made is the number of its
+    lpx programs (or ``programs``), and the ops left on the host are exactly ``host_ops`` (default: none).
+    Returns the outputs."""
+    from collections import Counter
+
+    from lpx_tvm.runtime import total_offloaded_calls
+
+    expected = compiled.report.lpx_functions if programs is None else programs
+    assert compiled.report.lpx_functions == expected, compiled.report.summary()
+    assert compiled.report.host_ops == Counter(host_ops or {}), compiled.report.summary()
+    before = total_offloaded_calls()
+    outputs = compiled(*args)
+    assert total_offloaded_calls() - before == expected
+    return outputs
+
+
+def ort_reference(model, feeds):
+    """ONNX Runtime's outputs for ``feeds``, on the CPU."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def mlp_stack(rng, widths, batch, act="Relu"):
+    """Gemm layers ``widths[0] → widths[1] → …`` with biases and ``act`` between them; input ``x``."""
+    inits, nodes, x = [], [], "x"
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        inits += [weights(rng, f"w{i}", (b, a), 1 / np.sqrt(a)), weights(rng, f"b{i}", (b,))]
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"h{i}"], transB=1))
+        x = f"h{i}"
+        if i < len(widths) - 2:
+            nodes.append(helper.make_node(act, [x], [f"a{i}"]))
+            x = f"a{i}"
+    return make_model(nodes, [tensor_info("x", [batch, widths[0]])], [tensor_info(x, [batch, widths[-1]])], inits)

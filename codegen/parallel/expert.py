@@ -70,7 +70,8 @@ def find_experts(g: Graph) -> Experts | None:
             else:
                 others.append(t)
         if len(cones) >= 2 and len({_signature(g, cone) for cone in cones}) == 1:
-            return Experts(adds, cones, terms, others)
+            ranked = sorted(zip(cones, terms))  # the experts in the order the model makes them
+            return Experts(adds, [c for c, _ in ranked], [t for _, t in ranked], others)
     return None
 
 

@@ -16,7 +16,6 @@ from .diagnostics import native_output_to_log
 from .frontend import from_onnx
 from .patterns import partition_for_lpx
 from .pipeline import lower_lpx_calls, lpx_functions
-from .registration import original_default_pipeline
 from .report import OffloadReport, offload_report
 from .runtime import load_program, program_key, release
 from .runtime_sim.config import ChipConfig, register_config
@@ -80,12 +79,10 @@ class CompiledModel:
         parts = []
         for symbol, arg in self.state_where.get(name, ()):
             sim = load_program(self._programs[symbol])
-            if hasattr(sim, "sims"):  # a system: the chips whose programs take that argument
-                full = sim.inputs[arg].shape
-                for chip, index, *cut in sim.program.inputs[arg]:
-                    parts.append((sim.sims[sim.program.chips.index(chip)].state_view(index), cut or None, full))
-            else:
-                parts.append((sim.state_view(arg), None, None))
+            full = sim.inputs[arg].shape
+            chip_sims = dict(sim.chips)
+            for chip, index, *cut in sim.destinations(arg):  # the chips whose programs take that argument
+                parts.append((chip_sims[chip].state_view(index), cut or None, full))
         if not parts:
             raise KeyError(f"{name!r} is not a resident state input (compile with state=[...])")
         return parts
@@ -247,7 +244,7 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         report = offload_report(partitioned)
         programs = {}
         lowered, _, state_where = lower_lpx_calls(partitioned, options, programs_out=programs, state=tuple(state))
-        executable = tvm.compile(lowered, target="lpx", relax_pipeline=original_default_pipeline()())
+        executable = tvm.compile(lowered, target="lpx", relax_pipeline=relax.pipeline.default_build_pipeline())
     return CompiledModel(executable, report, programs, params, dtype, input_names, state_where)
 
 

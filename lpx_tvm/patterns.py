@@ -19,6 +19,7 @@ from tvm.relax.backend.pattern_registry import register_patterns
 from tvm.relax.dpl import is_const, is_op, wildcard
 from tvm.relax.transform import FuseOpsByPattern, MergeCompositeFunctions
 
+from .codegen.options import DEFAULT_CONFIG
 from .codegen.relax_ops import PRIM_TYPES, RELAX_OPS, RELAX_PATTERNS, Constant
 from .codegen.tile import stream_tile_bytes
 from .runtime_sim import load_config
@@ -211,7 +212,7 @@ def _single_op_pattern(row):
     return is_op(f"relax.{row.op}")(*operands)
 
 
-def pattern_table(config: str = "tsp", dtype: str = "fp32") -> list:
+def pattern_table(config: str = DEFAULT_CONFIG, dtype: str = "fp32") -> list:
     """The lpx fusion patterns, lowest priority first.
 
     Parameters
@@ -244,7 +245,7 @@ def pattern_table(config: str = "tsp", dtype: str = "fp32") -> list:
 register_patterns(pattern_table())
 
 
-def partition_for_lpx(mod, config: str = "tsp", dtype: str = "fp32"):
+def partition_for_lpx(mod, config: str = DEFAULT_CONFIG, dtype: str = "fp32"):
     """Group the ops lpx can run into functions with ``Codegen="lpx"``.
 
     Parameters

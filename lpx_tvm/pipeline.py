@@ -15,11 +15,9 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .codegen import CodegenOptions, compile_model
+from .codegen import DEFAULT_CONFIG, CodegenOptions, compile_model
 from .patterns import partition_for_lpx
-from .registration import original_default_pipeline
-from .runtime_sim.program import aligned_array, encode, encode_array
-from .runtime_sim.system_sim import SystemProgram, encode_system
+from .runtime_sim.program import aligned_array, encode
 
 EXECUTE = "lpx.runtime.execute"
 _EXTERN_PROGRAMS: dict = {}  # symbol -> encoded program, filled by relax.ext.lpx (the BYOC path)
@@ -136,7 +134,7 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
     for name, func in functions.items():
         symbol = str(func.attrs["global_symbol"])
         program = compiled[symbol]
-        programs[name] = encode_system(program) if isinstance(program, SystemProgram) else encode_array(program)
+        programs[name] = program.encoded()
         if programs_out is not None:
             programs_out[symbol] = programs[name]
     rewriter = _CallRewriter(mod, programs)
@@ -150,7 +148,7 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
     return mod, rewriter.count, state_where
 
 
-def lpx_passes(config: str = "tsp", in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
+def lpx_passes(config: str = DEFAULT_CONFIG, in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
     """Partition for lpx and lower the offloaded functions (run before the default build pipeline)."""
     options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype)
 
@@ -166,7 +164,7 @@ def lpx_passes(config: str = "tsp", in_order: bool = False, dump_dir: str | None
     return _passes
 
 
-def lpx_pipeline(config: str = "tsp", in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
+def lpx_pipeline(config: str = DEFAULT_CONFIG, in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
     """The ``"lpx"`` relax pipeline: lpx offload, then TVM's default build pipeline.
 
     Parameters
@@ -181,7 +179,7 @@ def lpx_pipeline(config: str = "tsp", in_order: bool = False, dump_dir: str | No
         Storage type on lpx: fp32, fp16, bf16 or int8.
     """
     passes = lpx_passes(config, in_order, dump_dir, dtype)
-    base = original_default_pipeline()()
+    base = relax.pipeline.default_build_pipeline()
 
     @tvm.transform.module_pass(opt_level=0, name="lpx.Pipeline")
     def _pipeline(mod, _ctx):
@@ -191,7 +189,7 @@ def lpx_pipeline(config: str = "tsp", in_order: bool = False, dump_dir: str | No
 
 def default_pipeline(**kwargs):
     """TVM's default pipeline, with lpx offload first when the current target has the ``lpx`` key."""
-    base = original_default_pipeline()(**kwargs)
+    base = relax.pipeline.default_build_pipeline(**kwargs)
 
     @tvm.transform.module_pass(opt_level=0, name="lpx.DefaultOrLpx")
     def _pipeline(mod, _ctx):

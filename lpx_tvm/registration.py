@@ -21,13 +21,7 @@ import importlib.abc
 import importlib.util
 import sys
 
-_STATE = {"registered": False, "original_default": None}
-
-
-def original_default_pipeline():
-    """TVM's own ``"default"`` relax pipeline (before lpx wrapped it)."""
-    register_with_tvm()
-    return _STATE["original_default"]
+_STATE = {"registered": False}
 
 
 def register_with_tvm() -> None:
@@ -40,7 +34,6 @@ def register_with_tvm() -> None:
     from tvm.relax import pipeline as relax_pipeline
 
     tvm.target.register_tag("lpx", {"kind": "llvm", "keys": ["lpx", "cpu"]}, override=True)
-    _STATE["original_default"] = relax_pipeline.PIPELINE_MAP["default"]
 
     def lpx(**kwargs):
         from .pipeline import lpx_pipeline

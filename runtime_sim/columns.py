@@ -20,7 +20,7 @@ import numpy as np
 
 from .config import ChipConfig
 from .isa import MAX_CYCLE, Space
-from .program import ProgramFormatError, _validate_for_chip, _validate_operands, ref_form_error
+from .rules import ProgramFormatError, _validate_for_chip, _validate_operands, ref_form_error
 from .timing import occupancy, on_instance
 
 # per operand: is a write, in SRAM, element bytes, bytes, end - addr (past its last byte, where its footprint

@@ -2,7 +2,7 @@
 
 Layout (little endian)::
 
-    header   magic b"LPXPROG\\0" | u16 version | u16 reserved | u64 body length | 16-byte blake2b of body
+    header   magic b"LPXPROG\\0", then the container header of :mod:`.container`
     body     config name, config digest, SRAM plan (model id, bytes, activation base), predicted cycles
              layer names | host inputs | host outputs | instructions | constants | streamed weights | state
 
@@ -14,7 +14,6 @@ evaluated.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from dataclasses import dataclass, field
 from math import isinf, isnan
@@ -22,22 +21,19 @@ from math import isinf, isnan
 import numpy as np
 
 from .config import ChipConfig, load_config
-from .isa import (MAX_CYCLE, MAX_RANK, UNIT_OF, DType, Group, HostTensor, Instruction, Opcode, Space, TensorRef,
-                  format_attrs, pack_attrs, split_attrs)
-from .shapes import check_operands
+from .columns import ProgramColumns
+from .container import HEADER, opened, seal
+from .isa import (MAX_CYCLE, MAX_RANK, UNIT_OF, DType, HostTensor, Instruction, Opcode, Space, TensorRef, format_attrs,
+                  pack_attrs, split_attrs)
+from .rules import (MAX_DIM, MAX_OPERAND_BYTES, ProgramFormatError, _check_ref, _is_count, _validate_instruction,
+                    _validate_outputs_covered)
 
 MAGIC = b"LPXPROG\0"
 SYSTEM_MAGIC = b"LPXSYS\0\0"  # a system program (system_sim): the same header, one program per chip inside
 VERSION = 6  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
 # 6: resident state
-_HEADER = struct.Struct("<8sHHQ16s")
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
-MAX_DIM = 1 << 31
 MAX_NAME = 4096
-
-
-class ProgramFormatError(ValueError):
-    """A byte stream is not a valid LPX program for this chip."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +122,10 @@ class Program:
                 raise TypeError(f"Program.{name} must be a tuple of {part}, got {got}")
             object.__setattr__(self, name, tuple(items))
 
+    def encoded(self) -> np.ndarray:
+        """The program as the runtime takes it (see :func:`encode_array`); a system program answers the same."""
+        return encode_array(self)
+
 
 _PARTS = (  # what each of a Program's tuples holds: (field, test, in words)
     ("instructions", lambda x: isinstance(x, Instruction), "Instruction"),
@@ -203,16 +203,15 @@ def _encode(program: Program, allocate):
         parts.append(struct.pack("<I", index) + _pack_ref(ref))
     # one buffer, written in place: weights are most of a program, and each copy of them costs their size
     sizes = [p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts]
-    blob = allocate(_HEADER.size + sum(sizes))
-    view, at = memoryview(blob).cast("B"), _HEADER.size
+    blob = allocate(HEADER.size + sum(sizes))
+    view, at = memoryview(blob).cast("B"), HEADER.size
     for part, size in zip(parts, sizes):
         if isinstance(part, np.ndarray):  # a weight, in any layout: its bytes in C order
             np.copyto(np.frombuffer(view[at:at + size], part.dtype).reshape(part.shape), part)
         else:
             view[at:at + size] = part
         at += size
-    body = view[_HEADER.size:]
-    _HEADER.pack_into(view, 0, MAGIC, VERSION, 0, len(body), hashlib.blake2b(body, digest_size=16).digest())
+    seal(view, MAGIC, VERSION)
     return blob
 
 
@@ -287,8 +286,8 @@ class _Reader:
 
 def read_digest(blob) -> bytes:
     """The 16-byte body digest from a program header, checking only the magic."""
-    head = bytes(memoryview(blob)[:_HEADER.size])
-    if len(head) < _HEADER.size or head[:8] not in (MAGIC, SYSTEM_MAGIC):
+    head = bytes(memoryview(blob)[:HEADER.size])
+    if len(head) < HEADER.size or head[:8] not in (MAGIC, SYSTEM_MAGIC):
         raise ProgramFormatError("not an LPX program (bad magic)")
     return head[-16:]
 
@@ -313,21 +312,7 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
 
 def decoded_columns(blob, config: ChipConfig | str | None = None):
     """:func:`decode`, returning the program as :class:`.columns.ProgramColumns` (see :func:`validated_columns`)."""
-    buf = memoryview(blob).cast("B")
-    if len(buf) < _HEADER.size:
-        raise ProgramFormatError(f"program truncated: {len(buf)} bytes is shorter than the header")
-    magic, version, reserved, body_len, digest = _HEADER.unpack(buf[:_HEADER.size])
-    if magic != MAGIC:
-        raise ProgramFormatError("not an LPX program (bad magic)")
-    if version != VERSION:
-        raise ProgramFormatError(f"program format version {version}; this runtime reads version {VERSION}")
-    if reserved:
-        raise ProgramFormatError(f"program header reserved field is {reserved}, must be 0")
-    body = buf[_HEADER.size:]
-    if len(body) != body_len:
-        raise ProgramFormatError(f"program truncated or padded: body is {len(body)} bytes, header says {body_len}")
-    if hashlib.blake2b(body, digest_size=16).digest() != digest:
-        raise ProgramFormatError("program checksum mismatch: the bytes were corrupted")
+    _, body, digest = opened(blob, MAGIC, (VERSION,), "program")
     try:
         program = _parse_body(_Reader(body), digest)
     except ProgramFormatError:
@@ -406,8 +391,6 @@ def validate(program: Program, config: ChipConfig | str | None = None) -> ChipCo
 def validated_columns(program: Program, config: ChipConfig | str | None = None):
     """:func:`validate`, returning the program as :class:`.columns.ProgramColumns` (what checking and
     measuring it need next)."""
-    from .columns import ProgramColumns  # columns builds on this module's rules
-
     try:
         chip = load_config(config if config is not None else program.config_name)
     except ValueError as err:
@@ -454,120 +437,6 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
     return columns
 
 
-MAX_OPERAND_BYTES = MAX_CYCLE  # a broadcast view's size is not bounded by the SRAM it spans: this bounds it
-
-
-def _is_count(value) -> bool:
-    return isinstance(value, (int, np.integer)) and value >= 0
-
-
-def ref_form_error(ref: TensorRef) -> str | None:
-    """What is wrong with a ref's numbers themselves, if anything (a decoded ref is always well formed)."""
-    strides = () if ref.strides is None else ref.strides
-    if not (_is_count(ref.addr) and all(_is_count(d) and 1 <= d < MAX_DIM for d in ref.shape)
-            and all(_is_count(s) and s < 1 << 32 for s in strides)
-            and (ref.strides is None or len(strides) == len(ref.shape))):
-        return (f"{ref!r} needs a non-negative integer address, dimensions in [1, 2^31) and, if any, one stride "
-                "in [0, 2^32) per dimension")
-    if ref.nbytes >= MAX_OPERAND_BYTES:
-        return f"{ref} holds {ref.nbytes} bytes, past 2^48"
-    return None
-
-
-def _check_ref(ref: TensorRef, chip: ChipConfig, where: str) -> None:
-    error = ref_form_error(ref)
-    if error:
-        raise ProgramFormatError(f"{where}: {error}")
-    if ref.space == Space.STREAM:
-        if ref.addr >= chip.stream_capacity or ref.nbytes > chip.sram_bytes:
-            raise ProgramFormatError(f"{where}: stream S{ref.addr} carrying {ref.nbytes} bytes does not exist "
-                                     f"(the chip has {chip.stream_capacity} streams)")
-        return
-    if ref.addr % ref.dtype.itemsize or ref.end > chip.sram_bytes:
-        raise ProgramFormatError(f"SRAM overflow: {where}: {ref} lies outside SRAM of {chip.sram_bytes} bytes "
-                                 f"(or is not aligned to its {ref.dtype.itemsize}-byte elements)")
-
-
-def _validate_instruction(index: int, ins: Instruction, program: Program, chip: ChipConfig) -> None:
-    """The rules an instruction must meet on its own (:meth:`.columns.ProgramColumns.has_instruction_errors`
-    checks the same ones, once per kind)."""
-    where = f"instruction {index} ({ins.opcode.name})"
-    if not _is_count(ins.cycle) or ins.cycle >= MAX_CYCLE:
-        raise ProgramFormatError(f"{where}: issue cycle {ins.cycle!r} is not an integer in [0, {MAX_CYCLE})")
-    if not _is_count(ins.layer) or ins.layer >= MAX_CYCLE:
-        raise ProgramFormatError(f"{where}: layer {ins.layer!r} is not a non-negative integer")
-    if not _is_count(ins.unit_index) or ins.unit_index >= chip.unit_count(ins.unit.name):
-        raise ProgramFormatError(f"{where}: {ins.unit.name} instance {ins.unit_index} does not exist")
-    for ref in ins.srcs + ins.dsts:
-        _check_ref(ref, chip, where)
-    _validate_operands(ins, program, where)
-    _validate_for_chip(ins, chip, where)
-
-
-def _validate_outputs_covered(program: Program) -> None:
-    """Every byte of every host input is loaded, and of every host output stored (slices may split them)."""
-    resident = {index for index, _ in program.state}
-    for opcode, group, what in ((Opcode.LOAD, program.inputs, "loaded"), (Opcode.STORE, program.outputs, "stored")):
-        spans = {i: [] for i in range(len(group)) if opcode != Opcode.LOAD or i not in resident}
-        for ins in program.instructions:
-            if ins.opcode == opcode:
-                ref = ins.dsts[0] if opcode == Opcode.LOAD else ins.srcs[0]
-                if ins.attrs["index"] not in spans:
-                    raise ProgramFormatError(f"input {ins.attrs['index']} is resident state; nothing LOADs it")
-                spans[ins.attrs["index"]].append((ins.attrs["offset"], ins.attrs["offset"] + ref.nbytes))
-        for index, parts in spans.items():
-            reached = 0
-            for lo, hi in sorted(parts):
-                if lo > reached:
-                    break
-                reached = max(reached, hi)
-            if reached < group[index].nbytes:
-                raise ProgramFormatError(f"{'input' if opcode == Opcode.LOAD else 'output'} {index}: bytes from "
-                                         f"{reached} on are never {what}")
-
-
-def _validate_for_chip(ins: Instruction, chip: ChipConfig, where: str) -> None:
-    """What depends on the chip: matrix dtypes and tile sizes, weight buffers, which operands may be streams."""
-    if ins.spec.group == Group.HOST and any(r.space == Space.STREAM for r in ins.srcs + ins.dsts):
-        raise ProgramFormatError(f"{where}: host transfers move SRAM, not streams")
-    if ins.opcode in (Opcode.MATMUL, Opcode.INSTALL):
-        ref = ins.srcs[0]
-        if ref.dtype.matrix_class not in chip.mxm_passes:
-            raise ProgramFormatError(f"{where}: chip {chip.name!r} has no {ref.dtype.short} matrix unit")
-        if ins.attrs["buffer"] >= chip.mxm_weight_buffers:
-            raise ProgramFormatError(f"{where}: buffer {ins.attrs['buffer']} does not exist "
-                                     f"(planes have {chip.mxm_weight_buffers})")
-        k = ref.shape[-2] if ins.opcode == Opcode.INSTALL else ref.shape[-1]
-        n = ref.shape[-1] if ins.opcode == Opcode.INSTALL else ins.dsts[0].shape[-1]
-        if k > chip.mxm_rows or n > chip.mxm_cols:
-            raise ProgramFormatError(f"{where}: a {k}x{n} tile does not fit the {chip.mxm_rows}x{chip.mxm_cols} array")
-
-
-def _validate_operands(ins: Instruction, program: Program, where: str) -> None:
-    try:
-        for ref in ins.dsts:
-            if ref.strides is not None and any(st == 0 and d > 1 for st, d in zip(ref.strides, ref.shape)):
-                raise ValueError(f"destination {ref} has an axis of stride 0: it would write one element several "
-                                 "times")
-        check_operands(ins.opcode, [(r.shape, r.dtype) for r in ins.srcs], [(r.shape, r.dtype) for r in ins.dsts],
-                       ins.attrs)
-        if ins.spec.group == Group.HOST:
-            index = ins.attrs["index"]
-            if ins.opcode == Opcode.STORE:
-                group, ref = program.outputs, ins.srcs[0]
-            else:
-                group = program.inputs if ins.opcode == Opcode.LOAD else [w.host for w in program.streamed]
-                ref = ins.dsts[0]
-            offset = ins.attrs.get("offset", 0)
-            if index >= len(group) or group[index].dtype != ref.dtype or offset % ref.dtype.itemsize \
-                    or offset + ref.nbytes > group[index].nbytes \
-                    or (ins.opcode == Opcode.STREAM and ref.nbytes != group[index].nbytes):
-                raise ValueError(f"host tensor {index} does not match {ref} at byte offset {offset}")
-    except ValueError as err:
-        raise ProgramFormatError(f"{where}: {err}") from None
-
-
-# opcodes whose float attributes may be infinite (clipping bounds)
 _INFINITE_OK = frozenset({Opcode.CLIP, Opcode.MATMUL, Opcode.DWCONV})
 
 

@@ -156,6 +156,31 @@ class Simulator:
     def outputs(self) -> tuple:
         return self.program.outputs
 
+    # what a one-chip program and a system program (:class:`.system_sim.SystemSimulator`) both answer, so that
+    # their callers need not ask which they hold: a program on one chip is a system of one
+    @property
+    def chips(self) -> tuple:
+        """``(system chip, its simulator)`` for every chip the program runs on: here chip 0, this one."""
+        return ((0, self),)
+
+    @property
+    def chip_config(self) -> ChipConfig:
+        return self.config
+
+    @property
+    def notes(self) -> str:
+        return "one chip"
+
+    @property
+    def links(self) -> dict:
+        """Bytes and busy cycles per chip-to-chip link direction: none on one chip."""
+        return {}
+
+    def destinations(self, index: int) -> tuple:
+        """Where host input ``index`` goes: ``(chip, program input)`` pairs, or ``(chip, input, axis, lo, hi)``
+        where a chip takes a slice of it."""
+        return ((0, index),)
+
     def _check_inputs(self, inputs) -> list:
         expected = self.program.inputs
         if len(inputs) != len(expected):

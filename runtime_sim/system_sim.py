@@ -28,7 +28,6 @@ Layout (little endian)::
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import json
 import struct
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .check import ScheduleError
+from .container import HEADER, opened, seal
 from .isa import HostTensor, Opcode
 from .program import SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, decoded_columns, encode_array
 from .simulator import CallError, Simulator
@@ -45,7 +45,6 @@ from .stats import Timed
 from .system import SystemConfig, load_system
 
 SYSTEM_VERSION = 2
-_HEADER = struct.Struct("<8sHHQ16s")
 
 
 class NetworkError(ScheduleError):
@@ -87,6 +86,10 @@ class SystemProgram:
     def program_of(self, chip: int) -> Program:
         return self.programs[self.chips.index(chip)]
 
+    def encoded(self) -> np.ndarray:
+        """The system program as the runtime takes it (see :func:`encode_system`)."""
+        return encode_system(self)
+
 
 def is_system_program(blob) -> bool:
     return bytes(memoryview(blob).cast("B")[:8]) == SYSTEM_MAGIC
@@ -100,18 +103,17 @@ def encode_system(program: SystemProgram) -> np.ndarray:
                         "outputs": [[list(d) for d in x] for x in program.outputs], "predicted": program.predicted_cycles,
                         "parallel": program.parallel, "notes": program.notes,
                         "lengths": [len(b) for b in blobs]}).encode()
-    size = _HEADER.size + 4 + len(table) + sum(len(b) for b in blobs)
+    size = HEADER.size + 4 + len(table) + sum(len(b) for b in blobs)
     out = aligned_array(size)
     view = memoryview(out).cast("B")
-    at = _HEADER.size
+    at = HEADER.size
     struct.pack_into("<I", view, at, len(table))
     view[at + 4:at + 4 + len(table)] = table
     at += 4 + len(table)
     for blob in blobs:
         view[at:at + len(blob)] = memoryview(blob).cast("B")
         at += len(blob)
-    body = view[_HEADER.size:]
-    _HEADER.pack_into(view, 0, SYSTEM_MAGIC, SYSTEM_VERSION, 0, len(body), hashlib.blake2b(body, digest_size=16).digest())
+    seal(view, SYSTEM_MAGIC, SYSTEM_VERSION)
     return out
 
 
@@ -123,17 +125,8 @@ def decode_system(blob, system: SystemConfig | str | None = None) -> SystemProgr
 def _decoded_system(blob, system) -> tuple:
     """:func:`decode_system`, with each chip's validated :class:`.columns.ProgramColumns` (what its
     simulator would otherwise validate again)."""
-    buf = memoryview(blob).cast("B")
-    if len(buf) < _HEADER.size:
-        raise ProgramFormatError("system program truncated: shorter than its header")
-    magic, version, reserved, body_len, digest = _HEADER.unpack(buf[:_HEADER.size])
-    if magic != SYSTEM_MAGIC:
-        raise ProgramFormatError("not an LPX system program (bad magic)")
-    if version not in (1, SYSTEM_VERSION) or reserved:  # 1: before inputs and outputs could be split
-        raise ProgramFormatError(f"system program format version {version}; this runtime reads {SYSTEM_VERSION}")
-    body = buf[_HEADER.size:]
-    if len(body) != body_len or hashlib.blake2b(body, digest_size=16).digest() != digest:
-        raise ProgramFormatError("system program checksum mismatch or truncated")
+    # version 1: before inputs and outputs could be split
+    _, body, _ = opened(blob, SYSTEM_MAGIC, (1, SYSTEM_VERSION), "system program")
     try:
         (n,) = struct.unpack_from("<I", body, 0)
         table = json.loads(bytes(body[4:4 + n]))
@@ -316,6 +309,27 @@ class SystemSimulator:
         # so one placeholder serves every call
         self._placeholders = {(k, i): np.zeros(sig.shape, sig.dtype.np) for k, sim in enumerate(self.sims)
                               for i, sig in enumerate(sim.inputs) if (k, i) not in given}
+
+    @property
+    def chips(self) -> tuple:
+        """``(system chip, its simulator)`` for every chip the program runs on."""
+        return tuple(zip(self.program.chips, self.sims))
+
+    @property
+    def chip_config(self):
+        return self.system.chip
+
+    @property
+    def notes(self) -> str:
+        return self.program.notes
+
+    @property
+    def links(self) -> dict:
+        return self.stats.links
+
+    def destinations(self, index: int) -> tuple:
+        """Where host input ``index`` goes (see :class:`SystemProgram`'s ``inputs``)."""
+        return self.program.inputs[index]
 
     @property
     def inputs(self) -> tuple:

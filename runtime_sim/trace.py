@@ -57,13 +57,12 @@ def write_trace(path, simulators) -> None:
     process per chip and one with a track per link."""
     events, pid = [], 0
     for name, sim in simulators:
-        if hasattr(sim, "sims"):
-            for chip, chip_sim in zip(sim.program.chips, sim.sims):
-                events += trace_events(chip_sim, pid, f"{name} chip {chip}")
-                pid += 1
+        chips = sim.chips
+        for chip, chip_sim in chips:
+            events += trace_events(chip_sim, pid, f"{name} chip {chip}" if len(chips) > 1 or sim.links else name)
+            pid += 1
+        if sim.links:
             events += link_events(sim, pid)
-        else:
-            events += trace_events(sim, pid, name)
-        pid += 1
+            pid += 1
     with open(path, "w") as fh:
         json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, fh)

@@ -282,7 +282,8 @@ def test_re_signed_damage_is_rejected_or_runs(signed_program_blobs, data):
     import hashlib
 
     from lpx_tvm.runtime_sim import Simulator
-    from lpx_tvm.runtime_sim.program import _HEADER, MAGIC, VERSION
+    from lpx_tvm.runtime_sim.container import HEADER as _HEADER
+    from lpx_tvm.runtime_sim.program import MAGIC, VERSION
     from lpx_tvm.runtime_sim.simulator import CallError
 
     blob = data.draw(st.sampled_from(signed_program_blobs))

@@ -86,7 +86,8 @@ def test_isa_reference_is_current():
 def test_an_attribute_count_the_table_does_not_allow_is_a_format_error():
     import hashlib
 
-    from lpx_tvm.runtime_sim.program import _HEADER, _INSTR, MAGIC, VERSION
+    from lpx_tvm.runtime_sim.container import HEADER as _HEADER
+    from lpx_tvm.runtime_sim.program import _INSTR, MAGIC, VERSION
 
     layout = Layout()
     x = layout.const(__import__("numpy").zeros((2, 2), "float32"))

@@ -37,6 +37,21 @@ def test_plan_agrees_with_the_compiled_tensor_parallel_decoder(chips):
     assert planned["per_token_us"] * tsp.clock_hz / 1e6 == pytest.approx(simulated["per_token_cycles"], rel=0.05)
 
 
+def test_plan_agrees_with_the_compiled_eight_way_tensor_parallel_decoder(tmp_path):
+    """At 8 chips, where a decoder's heads divide them (8 query and 8 K/V heads), attention still splits by heads
+    (no all-gather) and a step simulates within 5% of the plan."""
+    from lpx_tvm.app import llama
+
+    config = llama.LlamaConfig(hidden_size=256, num_layers=2, num_heads=8, num_kv_heads=8, intermediate_size=512,
+                               vocab_size=512, max_context=128)
+    llama.save_llama(config, tmp_path, prompt_len=8)
+    simulated = generate(str(tmp_path), tokens=2, system="tsp-node", chips=8, parallel="tensor")
+    planned = plan(config, "tsp-node", dtype="fp32", context=128, prompt=8, mapping=(1, 8))
+    assert "0 all-gathers, 4 all-reduces" in simulated["notes"]  # 2 blocks, two all-reduces each
+    assert planned["per_token_us"] * load_config("tsp").clock_hz / 1e6 == pytest.approx(
+        simulated["per_token_cycles"], rel=0.05)
+
+
 @pytest.mark.slow
 def test_plan_needs_the_chips_the_compiler_needs_and_times_them(tmp_path):
     """A decoder too big for one tsp chip (322 MB of fp32 weights on the chips): the plan's fewest pipeline

@@ -54,7 +54,7 @@ def test_a_strided_access_inside_a_later_dense_write_keeps_its_dependence():
            Instruction(Opcode.COPY, 0, 0, (TensorRef(40000, (2, 10), u8),), (strided,)),
            Instruction(Opcode.COPY, 0, 0, (TensorRef(40000, (100,), u8),), (TensorRef(100, (100,), u8),)),
            Instruction(Opcode.COPY, 0, 0, (reader,), (TensorRef(30000, (2, 10), u8),))]
-    scheduled, makespan = schedule.schedule(ins, tiny)
+    scheduled, makespan, _ = schedule.schedule(ins, tiny)
     check_timing(types.SimpleNamespace(instructions=scheduled, predicted_cycles=makespan), tiny,
                  constants=(TensorRef(40000, (200,), u8),), sram_size=65536)
 

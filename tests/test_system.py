@@ -275,11 +275,11 @@ def test_a_format_1_system_program_still_loads():
     prog = system_program("tiny-2", {0: _sender(X, 1, 0), 1: _receiver((4, 32), 0, 0, HOP)}, outputs=[(1, 0)])
     assert prog.outputs == (((1, 0),),)
     blob = bytes(memoryview(encode_system(prog)).cast("B"))
-    head = system_sim._HEADER.size
+    head = system_sim.HEADER.size
     (n,) = struct.unpack_from("<I", blob, head)
     table = json.loads(blob[head + 4:head + 4 + n])
     table["outputs"] = [[1, 0]]
     text = json.dumps(table).encode()
     body = struct.pack("<I", len(text)) + text + blob[head + 4 + n:]
-    old = system_sim._HEADER.pack(system_sim.SYSTEM_MAGIC, 1, 0, len(body), hashlib.blake2b(body, digest_size=16).digest())
+    old = system_sim.HEADER.pack(system_sim.SYSTEM_MAGIC, 1, 0, len(body), hashlib.blake2b(body, digest_size=16).digest())
     assert decode_system(old + body).outputs == (((1, 0),),)

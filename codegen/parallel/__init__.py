@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import expert, pipeline, tensor  # noqa: F401  (each registers its strategy)
+# each registers its strategy; the order they are imported in is the order of the choices
+from . import pipeline  # noqa: F401, I001
+from . import tensor  # noqa: F401
+from . import expert  # noqa: F401
 from .base import STRATEGIES, Mapping, Part, SystemCompileError, strategy
 from .runner import compile_mapping
 

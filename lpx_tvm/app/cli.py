@@ -244,10 +244,10 @@ def cmd_disasm(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..codegen import DTYPES
-
     from importlib.metadata import PackageNotFoundError, version
 
+    from ..codegen import DTYPES
+    from ..codegen.parallel import STRATEGIES, choices
     from ..runtime_sim import available_configs
     from ..runtime_sim.system import available_systems
     from .zoo import ZOO
@@ -269,9 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     def system_args(p) -> None:
         p.add_argument("--system", help=f"run on a system of chips ({', '.join(available_systems())}); default "
                        "one chip")
-        p.add_argument("--parallel", choices=["pipeline", "tensor", "auto"],
-                       help="with --system: consecutive layers on consecutive chips (pipeline), the products "
-                       "split over the chips (tensor), or the faster (auto)")
+        strategies = "; ".join(f"{s.name}: {s.summary}" for s in STRATEGIES.values())
+        p.add_argument("--parallel", choices=choices(),
+                       help=f"with --system, how to map the model ({strategies}; auto: expert for a mixture of "
+                       "experts, else the fastest of the others)")
         p.add_argument("--chips", type=int, help="with --system: use this many of its chips (default: a pipeline "
                        "takes as many as shorten its longest stage, tensor parallel all)")
 

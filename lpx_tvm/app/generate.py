@@ -46,7 +46,7 @@ def kv_bytes_per_chip(compiled, names: list, nbytes: dict) -> dict:
     for name in names:
         for symbol, arg in compiled.state_where.get(name, ()):
             sim = compiled.simulators[symbol]
-            chips = [d[0] for d in sim.program.inputs[arg]] if hasattr(sim, "sims") else [0]
+            chips = [d[0] for d in sim.destinations(arg)]
             for chip in chips:
                 per_chip[chip] = per_chip.get(chip, 0) + nbytes[name]
     return per_chip
@@ -64,7 +64,7 @@ def _write_back_cycles(compiled, names: list, nbytes: dict) -> int:
 
 def _chip_of(compiled):
     sim = next(iter(compiled.simulators.values()))
-    return sim.system.chip if hasattr(sim, "sims") else sim.config
+    return sim.chip_config
 
 
 def _cycles(compiled) -> int:
@@ -169,12 +169,10 @@ def _compare(got: np.ndarray, want: np.ndarray) -> dict:
 
 def _system_figures(compiled) -> dict:
     sim = next(iter(compiled.simulators.values()))
-    if not hasattr(sim, "sims"):
-        stats = sim.stats
-        return {"chips": {"0": {"cycles": stats.cycles, "mac_utilisation": stats.mac_utilisation}}, "links": [],
-                "notes": "one chip"}
-    info = sim.stats.to_dict()
-    return {"chips": info["chips"], "links": info["links"], "notes": sim.program.notes}
+    chips = {str(chip): {"cycles": s.stats.cycles, "mac_utilisation": s.stats.mac_utilisation}
+             for chip, s in sim.chips}
+    links = [{"from": c, "port": p, **v} for (c, p), v in sorted(sim.links.items())]
+    return {"chips": chips, "links": links, "notes": sim.notes}
 
 
 def table(report: dict) -> str:

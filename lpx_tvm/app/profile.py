@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from ..runtime_sim.system_sim import SystemSimulator
+
 _PREFIX = re.compile(r"^lpx\d+_[0-9a-f]+/")
 _INDEX = re.compile(r"_\d+")
 
@@ -26,11 +28,10 @@ def profile(compiled) -> dict:
     """
     sims, systems = {}, {}
     for name, sim in compiled.simulators.items():
-        if hasattr(sim, "sims"):  # a system program: each chip's program is profiled as a program of its own
+        if isinstance(sim, SystemSimulator):  # it reports its system: the chips' makespan, each link
             systems[name] = sim
-            sims.update({f"{name}@chip{chip}": chip_sim for chip, chip_sim in zip(sim.program.chips, sim.sims)})
-        else:
-            sims[name] = sim
+        # each chip's program is profiled as a program of its own
+        sims.update({f"{name}@chip{chip}" if name in systems else name: chip_sim for chip, chip_sim in sim.chips})
     report = {"dtype": compiled.dtype, "predicted_cycles": 0, "simulated_cycles": 0, "microseconds": 0.0,
               "units": {}, "layers": [], "programs": {}}
     weighted = capacity = 0.0

@@ -2,8 +2,10 @@
 
 Each :class:`RelaxOp` row says how the partitioner matches a Relax op (its
 single-op pattern ``lpx.<name>``), which of its attributes lpx implements (an op
-whose attributes lpx does not implement stays on the host), whether it has an
-int8 kernel, and how lowering turns it into LPX operator-graph nodes. The
+whose attributes lpx does not implement stays on the host), and how lowering
+turns it into LPX operator-graph nodes. Under ``dtype="int8"`` every row runs on
+lpx: an op with no int8 kernel (softmax, layer norm, GELU) runs in float between
+its QDQ model's dequantise and quantise, as the model defines it. The
 patterns (``lpx_tvm.patterns``) and the lowering (:mod:`.lower`) both read it.
 
 A :class:`RelaxPattern` row is a multi-op idiom the importer writes out (ONNX
@@ -87,8 +89,6 @@ class RelaxOp:
         Operands of its single-op pattern (wildcards).
     unsupported : callable, optional
         ``(call) -> str | None``: why lpx cannot run this call's attributes, or None.
-    int8 : bool
-        It has an int8 kernel; with ``dtype="int8"`` an op without one stays on the host.
     weights : tuple of int
         Operand positions that must be weights (constants, or integers a QDQ model dequantises).
     """
@@ -97,7 +97,6 @@ class RelaxOp:
     lower: Callable
     arity: int = 1
     unsupported: Callable | None = None
-    int8: bool = True
     weights: tuple = ()
 
     @property
@@ -118,7 +117,6 @@ class RelaxPattern:
     build: Callable
     matches: Callable
     lower: Callable
-    int8: bool = True
 
 
 # ---------------------------------------------------------------------------
@@ -394,11 +392,11 @@ RELAX_OPS = {row.op: row for row in [
     RelaxOp("nn.relu", elementwise(Opcode.RELU)),
     RelaxOp("nn.leakyrelu", elementwise(Opcode.LEAKY_RELU, attrs_of=lambda call: {"alpha": float(call.attrs.alpha)})),
     RelaxOp("clip", elementwise(Opcode.CLIP, attrs_of=_clip_attrs), 3, _clip_unsupported),
-    RelaxOp("nn.gelu", elementwise(Opcode.GELU), int8=False),
-    RelaxOp("exp", elementwise(Opcode.EXP, np.exp), int8=False),
-    RelaxOp("erf", elementwise(Opcode.ERF), int8=False),
-    RelaxOp("tanh", elementwise(Opcode.TANH, np.tanh), int8=False),
-    RelaxOp("sigmoid", elementwise(Opcode.SIGMOID), int8=False),
+    RelaxOp("nn.gelu", elementwise(Opcode.GELU)),
+    RelaxOp("exp", elementwise(Opcode.EXP, np.exp)),
+    RelaxOp("erf", elementwise(Opcode.ERF)),
+    RelaxOp("tanh", elementwise(Opcode.TANH, np.tanh)),
+    RelaxOp("sigmoid", elementwise(Opcode.SIGMOID)),
     RelaxOp("sqrt", elementwise(Opcode.SQRT, np.sqrt)),
     RelaxOp("rsqrt", elementwise(Opcode.RSQRT, lambda x: 1 / np.sqrt(x))),
     RelaxOp("negative", elementwise(Opcode.NEG, np.negative)),
@@ -409,8 +407,8 @@ RELAX_OPS = {row.op: row for row in [
     RelaxOp("mean", _reduce(Opcode.REDUCE_MEAN)),
     RelaxOp("sum", _reduce(Opcode.REDUCE_SUM)),
     RelaxOp("max", _reduce(Opcode.REDUCE_MAX)),
-    RelaxOp("nn.softmax", _softmax, int8=False),
-    RelaxOp("nn.layer_norm", _layer_norm, 3, _layer_norm_unsupported, int8=False),
+    RelaxOp("nn.softmax", _softmax),
+    RelaxOp("nn.layer_norm", _layer_norm, 3, _layer_norm_unsupported),
     RelaxOp("reshape", _reshape, 2),
     RelaxOp("flatten", _reshape),
     RelaxOp("squeeze", _reshape),

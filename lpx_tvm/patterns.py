@@ -34,10 +34,6 @@ class CapacityWarning(UserWarning):
     """An operator too large for SRAM falls back to the host."""
 
 
-class Int8FallbackWarning(UserWarning):
-    """With dtype="int8", an operator lpx has no int8 kernel for runs on the host."""
-
-
 class PartitionWarning(UserWarning):
     """TVM could not merge the offloaded regions; each offloaded op becomes its own lpx function."""
 
@@ -176,11 +172,6 @@ def _make_check(config, dtype: str = "fp32", idiom=None):
         for call in calls:
             if _why_not(call, resolve) is not None:
                 return False
-            name = call.op.name.removeprefix("relax.")
-            if dtype == "int8" and not RELAX_OPS[name].int8 and not (idiom and idiom.int8):
-                warnings.warn(f"lpx int8: {name} has no int8 kernel on lpx; it runs on the host in the model's "
-                              "own dtype", Int8FallbackWarning, stacklevel=2)
-                return False
         # one operator's working set (weights, inputs, output, im2col scratch) must fit in SRAM
         # weight preparation (dequantise, transpose a constant) folds away when lowered: no SRAM of its own
         calls = [c for c in calls if not _folds_to_constant(c, resolve)] or calls[:1]
@@ -220,7 +211,8 @@ def pattern_table(config: str = DEFAULT_CONFIG, dtype: str = "fp32") -> list:
     config : str
         Chip preset whose SRAM size bounds what a check function accepts.
     dtype : str
-        Storage type on lpx; with ``"int8"`` ops without an int8 kernel stay on the host.
+        Storage type on lpx; with ``"int8"`` an op without an int8 kernel runs in float between its
+        dequantise and quantise.
     """
     chip = load_config(config)
     check = _make_check(chip, dtype)

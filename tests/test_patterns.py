@@ -7,7 +7,7 @@ from onnx import helper, numpy_helper
 from tvm import relax
 
 import lpx_tvm
-from lpx_tvm.patterns import CapacityWarning, Int8FallbackWarning
+from lpx_tvm.patterns import CapacityWarning
 from conftest import make_model, tensor_info, weights
 
 
@@ -100,14 +100,13 @@ def test_an_operator_too_big_for_sram_stays_on_the_host_with_a_warning():
     assert host == ["nn.relu"] and not lpx
 
 
-def test_int8_ops_without_an_int8_kernel_stay_on_the_host(rng):
+def test_int8_ops_without_an_int8_kernel_run_on_lpx_in_float(rng):
     model = make_model([helper.make_node("Gemm", ["x", "w"], ["h"], transB=1),
                         helper.make_node("Softmax", ["h"], ["y"], axis=-1)],
                        [tensor_info("x", [4, 16])], [tensor_info("y", [4, 8])], [weights(rng, "w", (8, 16))])
     qdq = lpx_tvm.quantize(model, [{"x": rng.standard_normal((4, 16)).astype(np.float32)}])
-    with pytest.warns(Int8FallbackWarning, match="softmax has no int8 kernel"):
-        lpx, host, _ = partition(qdq, dtype="int8")
-    assert "nn.softmax" in host and "matmul" in lpx
+    lpx, host, _ = partition(qdq, dtype="int8")
+    assert "nn.softmax" in lpx and "matmul" in lpx and not host
 
 
 def test_one_dimensional_matmul_operands_offload(rng):

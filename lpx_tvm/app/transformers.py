@@ -78,10 +78,11 @@ class _Builder:
         tokens = self.op("Gather", [table, "input_ids"], axis=0)
         return self.op("Add", [tokens, self.weight((1, seq, hidden), 0.1)])
 
-    def model(self, output: str, seq: int, out_shape, name: str) -> onnx.ModelProto:
+    def model(self, output: str, seq: int, out_shape, name: str, given=None) -> onnx.ModelProto:
+        """The graph as a model: its input the token ids, or ``given`` (a value info) where it starts later."""
         self.nodes.append(helper.make_node("Identity", [output], ["output"]))
-        graph = helper.make_graph(self.nodes, name,
-                                  [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])],
+        given = given or helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])
+        graph = helper.make_graph(self.nodes, name, [given],
                                   [helper.make_tensor_value_info("output", TensorProto.FLOAT, out_shape)],
                                   self.inits)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -96,6 +97,18 @@ def bert_encoder(layers: int = 2, hidden: int = 256, heads: int = 4, seq: int = 
         x = b.layer_norm(b.op("Add", [x, b.attention(x, seq, hidden, heads, causal=False)]), hidden)
         x = b.layer_norm(b.op("Add", [x, b.mlp(x, hidden)]), hidden)
     return b.model(x, seq, [1, seq, hidden], "bert_encoder")
+
+
+def bert_base(layers: int = 12, hidden: int = 768, heads: int = 12, seq: int = 128, seed: int = 0) -> onnx.ModelProto:
+    """BERT-base's encoder layers (12 × hidden 768, 12 heads, FFN 3072, erf GELU, LayerNormalization), from the
+    embedded hidden state (``hidden_states`` ``[1, seq, hidden]``) to the last layer's."""
+    b = _Builder(seed)
+    x = "hidden_states"
+    for _ in range(layers):
+        x = b.layer_norm(b.op("Add", [x, b.attention(x, seq, hidden, heads, causal=False)]), hidden)
+        x = b.layer_norm(b.op("Add", [x, b.mlp(x, hidden)]), hidden)
+    given = helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [1, seq, hidden])
+    return b.model(x, seq, [1, seq, hidden], "bert_base", given)
 
 
 def gpt2_decoder(layers: int = 2, hidden: int = 256, heads: int = 4, seq: int = 64, vocab: int = 1000,

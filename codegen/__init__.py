@@ -12,11 +12,11 @@ import hashlib
 
 from ..runtime_sim import Program
 from ..runtime_sim.program import SramPlan
-from .alloc import CapacityError, resident_bytes
+from .alloc import CapacityError, activation_peak, resident_bytes
 from .graph import Graph
 from .options import DEFAULT_CONFIG, DTYPES, CodegenOptions
 from .parallel import SystemCompileError, compile_system
-from .stages import Compilation, Int8CoverageWarning, graph_stage, run_stages, stages
+from .stages import Compilation, Int8CoverageWarning, budgets, graph_stage, run_stages, stages
 
 
 def _content_hash(func) -> int:
@@ -29,9 +29,10 @@ def compile_model(functions: dict, options: CodegenOptions | None = None, state_
     """Compile every lpx function of one model, with one SRAM plan for the chip they share.
 
     Each program's resident weights get a range of their own, one after the
-    other; the activations of all of them go above. When the weights together
-    exceed the budget (half of SRAM), each program's share of it is in
-    proportion to its weights and the largest of its weights stream instead.
+    other; the activations of all of them go above. Every weight stays resident
+    that fits beside the activations' peak; when the weights together exceed
+    that, each program's share of what is left is in proportion to its weights
+    and the largest of its weights stream instead.
 
     Parameters
     ----------
@@ -57,12 +58,18 @@ def compile_model(functions: dict, options: CodegenOptions | None = None, state_
     weights = {name: sum(t.nbytes for k, t in enumerate(c.graph.tensors) if c.graph.is_resident(k))
                for name, c in comps.items()}
     total = sum(weights.values())
-    for budget in [chip.sram_bytes // 2 >> k for k in range(4)] + [0]:
+    for c in comps.values():  # every weight resident first: what do the activations need beside them?
+        run_stages(c, "tile", "tile")
+    # the programs' activations share one region above every program's weights: the largest peak sets it
+    peak = max((activation_peak(c.graph, c.ops) for c in comps.values()), default=0)
+    for budget in budgets(chip.sram_bytes, peak):
         base = 0
         for name, c in comps.items():
-            c.resident_budget = budget * weights[name] // total if total > budget else None
+            share = budget * weights[name] // total if total > budget else None
+            if c.resident_budget != share:
+                c.resident_budget = share
+                run_stages(c, "tile", "tile")
             c.activation_base = None
-            run_stages(c, "tile", "tile")
             c.const_base = base
             base += resident_bytes(c.graph, c.ops)
         try:

@@ -82,18 +82,8 @@ def resident_bytes(g: Graph, ops: list) -> int:
     return sum(_align(g.tensors[b].nbytes) for b in bases if g.is_resident(b))
 
 
-def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activation_base: int | None = None) -> dict:
-    """SRAM address of every base tensor used by ``ops``.
-
-    Constants go from ``const_base`` up; activations from ``activation_base``
-    (default: right above the constants). A model's programs share one chip: each
-    gets its own constant range, and all put their activations above every one.
-
-    Returns
-    -------
-    dict
-        tensor id -> byte address, plus ``"high_water"``: the top of used SRAM.
-    """
+def _liveness(g: Graph, ops: list, const_base: int) -> tuple:
+    """Constants' addresses from ``const_base`` up, the top of them, and each activation's first and last op."""
     addr, cursor = {}, _align(const_base)
     first, last = {}, {}
     for i, op in enumerate(ops):
@@ -108,6 +98,29 @@ def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activ
                 continue
             first.setdefault(base, i)
             last[base] = i
+    return addr, cursor, first, last
+
+
+def activation_peak(g: Graph, ops: list) -> int:
+    """The most activation bytes ``ops`` hold live at once (aligned, by program order): what SRAM must leave
+    free beside the weights."""
+    _, _, first, last = _liveness(g, ops, 0)
+    return _peak_live(g, first, last, len(ops))
+
+
+def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activation_base: int | None = None) -> dict:
+    """SRAM address of every base tensor used by ``ops``.
+
+    Constants go from ``const_base`` up; activations from ``activation_base``
+    (default: right above the constants). A model's programs share one chip: each
+    gets its own constant range, and all put their activations above every one.
+
+    Returns
+    -------
+    dict
+        tensor id -> byte address, plus ``"high_water"``: the top of used SRAM.
+    """
+    addr, cursor, first, last = _liveness(g, ops, const_base)
     if activation_base is not None:
         if cursor > activation_base:
             raise CapacityError(f"weights need {cursor - const_base} bytes, more than the plan's "

@@ -26,7 +26,7 @@ from pathlib import Path
 from ..runtime_sim import ChipConfig, Opcode, Program, disassemble
 from ..runtime_sim.program import SramPlan
 from ..runtime_sim.timing import occupancy
-from .alloc import CapacityError, allocate
+from .alloc import CapacityError, activation_peak, allocate
 from .emit import emit, resolve
 from .fuse import fuse_epilogues
 from .graph import Graph
@@ -107,8 +107,17 @@ def _tile(c: Compilation) -> None:
     c.ops = tile(c.graph, c.chip, resident_budget=c.resident_budget)
 
 
+def budgets(sram_bytes: int, peak: int) -> list:
+    """Resident-weight budgets to try, the most resident first: every byte the activations' peak leaves free
+    (and twice the peak, for what the allocator cannot pack), then halves of SRAM, down to streaming every
+    weight that can stream (0)."""
+    tries = [sram_bytes - peak, sram_bytes - 2 * peak] + [sram_bytes // 2 >> k for k in range(4)] + [0]
+    return sorted({max(b, 0) for b in tries}, reverse=True)
+
+
 def _alloc(c: Compilation) -> None:
-    """Allocate; when activations do not fit beside the weights, stream more weights (re-tile) and retry.
+    """Allocate; when the activations do not fit beside the weights, stream more weights (re-tile) and retry,
+    from what the activations need down (:func:`budgets`).
 
     Within a model's SRAM plan (``activation_base`` set) the weights' ranges are
     fixed: a failure goes back to :func:`compile_model`, which re-plans. An SPMD
@@ -121,17 +130,17 @@ def _alloc(c: Compilation) -> None:
     if c.activation_base is not None:
         c.addr = allocate(c.graph, c.ops, c.chip, c.const_base, c.activation_base)
         return
-    chip = c.chip
-    first = c.resident_budget if c.resident_budget is not None else chip.sram_bytes // 2
-    for budget in [None] + [min(first, chip.sram_bytes // 4 >> k) for k in range(3)] + [0]:
-        if budget is not None:
+    chip, tiled = c.chip, c.resident_budget
+    lower = [b for b in budgets(chip.sram_bytes, activation_peak(c.graph, c.ops)) if tiled is None or b < tiled]
+    for budget in [tiled] + lower:
+        if budget != tiled:
             c.resident_budget = budget
             c.ops = tile(c.graph, chip, resident_budget=budget)
         try:
             c.addr = allocate(c.graph, c.ops, chip, c.const_base, c.activation_base)
             return
         except CapacityError:
-            if budget == 0:  # every weight that can stream does: final
+            if budget == (lower or [tiled])[-1]:  # every weight that can stream does: final
                 raise
 
 

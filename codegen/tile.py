@@ -8,8 +8,8 @@ convolution is one DWCONV on the vector unit instead, since expanding it by
 im2col costs k² times its input for a matrix-vector product per channel.
 Everything else is one instruction.
 
-Weights are resident, unless together they would take more than a budget (half
-of SRAM, less when the activations do not fit beside them): then the largest
+Weights are resident, unless together they would take more than a budget (what
+SRAM leaves beside the activations' peak): then the largest
 matrix-product weights stay in host memory and are streamed in column blocks
 (STREAM on the host link into a ring of buffers, so the next block streams while
 the current one computes) each time they are used. That is slow, bounded by
@@ -352,8 +352,9 @@ def _weights_to_stream(g: Graph, config: ChipConfig, resident_budget: int) -> di
 def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> list:
     """The tile ops of a graph, in program order.
 
-    ``resident_budget`` (default: half of SRAM) caps the bytes of resident
-    weights; the largest streamable weights beyond it are streamed.
+    ``resident_budget`` caps the bytes of resident weights; the largest
+    streamable weights beyond it are streamed. None: every weight is resident
+    (the stages choose a budget from what the activations need, :func:`.stages.budgets`).
 
     Returns
     -------
@@ -365,8 +366,7 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
         if g.base(t) not in g.state:  # resident state is in SRAM already
             tiler.load(i, t)
     g.streamed = []
-    budget = config.sram_bytes // 2 if resident_budget is None else resident_budget
-    streamed = _weights_to_stream(g, config, budget)
+    streamed = {} if resident_budget is None else _weights_to_stream(g, config, resident_budget)
     for i, node in enumerate(g.nodes):
         if node.kind in ("conv2d", "qconv2d"):
             tiler.conv2d(node)

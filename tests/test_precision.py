@@ -120,22 +120,22 @@ def test_int8_of_a_float_model_is_a_clear_error():
         lpx_tvm.compile(mlp_model(), config="tiny", dtype="int8")
 
 
-def test_int8_weight_bigger_than_half_of_sram_streams_as_int8(rng):
+def test_int8_weight_bigger_than_sram_streams_as_int8(rng):
     from onnx import helper
 
     from conftest import make_model, ort_run, tensor_info, weights
 
-    # 1024 x 2304 int8 = 2.25 MiB, more than half of the tiny chip's 4 MiB: streamed, still int8
+    # 1024 x 4608 int8 = 4.5 MiB, more than the tiny chip's 4 MiB of SRAM: streamed, still int8
     model = make_model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)],
-                       [tensor_info("x", [1, 2304])], [tensor_info("y", [1, 1024])],
-                       [weights(rng, "w", (1024, 2304), 0.02), weights(rng, "b", (1024,), 0.1)])
-    qdq = lpx_tvm.quantize(model, [{"x": rng.standard_normal((1, 2304)).astype(np.float32)} for _ in range(2)])
+                       [tensor_info("x", [1, 4608])], [tensor_info("y", [1, 1024])],
+                       [weights(rng, "w", (1024, 4608), 0.02), weights(rng, "b", (1024,), 0.1)])
+    qdq = lpx_tvm.quantize(model, [{"x": rng.standard_normal((1, 4608)).astype(np.float32)} for _ in range(2)])
     compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
     (program,) = (decode(blob) for blob in compiled.programs.values())
     assert any(i.opcode == Opcode.STREAM for i in program.instructions)
     assert {w.host.dtype for w in program.streamed} == {DType.I8}
     assert len(_int8_programs(compiled)) >= 2
-    x = rng.standard_normal((1, 2304)).astype(np.float32)
+    x = rng.standard_normal((1, 4608)).astype(np.float32)
     out, ref = compiled(x)[0], ort_run(qdq, {"x": x})[0]
     from lpx_tvm.app.zoo import output_step
 

@@ -52,3 +52,34 @@ def test_a_chip_refuses_overlapping_weights_of_two_programs(programs):
     with pytest.raises(ProgramFormatError, match="overlap another program's"):
         chip.load(shifted, check_schedule=False)
     assert chip.sram.size == first.plan.sram_bytes < 4 << 20  # the plan's need, not the chip's 4 MiB
+
+
+@pytest.mark.parametrize("columns, streams", [(31760, False), (31760 + 32, True)])
+def test_weights_stay_resident_up_to_what_the_activations_leave_free(columns, streams):
+    """y = x @ W on the tiny chip (4,194,304 bytes of SRAM; K = 32 is one row tile, so no partial sums):
+    the activations' peak is x and y live together, 32·4 + 4·N bytes. At N = 31,760 the weight's 128·N =
+    4,065,280 bytes and the peak's 127,168 make 4,192,448: it stays resident (half of SRAM, the old cap,
+    would have streamed it). One column tile more (N = 31,792: 4,069,376 + 127,296 = 4,196,672) does not fit
+    and the weight streams."""
+    from onnx import helper
+
+    from conftest import make_model, run_on_lpx, tensor_info, weights
+    from lpx_tvm.runtime_sim import Opcode
+
+    rng = np.random.default_rng(7)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [1, 32])],
+                       [tensor_info("y", [1, columns])], [weights(rng, "w", (32, columns), 0.1)])
+    compiled = lpx_tvm.compile(model, config="tiny")
+    (program,) = (decode(blob) for blob in compiled.programs.values())
+    assert bool(program.streamed) == streams
+    assert any(i.opcode == Opcode.STREAM for i in program.instructions) == streams
+    assert sum(c.ref.nbytes for c in program.constants) == (0 if streams else 32 * columns * 4)
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    (out,) = run_on_lpx(compiled, [x])
+    np.testing.assert_allclose(out, x @ numpy_weight(model), rtol=1e-5, atol=1e-5)
+
+
+def numpy_weight(model):
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(model.graph.initializer[0])

@@ -456,6 +456,46 @@ def _hard_swish_matches(calls) -> bool:
         return False
 
 
+def _gelu_pattern():
+    """x · 0.5 · (1 + erf(x / √2)), as PyTorch's exporter (and Hugging Face's BERT) writes the erf GELU; the
+    division may be a product by 1/√2, and either multiplication and the addition may have their operands
+    either way round."""
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    def either(op, a, b):
+        return is_op(op)(a, b) | is_op(op)(b, a)
+
+    x = wildcard()
+    scaled = is_op("relax.divide")(x, is_const()) | either("relax.multiply", x, is_const())
+    one_plus = either("relax.add", is_op("relax.erf")(scaled), is_const())
+    return either("relax.multiply", either("relax.multiply", x, is_const()), one_plus)
+
+
+def _gelu_lower(lw, func, args, layer):
+    return lw.graph.add_node("GELU", args[:1], shape_of(func.body), dtype_of(func.body), layer)
+
+
+def _gelu_matches(calls) -> bool:
+    """The constants really are √2 (or a product by 1/√2), 1 and 0.5 (the pattern only says "a constant")."""
+    def constants(op):
+        found = []
+        for call in calls:
+            if call.op.name == op:
+                for arg in call.args:
+                    try:
+                        found.append(prim(arg))
+                    except LoweringError:
+                        pass
+        return sorted(found)
+    if sum(c.op.name == "relax.erf" for c in calls) != 1 or constants("relax.add") != [1.0]:
+        return False
+    divided, multiplied = constants("relax.divide"), constants("relax.multiply")
+    if divided:
+        return np.isclose(divided, [np.sqrt(2.0)], rtol=1e-6).all() and multiplied == [0.5]
+    return len(multiplied) == 2 and np.isclose(multiplied, [0.5, 1 / np.sqrt(2.0)], rtol=1e-6).all()
+
+
 RELAX_PATTERNS = {row.name: row for row in [
     RelaxPattern("lpx.hard_swish", _hard_swish_pattern, _hard_swish_matches, _hard_swish_lower),
+    RelaxPattern("lpx.gelu_erf", _gelu_pattern, _gelu_matches, _gelu_lower),
 ]}

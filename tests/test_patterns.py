@@ -8,7 +8,7 @@ from tvm import relax
 
 import lpx_tvm
 from lpx_tvm.patterns import CapacityWarning
-from conftest import make_model, tensor_info, weights
+from conftest import make_model, ort_run, tensor_info, weights
 
 
 def _ops(func) -> list:
@@ -68,6 +68,34 @@ def test_a_hard_swish_lookalike_with_other_constants_is_not_the_idiom(rng):
                        [tensor_info("x", [2, 8])], [tensor_info("y", None)], [three, six, lo, hi])
     _, host, composites = partition(model)
     assert "lpx.hard_swish" not in composites and not host
+
+
+def _erf_gelu(divide_by: float | None, half: float = 0.5, scale: float = 1 / np.sqrt(2)):
+    """x · half · (1 + erf(x / divide_by)), or with ``divide_by=None`` erf(x · scale)."""
+    consts = [numpy_helper.from_array(np.float32(v), n) for v, n in ((half, "half"), (1.0, "one"),
+                                                                     (divide_by or scale, "k"))]
+    scaled = helper.make_node("Div" if divide_by else "Mul", ["x", "k"], ["s"])
+    return make_model([scaled, helper.make_node("Erf", ["s"], ["e"]), helper.make_node("Add", ["e", "one"], ["p"]),
+                       helper.make_node("Mul", ["x", "half"], ["h"]), helper.make_node("Mul", ["h", "p"], ["y"])],
+                      [tensor_info("x", [2, 8])], [tensor_info("y", None)], consts)
+
+
+@pytest.mark.parametrize("divide_by", [np.sqrt(2), None])
+def test_the_erf_gelu_as_exporters_write_it_is_one_operator(divide_by, rng):
+    model = _erf_gelu(divide_by)
+    lpx, host, composites = partition(model)
+    assert composites == ["lpx.gelu_erf"] and not host
+    x = rng.standard_normal((2, 8)).astype(np.float32) * 3
+    compiled = lpx_tvm.compile(model, config="tiny")
+    (program,) = (lpx_tvm.runtime_sim.decode(b) for b in compiled.programs.values())
+    assert [i.opcode.name for i in program.instructions if i.unit.name == "VXM"] == ["GELU"]
+    np.testing.assert_allclose(compiled(x)[0], ort_run(model, {"x": x})[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("divide_by, half", [(2.0, 0.5), (np.sqrt(2), 0.25)])
+def test_an_erf_gelu_lookalike_with_other_constants_is_not_the_idiom(divide_by, half):
+    _, host, composites = partition(_erf_gelu(divide_by, half))
+    assert "lpx.gelu_erf" not in composites and not host
 
 
 def test_batch_norm_in_training_mode_stays_on_the_host():

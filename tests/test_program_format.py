@@ -66,9 +66,9 @@ def test_streamed_weights_round_trip_and_are_checked(rng):
     from conftest import make_model, tensor_info, weights
     from lpx_tvm.runtime_sim import Opcode, validate
 
-    # a 2.5 MB weight is more than half of the tiny chip's 4 MiB SRAM: it is streamed, not resident
-    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [1, 640])],
-                       [tensor_info("y", [1, 1024])], [weights(rng, "w", (640, 1024), 0.05)])
+    # a 4.4 MB weight is more than the tiny chip's 4 MiB of SRAM: it is streamed, not resident
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [1, 1088])],
+                       [tensor_info("y", [1, 1024])], [weights(rng, "w", (1088, 1024), 0.05)])
     (blob,) = lpx_tvm.compile(model, config="tiny").programs.values()
     program = decode(blob)
     assert program.streamed and any(i.opcode == Opcode.STREAM for i in program.instructions)

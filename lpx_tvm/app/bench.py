@@ -100,23 +100,45 @@ def bench_table(records: list) -> str:
 
 
 SCHEDULE_DTYPES = ("int8", "fp16", "fp32")
+# the schedule table's workloads: (model, dtypes); bert_base is BERT-base's 12 layers at sequence 128
+SCHEDULE_WORKLOADS = (("resnet50", SCHEDULE_DTYPES), ("bert_base", ("fp16", "int8")))
+
+
+def _workload(model: str, dtype: str):
+    """``(ONNX model, input shapes)`` of a schedule-table row: a zoo model, or BERT-base (int8: quantised by
+    ONNX Runtime's quantiser on two seeded calibration inputs)."""
+    from .. import quantize
+    from .zoo import ZOO, quantized_for_zoo
+
+    if model != "bert_base":
+        entry = ZOO[model]
+        float_model = entry.load()
+        return (quantized_for_zoo(entry, float_model) if dtype == "int8" else float_model), entry.input_shapes
+    import numpy as np
+
+    from .transformers import bert_base
+
+    float_model = bert_base()
+    if dtype != "int8":
+        return float_model, None
+    rng = np.random.default_rng(0)
+    calibration = [{"hidden_states": rng.standard_normal((1, 128, 768)).astype(np.float32)} for _ in range(2)]
+    return quantize(float_model, calibration_inputs=calibration), None
 
 
 def schedule_bench(model: str = "resnet50", config: str = "tsp", dtypes=SCHEDULE_DTYPES) -> list:
-    """How well the static schedule uses the chip, per dtype: cycles, µs, useful-MAC utilisation, plane shares.
+    """How well the static schedule uses the chip, per dtype: cycles, µs, useful-MAC utilisation, plane shares,
+    the number of lpx programs and of ops left on the host.
 
     Useful-MAC utilisation is MACs ÷ (peak MACs per cycle at the dtype × cycles);
     each plane's share is the fraction of the cycles its array streamed.
     """
     from .. import compile as lpx_compile
-    from .zoo import ZOO, quantized_for_zoo
 
-    entry = ZOO[model]
-    float_model = entry.load()
     records = []
     for dtype in dtypes:
-        source = quantized_for_zoo(entry, float_model) if dtype == "int8" else float_model
-        compiled = lpx_compile(source, config=config, input_shapes=entry.input_shapes, dtype=dtype)
+        source, shapes = _workload(model, dtype)
+        compiled = lpx_compile(source, config=config, input_shapes=shapes, dtype=dtype)
         stats = [sim.stats for sim in compiled.simulators.values()]
         cycles = sum(s.cycles for s in stats)
         planes = [sum(s.plane_busy[p] for s in stats) / cycles for p in range(len(stats[0].plane_busy))]
@@ -124,8 +146,11 @@ def schedule_bench(model: str = "resnet50", config: str = "tsp", dtypes=SCHEDULE
         records.append({"model": model, "dtype": dtype, "config": config, "cycles": cycles,
                         "microseconds": sum(s.microseconds for s in stats), "macs": sum(s.macs for s in stats),
                         "mac_utilisation": weighted / sum(s.planes * s.array_macs * s.cycles for s in stats),
-                        "plane_busy_share": planes, "instructions": sum(len(sim.program.instructions)
-                                                                       for sim in compiled.simulators.values())})
+                        "plane_busy_share": planes, "programs": len(stats),
+                        "host_ops": sum(compiled.report.host_ops.values()),
+                        "streamed_weights": sum(len(sim.program.streamed) for sim in compiled.simulators.values()),
+                        "instructions": sum(len(sim.program.instructions)
+                                            for sim in compiled.simulators.values())})
     return records
 
 
@@ -133,6 +158,7 @@ def schedule_table(records: list) -> str:
     from tabulate import tabulate
 
     rows = [[r["model"], r["dtype"], r["cycles"], f"{r['microseconds']:.1f}", f"{100 * r['mac_utilisation']:.1f}",
-             " ".join(f"{100 * p:.0f}" for p in r["plane_busy_share"]), r["instructions"]] for r in records]
+             " ".join(f"{100 * p:.0f}" for p in r["plane_busy_share"]), r["programs"], r["host_ops"],
+             r["streamed_weights"], r["instructions"]] for r in records]
     return tabulate(rows, headers=["model", "dtype", "cycles", "µs", "useful-MAC util %", "plane busy %",
-                                   "instructions"], tablefmt="github")
+                                   "programs", "host ops", "streamed weights", "instructions"], tablefmt="github")

@@ -167,15 +167,14 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench_table, run_bench
+    from .bench import SCHEDULE_WORKLOADS, bench_table, run_bench, schedule_bench, schedule_table
     from .zoo import check_names
-
-    from .bench import schedule_bench, schedule_table
 
     records = run_bench(check_names(args.models), args.repeat)
     print(bench_table(records))
-    schedule = schedule_bench()
-    print("\nResNet-50 on tsp, the static schedule:\n" + schedule_table(schedule))
+    schedule = [row for model, dtypes in SCHEDULE_WORKLOADS for row in schedule_bench(model, dtypes=dtypes)]
+    print("\nOn tsp, the static schedule (bert_base: BERT-base's 12 layers at sequence 128):\n"
+          + schedule_table(schedule))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"speed": records, "schedule": schedule}, fh, indent=1)

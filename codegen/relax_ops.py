@@ -408,7 +408,7 @@ RELAX_OPS = {row.op: row for row in [
     RelaxOp("sum", _reduce(Opcode.REDUCE_SUM)),
     RelaxOp("max", _reduce(Opcode.REDUCE_MAX)),
     RelaxOp("nn.softmax", _softmax),
-    RelaxOp("nn.layer_norm", _layer_norm, 3, _layer_norm_unsupported),
+    RelaxOp("nn.layer_norm", _layer_norm, 3, _layer_norm_unsupported, weights=(1, 2)),
     RelaxOp("reshape", _reshape, 2),
     RelaxOp("flatten", _reshape),
     RelaxOp("squeeze", _reshape),

@@ -156,7 +156,8 @@ def test_host_helpers():
     c = TINY
     cos, sin = L.rope_tables(c, [0, 3])
     assert cos.shape == sin.shape == (2, 16) and cos.dtype == np.float32
-    np.testing.assert_array_equal(cos[0], 1) and np.testing.assert_array_equal(sin[0], 0)
+    np.testing.assert_array_equal(cos[0], 1)
+    np.testing.assert_array_equal(sin[0], 0)
     np.testing.assert_allclose(cos[1, [0, 8]], np.cos(3.0), rtol=1e-6)  # frequency 1, repeated in both halves
     np.testing.assert_allclose(sin[1, [7, 15]], np.sin(3.0 / 10000 ** (14 / 16)), rtol=1e-5)
     mask = L.decode_mask(c, 5)

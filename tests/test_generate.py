@@ -43,10 +43,14 @@ def test_greedy_decode_on_two_chips_equals_onnx_runtime_and_charges_the_kv_write
     assert sum(link["bytes"] for link in report["links"]) > 0
 
 
-def test_the_generate_command(capsys):
-    assert main(["generate", "llama-tiny", "--tokens", "2", "--system", "tiny-2", "--parallel", "tensor"]) == 0
+@pytest.mark.parametrize("flags, where", [([], "single chip"), (["--system", "tiny-2"], "pipeline"),
+                                          (["--system", "tiny-2", "--parallel", "tensor"], "tensor")])
+def test_the_generate_command(capsys, flags, where):
+    """With no flags it runs on one chip, and --system alone pipelines (both failed: --parallel was passed on as
+    None, "parallel=None needs a system of chips" and "parallel must be one of ..., got None")."""
+    assert main(["generate", "llama-tiny", "--tokens", "2", "--config", "tiny"] + flags) == 0
     out = capsys.readouterr().out
-    assert "every token equal to ONNX Runtime" in out and "tokens/s per user" in out
+    assert "every token equal to ONNX Runtime" in out and "tokens/s per user" in out and f"({where}, fp32)" in out
 
 
 def test_gpt2_small_sized_decoder_does_not_fit_one_tsp_chip():

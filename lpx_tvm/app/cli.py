@@ -202,7 +202,7 @@ def cmd_sweep(args) -> int:
 def cmd_generate(args) -> int:
     from .generate import generate, table, write_json
 
-    report = generate(args.model, tokens=args.tokens, system=args.system, parallel=args.parallel,
+    report = generate(args.model, tokens=args.tokens, system=args.system, parallel=args.parallel or "pipeline",
                       config=args.config, chips=args.chips, dtype=args.dtype, prompt_len=args.prompt_len,
                       progress=lambda text: print(text, file=sys.stderr, flush=True))
     print(table(report))

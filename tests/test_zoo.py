@@ -3,6 +3,7 @@
 import importlib.util
 import json
 
+import numpy as np
 import pytest
 
 from lpx_tvm.app.cli import main
@@ -42,3 +43,22 @@ def test_unknown_model_is_one_line_error(capsys):
     assert main(["zoo", "--models", "nonesuch"]) == 1
     err = capsys.readouterr().err.strip()
     assert "unknown zoo models" in err and len(err.splitlines()) == 1
+
+
+def test_seeded_inputs_are_what_each_input_is():
+    """Ids within the table they index (a vocabulary of 30), masks of ones, token types of zeros, positions
+    counting up: ids in 0-999 everywhere made ONNX Runtime fail on token types and gave masks of 0-999."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from lpx_tvm.app.zoo import seeded_inputs
+
+    table = numpy_helper.from_array(np.zeros((30, 4), np.float32), "table")
+    ints = lambda n: helper.make_tensor_value_info(n, TensorProto.INT64, [2, 5])
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "input_ids"], ["e"])], "g",
+                              [ints("input_ids"), ints("attention_mask"), ints("token_type_ids"), ints("position_ids")],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 5, 4])], [table])
+    feeds = seeded_inputs(helper.make_model(graph))
+    assert feeds["input_ids"].min() >= 0 and feeds["input_ids"].max() < 30 and feeds["input_ids"].dtype == np.int64
+    np.testing.assert_array_equal(feeds["attention_mask"], np.ones((2, 5)))
+    np.testing.assert_array_equal(feeds["token_type_ids"], np.zeros((2, 5)))
+    np.testing.assert_array_equal(feeds["position_ids"], [[0, 1, 2, 3, 4]] * 2)

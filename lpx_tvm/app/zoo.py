@@ -50,8 +50,23 @@ ZOO = {m.name: m for m in (
 DEFAULT_MODELS = tuple(ZOO)
 
 
+_INTEGER_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+
+
+def _index_rows(model: onnx.ModelProto, name: str) -> int | None:
+    """The rows of the constant table a Gather looks ``name`` up in (an embedding's vocabulary), or None."""
+    tables = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name and node.input[0] in tables:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            return tables[node.input[0]][axis]
+    return None
+
+
 def seeded_inputs(model: onnx.ModelProto, seed: int = 1) -> dict:
-    """Seeded inputs for every graph input (token ids for int64 inputs)."""
+    """Seeded inputs for every graph input, each as what it is: an attention mask of ones, token types of zeros,
+    position ids counting up, token ids within the rows of the table they index (0-999 where none is found),
+    and floats from a standard normal."""
     rng = np.random.default_rng(seed)
     feeds = {}
     init_names = {i.name for i in model.graph.initializer}
@@ -60,8 +75,17 @@ def seeded_inputs(model: onnx.ModelProto, seed: int = 1) -> dict:
             continue
         tt = inp.type.tensor_type
         shape = [d.dim_value for d in tt.shape.dim]
-        if tt.elem_type == onnx.TensorProto.INT64:
-            feeds[inp.name] = rng.integers(0, 1000, shape).astype(np.int64)
+        name = inp.name.lower()
+        if tt.elem_type == onnx.TensorProto.BOOL or (tt.elem_type in _INTEGER_TYPES and "mask" in name):
+            feeds[inp.name] = np.ones(shape, onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        elif tt.elem_type in _INTEGER_TYPES:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+            if "token_type" in name:
+                feeds[inp.name] = np.zeros(shape, dtype)
+            elif "position" in name and shape:
+                feeds[inp.name] = np.broadcast_to(np.arange(shape[-1]), shape).astype(dtype)
+            else:
+                feeds[inp.name] = rng.integers(0, _index_rows(model, inp.name) or 1000, shape).astype(dtype)
         else:
             feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
     return feeds

@@ -154,9 +154,10 @@ def _check_alike(leader: Compilation, c: Compilation) -> None:
     ports, theirs = {}, {}
     for k, (a, b) in enumerate(zip(leader.ops, c.ops)):
         link = a.opcode in (Opcode.SEND, Opcode.RECV)
+        operands = [(x.tensor, tuple(x.shape)) for x in a.srcs + a.dsts], [(y.tensor, tuple(y.shape))
+                                                                           for y in b.srcs + b.dsts]
         same = a.opcode == b.opcode and (link or a.unit_index == b.unit_index) and \
-            len(a.srcs) == len(b.srcs) and len(a.dsts) == len(b.dsts) and all(
-                (x.tensor, tuple(x.shape)) == (y.tensor, tuple(y.shape)) for x, y in zip(a.srcs + a.dsts, b.srcs + b.dsts))
+            len(a.srcs) == len(b.srcs) and operands[0] == operands[1]
         if same and link:
             same = ports.setdefault(a.unit_index, b.unit_index) == b.unit_index and \
                 theirs.setdefault(b.unit_index, a.unit_index) == a.unit_index

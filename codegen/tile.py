@@ -219,8 +219,8 @@ class _Tiler:
 
         A row-split product's partial sums arrive with their columns rotated by the rank (their block ``j``
         is block ``rank + j``), so every chip touches the same addresses at the same step; others (an
-        expert's, ``rotated=False``) are in place, and the one schedule honours every rank's addresses. Reduce-scatter: at step ``s``
-        each chip sends block ``rank - s + 1``, receives the previous chip's block ``rank - s`` into the output
+        expert's, ``rotated=False``) are in place, and the one schedule honours every rank's addresses.
+        Reduce-scatter: at step ``s`` each chip sends block ``rank - s + 1``, receives the previous chip's block ``rank - s`` into the output
         (as scratch: the all-gather overwrites it) and adds it into its own. After ``ranks - 1`` steps block
         ``rank + 1`` holds the whole sum; an all-gather then passes the summed blocks round, as
         :meth:`allgather` does."""
@@ -378,12 +378,10 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
             tiler.allreduce(node)
         elif node.kind == "narrow":
             tiler.narrow(node)
-        elif node.kind == "recv":
-            tiler.emit(Opcode.RECV, [], [whole(g, node.output)], {"peer": node.attrs["peer"], "tag": node.attrs["tag"]},
-                       node.layer, node.attrs["port"])
-        elif node.kind == "send":
-            tiler.emit(Opcode.SEND, [whole(g, node.inputs[0])], [], {"peer": node.attrs["peer"], "tag": node.attrs["tag"]},
-                       node.layer, node.attrs["port"])
+        elif node.kind in ("send", "recv"):  # a pipeline's transfer: one SEND or RECV of the whole tensor
+            link = {"peer": node.attrs["peer"], "tag": node.attrs["tag"]}
+            srcs, dsts = ([whole(g, node.inputs[0])], []) if node.kind == "send" else ([], [whole(g, node.output)])
+            tiler.emit(Opcode[node.kind.upper()], srcs, dsts, link, node.layer, node.attrs["port"])
         else:
             tiler.single(node)
     for i, t in enumerate(g.outputs):

@@ -142,7 +142,7 @@ def _signature(g: Graph, cone: list) -> tuple:
 def _clone_cone(part: Graph, g: Graph, cone: list, zero: bool) -> tuple:
     """Copies of a cone's nodes into ``part`` over new tensors (constants copied, or zeros); returns the nodes
     and the tensor the clone's last node makes."""
-    new = {}
+    new, made = {}, {g.nodes[i].output for i in cone}
 
     def clone(t: int) -> int:
         b = g.base(t)
@@ -165,7 +165,6 @@ def _clone_cone(part: Graph, g: Graph, cone: list, zero: bool) -> tuple:
             return t  # shared: every expert reads the same tensor
         return new[t]
 
-    made = {g.nodes[i].output for i in cone}
     nodes = [Node(g.nodes[i].kind, [clone(x) for x in g.nodes[i].inputs], clone(g.nodes[i].output),
                   dict(g.nodes[i].attrs), g.nodes[i].layer) for i in cone]
     return nodes, nodes[-1].output

@@ -217,8 +217,8 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
     """Chip ``rank``'s graph. Products fed by column-split products through ops that keep a split axis whole
     per chip split by rows and sum their partial results in one ring all-reduce (:func:`_row_split_regions`);
     every other splittable product computes its slice of output columns (channels) from its slice of the
-    weights, and an all-gather rebuilds the full tensor for what follows. ``regions``: :func:`_row_split_regions` of ``g`` (the same for
-    every rank). Returns (graph, all-gathers, all-reduces, {model output: the axis each chip stores its slice
+    weights, and an all-gather rebuilds the full tensor for what follows. ``regions``: :func:`_row_split_regions`
+    of ``g`` (the same for every rank). Returns (graph, all-gathers, all-reduces, {model output: the axis each chip stores its slice
     along}): a model output made as slices is stored so, not gathered."""
     part = copy.copy(g)
     part.tensors = list(g.tensors)

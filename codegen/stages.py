@@ -246,7 +246,7 @@ def stages(options) -> list:
     """The codegen stages for ``options``, in order: ``(name, run, describe)`` triples."""
     return [("lower", _lower, _describe_graph),
             ("fuse", _fuse, _describe_graph),
-            ("qfuse" if options.dtype == "int8" else "precision", _precision, _describe_graph),
+            (graph_stage(options), _precision, _describe_graph),
             ("tile", _tile, _describe_ops),
             ("alloc", _alloc, _describe_alloc),
             ("schedule", _schedule, _describe_schedule),

@@ -11,7 +11,7 @@ from :data:`STRATEGIES`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...runtime_sim import ChipConfig
 from ...runtime_sim.system import SystemConfig
@@ -39,7 +39,8 @@ class Part:
 @dataclass
 class Mapping:
     """A strategy's answer: the parts, where the model's host inputs and outputs go (as
-    :class:`~lpx_tvm.runtime_sim.system_sim.SystemProgram` names them), and what to say about it.
+    :class:`~lpx_tvm.runtime_sim.system_sim.SystemProgram` names them), what to say about it, and what to try
+    when a part does not fit its chip (``hint``).
 
     ``spmd``: the parts are ranks of one collective and run one schedule (the first part's), aligned at every
     transfer; otherwise the parts are compiled in order, each RECV pinned where its SEND's data arrives.
@@ -51,7 +52,7 @@ class Mapping:
     outputs: tuple
     notes: str
     spmd: bool = False
-    report: dict = field(default_factory=dict)
+    hint: str = ""
 
 
 @dataclass(frozen=True)

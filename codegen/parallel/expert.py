@@ -240,5 +240,4 @@ def split_experts(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, 
     padded = ranks * per_chip - count
     notes = (f"{count} experts over {ranks} chips {order}, {per_chip} a chip"
              + (f" ({padded} slots of zero weights)" if padded else "") + ", 1 all-reduce")
-    return Mapping("expert", parts, inputs, outputs, notes, spmd=True,
-                   report={"parallel": "expert", "chips": [{"chip": c} for c in order]})
+    return Mapping("expert", parts, inputs, outputs, notes, spmd=True)

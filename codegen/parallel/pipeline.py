@@ -197,11 +197,6 @@ def split_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
         for t, peer in stage.sent:
             tags[(t, stage.chip, peer)] = len(tags)
     parts = [Part(stage.chip, stage_graph(g, stage, system, tags), budget) for stage in stages]
-    report = [{"chip": stage.chip, "layers": len(stage.nodes), "first_layer": g.nodes[stage.nodes[0]].layer,
-               "weight_bytes": sum(g.tensors[t].nbytes
-                                   for t in set().union(*[node_weights(g, g.nodes[i]) for i in stage.nodes])),
-               "sent_bytes": sum(g.tensors[t].nbytes for t, _ in stage.sent)} for stage in stages]
     inputs = tuple(tuple((st.chip, st.inputs.index(t)) for st in stages if t in st.inputs) for t in g.inputs)
     outputs = tuple(next((st.chip, st.outputs.index(t)) for st in stages if t in st.outputs) for t in g.outputs)
-    return Mapping("pipeline", parts, inputs, outputs, f"{len(stages)} stages on chips {[st.chip for st in stages]}",
-                   report={"parallel": "pipeline", "stages": report})
+    return Mapping("pipeline", parts, inputs, outputs, f"{len(stages)} stages on chips {[st.chip for st in stages]}")

@@ -43,8 +43,6 @@ def compile_mapping(name: str, mapping: Mapping, options, system: SystemConfig) 
         for c in comps:
             _run(c, mapping, "tile", "emit")
     programs = tuple(c.program for c in comps)
-    for c, row in zip(comps, _report_rows(mapping)):
-        row.update(cycles=c.program.predicted_cycles, sram_high_water=c.addr["high_water"])
     return SystemProgram(system.name, system.digest, tuple(p.chip for p in mapping.parts), programs,
                          mapping.inputs, mapping.outputs, max(p.predicted_cycles for p in programs),
                          mapping.parallel, mapping.notes)
@@ -54,13 +52,8 @@ def _run(c: Compilation, mapping: Mapping, start: str, stop: str) -> None:
     try:
         run_stages(c, start, stop)
     except CapacityError as err:
-        hint = mapping.report.get("hint")
         raise SystemCompileError(f"{mapping.parallel} parallel does not fit chip {c.chip_id}: {err}"
-                                 + (f"; {hint}" if hint else "")) from None
+                                 + (f"; {mapping.hint}" if mapping.hint else "")) from None
     except LinkError as err:
         raise SystemCompileError(f"{mapping.parallel} parallel: {err}") from None
 
-
-def _report_rows(mapping: Mapping) -> list:
-    rows = mapping.report.get("stages") or mapping.report.get("chips") or []
-    return rows if len(rows) == len(mapping.parts) else [{} for _ in mapping.parts]

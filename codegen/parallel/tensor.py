@@ -30,7 +30,7 @@ from ...runtime_sim.isa import OP_TABLE, Group
 from ...runtime_sim.system import SystemConfig
 from ...runtime_sim.system_sim import axis_slice
 from ..graph import Graph, Node
-from .base import Mapping, Part, SystemCompileError, node_weights, ring, ring_ports, strategy
+from .base import Mapping, Part, SystemCompileError, ring, ring_ports, strategy
 
 
 def _splittable(g: Graph, node, ranks: int):
@@ -377,14 +377,11 @@ def split_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, c
     if not any(_splittable(g, node, ranks) for node in g.nodes):
         raise SystemCompileError(f"no matrix product of the model splits over {ranks} chips")
     regions = _row_split_regions(g, ranks)
-    parts, report = [], []
+    parts = []
     for rank, chip_id in enumerate(order):
         part, gathers, reduces, stored = tensor_graph(g, rank, ranks, ring_ports(system, order, rank), regions)
         kept = None if rank == 0 else tuple(k for k, t in enumerate(g.outputs) if t in stored)
         parts.append(Part(chip_id, part, stored=kept))
-        weights = {w for node in part.nodes for w in node_weights(part, node)}
-        report.append({"chip": chip_id, "all_gathers": gathers, "all_reduces": reduces,
-                       "weight_bytes": sum(part.tensors[t].nbytes for t in weights)})
     split_inputs = {t: region.axes[t] for region in regions.values() for t in region.inputs}
     split_outputs = [t for t in g.outputs if t in stored]
 
@@ -398,10 +395,9 @@ def split_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, c
                    else tuple((c, k) for c in order) for k, t in enumerate(g.inputs))
     outputs = tuple(pieces(t, stored[t], lambda rank, k=k, t=t: k if rank == 0 else split_outputs.index(t))
                     if t in stored else ((order[0], k),) for k, t in enumerate(g.outputs))
-    notes = (f"{ranks}-way tensor parallel on chips {order}, {report[0]['all_gathers']} all-gathers, "
-             f"{report[0]['all_reduces']} all-reduces")
-    return Mapping("tensor", parts, inputs, outputs, notes, spmd=True,
-                   report={"parallel": "tensor", "chips": report, "hint": _unsplit_weights(g, ranks)})
+    # every rank's graph is alike, so the last rank's counts are every rank's
+    notes = f"{ranks}-way tensor parallel on chips {order}, {gathers} all-gathers, {reduces} all-reduces"
+    return Mapping("tensor", parts, inputs, outputs, notes, spmd=True, hint=_unsplit_weights(g, ranks))
 
 
 def _unsplit_weights(g: Graph, ranks: int) -> str:

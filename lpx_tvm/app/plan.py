@@ -175,7 +175,7 @@ def _measure(graph, chip: ChipConfig) -> ShardCost | None:
     except CapacityError:
         return None
     stats = Simulator(program, chip, timing_only=True).stats
-    resident = sum(c.ref.nbytes for c in program.constants) + sum(r.nbytes for _, r in program.state)
+    resident = sum(const.ref.nbytes for const in program.constants) + sum(r.nbytes for _, r in program.state)
     bounds = {}
     for row in stats.layers:
         bounds[row["bound"]] = bounds.get(row["bound"], 0) + row["cycles"]

@@ -52,6 +52,7 @@ class Graph:
     quantized: dict = field(default_factory=dict)
     state: set = field(default_factory=set)  # inputs resident from call to call (a KV cache): never LOADed
     host_dtype: dict = field(default_factory=dict)  # input id -> the host's dtype where it differs (state)
+    host_quantized: dict = field(default_factory=dict)  # input id -> (scale, zero point): quantised on the host
 
     def is_resident(self, tid: int) -> bool:
         """A constant, or resident state: placed once, never freed, never written by the program."""

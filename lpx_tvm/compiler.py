@@ -269,6 +269,31 @@ def compile_programs(model, config: str | None = "tsp", input_shapes: dict | Non
         return compile_model(lpx_functions(partitioned), options), report
 
 
+def compile_stream(model, copies: int, config: str | None = "tsp", input_shapes: dict | None = None,
+                   dtype: str = "fp32"):
+    """A model that runs as one lpx program, compiled as ``copies`` back-to-back inferences in one static
+    schedule (:mod:`lpx_tvm.codegen.stream`): each next input's transfer overlaps the current compute.
+
+    Returns
+    -------
+    Program
+        ``copies`` inputs and outputs per model input and output, over one copy of the weights.
+    """
+    from .codegen.stream import stream_program
+
+    options, mod = _prepared(model, config, input_shapes, False, None, dtype, None, "pipeline", None)
+    with native_output_to_log("TVM"):
+        partitioned = partition_for_lpx(mod, options.config, dtype)
+        del mod
+        report = offload_report(partitioned)
+        functions = lpx_functions(partitioned)
+        if len(functions) != 1 or report.host_ops:
+            raise ValueError(f"a stream needs a model that runs as one lpx program with nothing on the host; this "
+                             f"one has {len(functions)} lpx programs and host ops {dict(report.host_ops) or 'none'}")
+        (function,) = functions.values()
+        return stream_program(function, options, copies)
+
+
 def _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips) -> tuple:
     """Options (a config object registered, so its programs load by name) and the imported module."""
     if config is None:

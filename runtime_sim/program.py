@@ -5,6 +5,7 @@ Layout (little endian)::
     header   magic b"LPXPROG\\0", then the container header of :mod:`.container`
     body     config name, config digest, SRAM plan (model id, bytes, activation base), predicted cycles
              layer names | host inputs | host outputs | instructions | constants | streamed weights | state
+             | host-quantised inputs
 
 Decoding verifies the header, the checksum, every opcode, every field range, every
 operand shape and every SRAM address against the chip config before it returns;
@@ -30,8 +31,8 @@ from .rules import (MAX_DIM, MAX_OPERAND_BYTES, ProgramFormatError, _check_ref, 
 
 MAGIC = b"LPXPROG\0"
 SYSTEM_MAGIC = b"LPXSYS\0\0"  # a system program (system_sim): the same header, one program per chip inside
-VERSION = 6  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
-# 6: resident state
+VERSION = 7  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
+# 6: resident state; 7: host-quantised inputs
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
 MAX_NAME = 4096
 
@@ -91,6 +92,10 @@ class Program:
     state : tuple of (int, TensorRef)
         Host inputs that stay resident in SRAM from call to call (a KV cache): input k lives at the ref, is
         zero at load, is never LOADed, and only the runtime writes it, between calls.
+    host_quantized : tuple of (int, float, int)
+        ``(input index, scale, zero point)``: the host quantises this fp32 input (ONNX QuantizeLinear) before
+        it crosses the link, so the link carries its integers. Its signature in ``inputs`` is the integer
+        tensor that crosses; the caller passes the fp32 tensor.
     """
 
     config_name: str
@@ -105,6 +110,7 @@ class Program:
     streamed: tuple = ()
     plan: "SramPlan" = None
     state: tuple = ()
+    host_quantized: tuple = ()
 
     def __post_init__(self):
         if self.plan is None:
@@ -136,6 +142,7 @@ _PARTS = (  # what each of a Program's tuples holds: (field, test, in words)
     ("streamed", lambda x: isinstance(x, StreamedWeight), "StreamedWeight"),
     ("state", lambda x: isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[1], TensorRef),
      "(input index, TensorRef)"),
+    ("host_quantized", lambda x: isinstance(x, (tuple, list)) and len(x) == 3, "(input index, scale, zero point)"),
 )
 
 
@@ -201,6 +208,9 @@ def _encode(program: Program, allocate):
     parts.append(struct.pack("<I", len(program.state)))
     for index, ref in program.state:
         parts.append(struct.pack("<I", index) + _pack_ref(ref))
+    parts.append(struct.pack("<I", len(program.host_quantized)))
+    for index, scale, zero_point in program.host_quantized:
+        parts.append(struct.pack("<Idi", index, scale, zero_point))
     # one buffer, written in place: weights are most of a program, and each copy of them costs their size
     sizes = [p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts]
     blob = allocate(HEADER.size + sum(sizes))
@@ -374,10 +384,12 @@ def _parse_body(r: _Reader, digest: bytes) -> Program:
     for _ in range(n_state):
         (index,) = r.unpack("I", "state input index")
         state.append((index, r.ref("state")))
+    n_quantized = r.count("host-quantised input count", 16)
+    quantized = tuple(r.unpack("Idi", "host-quantised input") for _ in range(n_quantized))
     if r.pos != len(r.buf):
-        raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the state")
+        raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the host-quantised inputs")
     return Program(config_name, config_digest, tuple(instructions), tuple(constants), sigs[0], sigs[1],
-                   layers, predicted, digest, tuple(streamed), plan, tuple(state))
+                   layers, predicted, digest, tuple(streamed), plan, tuple(state), quantized)
 
 
 def validate(program: Program, config: ChipConfig | str | None = None) -> ChipConfig:
@@ -414,6 +426,14 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
         # the chip may keep it in its storage type (fp16 for an fp32 input): the shape must match
         if not _is_count(index) or index >= len(program.inputs) or tuple(ref.shape) != tuple(program.inputs[index].shape):
             raise ProgramFormatError(f"state {ref} does not match input {index} of the program's signature")
+    for index, scale, zero_point in program.host_quantized:
+        if not _is_count(index) or index >= len(program.inputs) or index in dict(program.state) \
+                or program.inputs[index].dtype.np not in (np.dtype(np.int8), np.dtype(np.uint8)):
+            raise ProgramFormatError(f"host-quantised input {index} is not an int8/uint8 input of the program")
+        info = np.iinfo(program.inputs[index].dtype.np)
+        if not (isinstance(scale, float) and scale > 0 and not isinf(scale)) or not info.min <= zero_point <= info.max:
+            raise ProgramFormatError(f"host-quantised input {index}: scale {scale!r} must be a positive float and "
+                                     f"zero point {zero_point!r} in [{info.min}, {info.max}]")
     if not (_is_count(program.plan.sram_bytes) and _is_count(program.plan.activation_base)):
         raise ProgramFormatError(f"SRAM plan {program.plan} needs non-negative integer sizes")
     if program.plan.sram_bytes > chip.sram_bytes or program.plan.activation_base > chip.sram_bytes:
@@ -461,6 +481,8 @@ def disassemble(program: Program) -> str:
             f"predicted {program.predicted_cycles} cycles",
             "; inputs:  " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.inputs),
             "; outputs: " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.outputs)]
+    head += [f"; input {index} is quantised on the host (scale {scale:g}, zero point {zero_point}): the link "
+             f"carries {program.inputs[index].dtype.short}" for index, scale, zero_point in program.host_quantized]
     body = [format_instruction(i, ins, program.layer_names) for i, ins in enumerate(program.instructions)]
     return "\n".join(head + body)
 

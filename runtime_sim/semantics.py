@@ -144,11 +144,14 @@ def apply_epilogue(acc: np.ndarray, attrs: dict) -> np.ndarray:
     return UNARY_FUNCS[act](acc, activation_attrs(act, attrs["act_args"]))
 
 
+def quantize_linear(x: np.ndarray, scale: float, zero_point: int, dtype) -> np.ndarray:
+    """ONNX QuantizeLinear: ``saturate(rint(x / scale) + zero_point)`` in fp32, ties to even."""
+    lo, hi = _INT_RANGES[np.dtype(dtype)]
+    return np.clip(np.rint(_f32(x) / F32(scale)) + F32(zero_point), lo, hi).astype(dtype)
+
+
 def _quantize(outs, ins, attrs):
-    out = outs[0]
-    lo, hi = _INT_RANGES[out.dtype]
-    q = np.rint(_f32(ins[0]) / F32(attrs["scale"])) + F32(attrs["zero_point"])
-    np.copyto(out, np.clip(q, lo, hi), casting="unsafe")
+    np.copyto(outs[0], quantize_linear(ins[0], attrs["scale"], attrs["zero_point"], outs[0].dtype))
 
 
 def _dequantize(outs, ins, attrs):

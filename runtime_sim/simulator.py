@@ -21,9 +21,9 @@ from .check import ScheduleError, Timeline
 from .check_batch import checked_timeline
 from .columns import _END, _IN_SRAM, ProgramColumns
 from .config import ChipConfig
-from .isa import DType, Opcode, Space
+from .isa import DType, HostTensor, Opcode, Space
 from .program import Program, aligned_array, decoded_columns, validated_columns
-from .semantics import SEMANTICS, WeightBuffer
+from .semantics import SEMANTICS, WeightBuffer, quantize_linear
 from .stats import RunStats, run_stats
 
 __all__ = ["Simulator", "RunStats", "ScheduleError", "CallError", "OverflowWarning"]
@@ -71,6 +71,10 @@ class Simulator:
             columns = decoded_columns(program, config)
         program, config = columns.program, columns.chip
         self.program, self.config, self.chip = program, config, chip
+        # the caller passes a host-quantised input in fp32; the host quantises it before the link
+        self._host_quantized = {index: (scale, zero_point) for index, scale, zero_point in program.host_quantized}
+        self._inputs = tuple(HostTensor(sig.shape, DType.F32) if i in self._host_quantized else sig
+                             for i, sig in enumerate(program.inputs))
         operand = columns.operand
         in_sram = operand[:, _IN_SRAM].astype(bool)
         # in SRAM from the load on: the constants and the resident state (read, never written by the program)
@@ -150,7 +154,8 @@ class Simulator:
 
     @property
     def inputs(self) -> tuple:
-        return self.program.inputs
+        """The inputs as the caller passes them (a host-quantised one in fp32)."""
+        return self._inputs
 
     @property
     def outputs(self) -> tuple:
@@ -182,7 +187,7 @@ class Simulator:
         return ((0, index),)
 
     def _check_inputs(self, inputs) -> list:
-        expected = self.program.inputs
+        expected = self._inputs
         if len(inputs) != len(expected):
             raise CallError(f"program takes {len(expected)} inputs, got {len(inputs)}")
         arrays = []
@@ -191,6 +196,8 @@ class Simulator:
             if arr.shape != tuple(sig.shape) or arr.dtype != sig.dtype.np:
                 raise CallError(f"input {i}: expected {sig.dtype.np}{list(sig.shape)}, "
                                 f"got {arr.dtype}{list(arr.shape)}")
+            if i in self._host_quantized:
+                arr = quantize_linear(arr, *self._host_quantized[i], self.program.inputs[i].dtype.np)
             arrays.append(np.ascontiguousarray(arr))
         return arrays
 

@@ -194,3 +194,37 @@ def test_int8_weight_with_a_nonzero_zero_point(rng):
     x = rng.standard_normal((1, 3, 9, 9)).astype(np.float32)
     steps = np.rint(np.abs(compiled(x)[0] - ort_run(qdq, {"x": x})[0]) / 0.2)
     assert steps.max() <= 1 and np.mean(steps == 0) >= 0.99
+
+
+def test_int8_input_is_quantised_on_the_host_so_the_link_carries_one_byte_an_element(rng):
+    """The QDQ model's first QuantizeLinear runs on the host: the link moves the 1·8·12·12 = 1,152 integers
+    (the fp32 tensor is 4,608 bytes), and the LOAD takes ceil(1152 / host bytes per cycle) cycles."""
+    from math import ceil
+
+    from onnx import helper
+
+    from conftest import make_model, ort_run, run_on_lpx, tensor_info, weights
+    from lpx_tvm.app.zoo import output_step
+    from lpx_tvm.runtime_sim import Simulator, load_config
+
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Relu", ["c"], ["y"])],
+                       [tensor_info("x", [1, 8, 12, 12])], [tensor_info("y", [1, 16, 12, 12])],
+                       [weights(rng, "w", (16, 8, 3, 3)), weights(rng, "b", (16,))])
+    feeds = [{"x": rng.standard_normal((1, 8, 12, 12)).astype(np.float32)} for _ in range(3)]
+    qdq = lpx_tvm.quantize(model, feeds)
+    compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
+    (program,) = (decode(blob) for blob in compiled.programs.values())
+    assert program.inputs[0].dtype in (DType.I8, DType.U8) and len(program.host_quantized) == 1
+    loads = [i for i in program.instructions if i.opcode == Opcode.LOAD]
+    assert sum(i.dsts[0].nbytes for i in loads) == 1152
+    assert not any(i.opcode == Opcode.QUANTIZE for i in program.instructions)
+    sim = Simulator(program)
+    per_cycle = load_config("tiny").host_bytes_per_cycle
+    assert sum(sim.costs[program.instructions.index(i)].busy for i in loads) == \
+        sum(ceil(i.dsts[0].nbytes / per_cycle) for i in loads)
+    x = rng.standard_normal((1, 8, 12, 12)).astype(np.float32) * 1.5  # some values saturate
+    (out,) = run_on_lpx(compiled, [x], programs=1)
+    steps = np.rint(np.abs(out - ort_run(qdq, {"x": x})[0]) / output_step(qdq))
+    assert np.mean(steps <= 1) >= 0.99
+

@@ -173,3 +173,16 @@ def test_a_hand_made_program_of_the_wrong_parts_is_named_as_it_is_made(case):
     make, error, message = _wrong_parts()[case]
     with pytest.raises(error, match=message):
         make(copy, made)
+
+
+@pytest.mark.parametrize("quantized, message", [
+    ((0, 0.5, 0), "host-quantised input 0 is not an int8/uint8 input"),
+    ((3, 0.5, 0), "host-quantised input 3 is not an int8/uint8 input"),
+])
+def test_a_host_quantised_input_must_be_an_integer_input_of_the_program(blob, quantized, message):
+    import dataclasses
+
+    from lpx_tvm.runtime_sim import validate
+
+    with pytest.raises(ProgramFormatError, match=message):
+        validate(dataclasses.replace(decode(blob), host_quantized=(quantized,)))

@@ -109,6 +109,18 @@ def cmd_profile(args) -> int:
     report = profile(compiled)
     print(table(report, args.top))
     print(compiled.report.summary())
+    if args.stream:
+        from .profile import stream
+
+        if getattr(args, "system", None):
+            raise ValueError("--stream times one chip; leave out --system")
+        run = stream(args.model, args.stream, args.config, _input_shapes(args.input_shape), args.dtype)
+        one = report["simulated_cycles"]
+        print(f"stream of {run['copies']} back-to-back inferences: {run['cycles']} cycles, "
+              f"{run['cycles_per_inference']:.0f} per inference = {run['inferences_per_s']:.0f} inferences/s "
+              f"(one alone: {one} cycles, {report['microseconds']:.1f} µs latency, "
+              f"{1e6 / report['microseconds']:.0f} inferences/s)")
+        report["stream"] = run
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)
@@ -296,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the profile as JSON")
     p.add_argument("--top", type=_at_least(0), default=20, help="show the N slowest layers (0: all; default 20)")
     p.add_argument("--plot", metavar="ROOFLINE.png", help="draw the layers' roofline (needs lpx-tvm[plot])")
+    p.add_argument("--stream", type=_at_least(1), metavar="N", help="also time N back-to-back inferences as one "
+                   "schedule (each next input's transfer overlaps the current compute): inferences/s")
     model_command("disasm", "print the LPX programs (an ONNX file or an encoded program)", cmd_disasm)
     p = model_command("compare", "compare every layer's output with ONNX Runtime's", cmd_compare)
     p.add_argument("--min-cosine", type=float, default=0.999, help="a layer below this parts ways (default 0.999)")

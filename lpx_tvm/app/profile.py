@@ -45,6 +45,7 @@ def profile(compiled) -> dict:
         report["simulated_cycles"] += stats.cycles
         report["microseconds"] += stats.microseconds
         report["programs"][name] = stats.to_dict()
+        report["host_quantized_inputs"] = report.get("host_quantized_inputs", 0) + len(sim.program.host_quantized)
         weighted += stats.peak_macs_cycles
         capacity += stats.planes * stats.array_macs * stats.cycles
         for unit, info in stats.to_dict()["units"].items():
@@ -75,6 +76,30 @@ def profile(compiled) -> dict:
     return report
 
 
+def stream(model, copies: int, config: str | None = "tsp", input_shapes: dict | None = None,
+           dtype: str = "fp32") -> dict:
+    """``copies`` back-to-back inferences as one static schedule (:func:`lpx_tvm.compiler.compile_stream`).
+
+    Returns
+    -------
+    dict
+        ``copies``, ``cycles`` (the whole stream), ``cycles_per_inference``, ``inferences_per_s`` at the
+        preset's clock, and ``first_output_cycle`` (when the first inference's last result is stored).
+    """
+    from ..compiler import compile_stream
+    from ..runtime_sim import Opcode, Simulator
+
+    program = compile_stream(model, copies, config, input_shapes, dtype)
+    sim = Simulator(program, timing_only=True)
+    per_copy = len(program.outputs) // copies
+    occupancies = sim.timeline.occupancies
+    first = max(ins.cycle + occupancies[i].finish for i, ins in enumerate(program.instructions)
+                if ins.opcode == Opcode.STORE and ins.attrs["index"] < per_copy)
+    cycles = sim.stats.cycles
+    return {"copies": copies, "cycles": cycles, "cycles_per_inference": cycles / copies,
+            "inferences_per_s": copies * sim.config.clock_hz / cycles, "first_output_cycle": first}
+
+
 def table(report: dict, top: int | None = None) -> str:
     """The profile as text: the slowest layers first, then the totals."""
     from tabulate import tabulate
@@ -100,4 +125,5 @@ def table(report: dict, top: int | None = None) -> str:
     return (f"{text}\n\ntotal ({report['dtype']} on {report.get('config', '?')}): "
             f"{report['simulated_cycles']} cycles (predicted {report['predicted_cycles']}) = "
             f"{report['microseconds']:.1f} µs; useful-MAC utilisation {report['mac_utilisation']:.1%}; "
-            f"busy: {units}")
+            f"busy: {units}" + (f"; {report['host_quantized_inputs']} input(s) quantised on the host before the link"
+                                if report.get("host_quantized_inputs") else ""))

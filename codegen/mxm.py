@@ -53,6 +53,9 @@ class Product:
     zp_b: int = 0
     epilogue: dict | None = None  # the EPILOGUE's attributes
     stationary: str | None = None  # force "A" or "B"
+    # a row-wise op chained from the EPILOGUE's stream (a softmax over the columns): (opcode, attributes,
+    # layer, view of its output like ``out``); its product holds B, in one column tile, so a job's rows are whole
+    then: tuple | None = None
 
 
 def _install_cycles(rows: int, cols: int, itemsize: int, config: ChipConfig) -> int:
@@ -158,6 +161,12 @@ class PlaneMapper:
             extras = p.extras(*m, *n, stationary == "A")
             if stationary == "A":
                 out = transposed(out)
+            if p.then is not None:  # the epilogue's rows go on, in a stream, to the chained op
+                opcode, attrs, then_layer, then_out = p.then
+                out = stream(self.new_chain(), shape, self.g.tensors[self.g.base(out.tensor)].dtype)
+                self.emit(Opcode.EPILOGUE, [acc] + extras, [out], dict(p.epilogue or {}), layer, None)
+                self.emit(opcode, [out], [then_out(*m, *n)], dict(attrs), then_layer, None)
+                return
             self.emit(Opcode.EPILOGUE, [acc] + extras, [out], dict(p.epilogue or {}), layer, None)
             return
         if job not in sums:

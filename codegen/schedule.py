@@ -216,9 +216,11 @@ def _groups(instructions: list, occ: list, pairs: dict | None = None) -> tuple:
             installs[(ins.unit_index, ins.attrs["buffer"])] = i
         elif ins.opcode == Opcode.MATMUL:
             pinned[i] = (installs[(ins.unit_index, ins.attrs["buffer"])], "buffer")
+    chains = {}
     for chain, p in producer.items():
         if chain in consumer:
             pinned[consumer[chain]] = (p, "stream")
+            chains[consumer[chain]] = chain
     for recv, send in (pairs or {}).items():  # a RECV takes its data one hop after the SEND it answers
         pinned[recv] = (send, "link")
     root, offset = {}, {}
@@ -239,7 +241,7 @@ def _groups(instructions: list, occ: list, pairs: dict | None = None) -> tuple:
         groups[root[i]].append((i, offset[i]))
     for i, (j, kind) in pinned.items():
         if kind != "link":  # a link pair needs no stream number or weight buffer
-            pools[root[i]].append((kind, j, i))
+            pools[root[i]].append((kind, j, i, chains.get(i)))
     return dict(groups), pools
 
 
@@ -282,7 +284,7 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
     occ = [occupancy(ins, config) for ins in instructions]
     groups, pools = _groups(instructions, occ, pairs)
     for root, members in groups.items():  # a chained consumer runs at its producer's pace
-        for kind, p, c in pools[root]:
+        for kind, p, c, _ in pools[root]:
             if kind == "stream" and occ[p].busy > occ[c].busy:
                 occ[c] = _stretched(occ[c], occ[p].busy)
     preds = dependences(instructions, occ)
@@ -370,13 +372,17 @@ class _Placer:
 
     def _instances(self, group, t) -> list:
         """Each member's unit instance: the one free soonest for it if the group issues at ``t``."""
-        choice = []
+        choice, held = [], []  # held: (unit, instance, from, to) of the group's members so far
         for m, offset in group:
             ins, occ = self.instructions[m], self.occ[m]
             candidates = self.resources.instances(ins, m in self.fixed)
-            best = min(candidates,
+            # chained members overlap in time (an epilogue and the softmax it feeds): each on a unit of its own
+            free = [k for k in candidates if not any(u == ins.unit.name and j == k and lo < offset + occ.busy
+                                                     and offset < hi for u, j, lo, hi in held)]
+            best = min(free or candidates,
                        key=lambda k: self.resources.exclusive[(ins.unit.name, k)].earliest(t + offset, occ.busy))
             choice.append((offset, occ, _exclusive_keys(occ, best), m, best))
+            held.append((ins.unit.name, best, offset, offset + occ.busy))
         return choice
 
     def place(self, group, pools, t) -> int:
@@ -394,19 +400,22 @@ class _Placer:
             for _, _, _, m, best in choice:
                 self.unit[m] = best  # (a weight buffer is one of its plane's)
             picks, later = [], t
-            for kind, first, last in pools:
+            for kind, first, last, chain in pools:
                 candidates, lo, hi = self._pool(kind, first, last, t, offsets)
+                # a chain of chains (matmul ─► epilogue ─► softmax) holds two streams at once: not the same one
+                held = {id(p[3]) for p in picks if p[5] < hi and lo < p[6]}
+                candidates = [c for c in candidates if id(c[0]) not in held] or candidates
                 cal, k = min(candidates, key=lambda c: c[0].earliest(t + lo, hi - lo))
                 later = max(later, cal.earliest(t + lo, hi - lo) - lo)
-                picks.append((kind, first, last, cal, k, lo, hi))
+                picks.append((kind, first, last, cal, k, lo, hi, chain))
             if later == t:
                 break
             t = later
         self.resources.book(t, parts)
-        for kind, first, last, cal, k, lo, hi in picks:
+        for kind, first, last, cal, k, lo, hi, chain in picks:
             cal.book(t + lo, hi - lo)
-            self.pooled[(kind, first)] = k
-            self.pooled[(kind, last)] = k
+            self.pooled[(kind, first, chain)] = k
+            self.pooled[(kind, last, chain)] = k
         for offset, _, _, m, _ in choice:
             self.issue[m] = t + offset
         return t
@@ -415,11 +424,11 @@ class _Placer:
         out = []
         for i, ins in enumerate(self.instructions):
             def remap(refs):
-                return tuple(TensorRef(self.pooled[("stream", i)], r.shape, r.dtype, r.strides, Space.STREAM)
+                return tuple(TensorRef(self.pooled[("stream", i, r.addr)], r.shape, r.dtype, r.strides, Space.STREAM)
                              if r.space == Space.STREAM else r for r in refs)
             attrs = ins.attrs
             if ins.opcode in (Opcode.INSTALL, Opcode.MATMUL):
-                attrs = {**attrs, "buffer": self.pooled[("buffer", i)]}
+                attrs = {**attrs, "buffer": self.pooled[("buffer", i, None)]}
             out.append(Instruction(ins.opcode, self.unit[i], self.issue[i], remap(ins.srcs), remap(ins.dsts), attrs,
                                    ins.layer))
         order = sorted(range(len(out)), key=lambda i: (out[i].cycle, i))

@@ -136,7 +136,8 @@ class _Tiler:
                 self.mapper.map(Product(ocg, k, p, wv, cv, ov, ev, dtype, zp_a, zp_b, _epilogue(node)), node.layer)
 
     # ---- matrix products -----------------------------------------------
-    def matmul(self, node: Node, streamed_width: int | None) -> None:
+    def matmul(self, node: Node, streamed_width: int | None, then: Node | None = None) -> None:
+        """A (batched) matrix product; ``then``, a softmax over its columns, chained from each job's epilogue."""
         g = self.g
         a, b = node.inputs[0], node.inputs[1]
         a_shape, b_shape = g.tensors[a].shape, g.tensors[b].shape
@@ -159,7 +160,13 @@ class _Tiler:
             if ring is None:
                 bv = lambda k0, k1, n0, n1, j=int(ib): view(g, b, (bb, k, n), (j,), [(k0, k1), (n0, n1)])
                 ev = lambda m0, m1, n0, n1, t: [_per_column(g, e, n, n0, n1, t) for e in extras]
-                self.mapper.map(Product(m, k, n, av, bv, ov, ev, dtype, zp_a, zp_b, _epilogue(node)), node.layer)
+                chained = None
+                if then is not None:
+                    tv = lambda m0, m1, n0, n1, j=i: view(g, then.output, (prod(batch or (1,)), m, n), (j,),
+                                                          [(m0, m1), (n0, n1)])
+                    chained = (Opcode[then.kind], {"axis": 1}, then.layer, tv)
+                self.mapper.map(Product(m, k, n, av, bv, ov, ev, dtype, zp_a, zp_b, _epilogue(node),
+                                        "B" if then is not None else None, chained), node.layer)
             else:
                 self._streamed(node, av, ov, ring, m, k, n, dtype, zp_a, zp_b)
 
@@ -349,6 +356,27 @@ def _weights_to_stream(g: Graph, config: ChipConfig, resident_budget: int) -> di
     return chosen
 
 
+def _chained_softmaxes(g: Graph, config: ChipConfig) -> dict:
+    """matmul node index -> the SOFTMAX over its columns that can run chained from its epilogues: the
+    product's only reader, its output nowhere else, the columns within one tile of the array."""
+    readers = {}
+    for j, node in enumerate(g.nodes):
+        for t in node.inputs:
+            readers.setdefault(g.base(t), []).append(j)
+    outputs = {g.base(t) for t in g.outputs}
+    chained = {}
+    for i, node in enumerate(g.nodes):
+        out = g.tensors[node.output]
+        if node.kind != "matmul" or node.output in outputs or len(readers.get(node.output, ())) != 1 \
+                or out.shape[-1] > config.mxm_cols or g.tensors[node.inputs[0]].shape[-2] != out.shape[-2]:
+            continue
+        (j,) = readers[node.output]
+        reader = g.nodes[j]
+        if reader.kind == "SOFTMAX" and reader.inputs == [node.output] and reader.attrs["axis"] == len(out.shape) - 1:
+            chained[i] = reader
+    return chained
+
+
 def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> list:
     """The tile ops of a graph, in program order.
 
@@ -367,11 +395,15 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
             tiler.load(i, t)
     g.streamed = []
     streamed = {} if resident_budget is None else _weights_to_stream(g, config, resident_budget)
+    chained = {i: softmax for i, softmax in _chained_softmaxes(g, config).items() if i not in streamed}
+    done = {id(softmax) for softmax in chained.values()}
     for i, node in enumerate(g.nodes):
+        if id(node) in done:
+            continue
         if node.kind in ("conv2d", "qconv2d"):
             tiler.conv2d(node)
         elif node.kind in ("matmul", "qmatmul"):
-            tiler.matmul(node, streamed.get(i))
+            tiler.matmul(node, streamed.get(i), chained.get(i))
         elif node.kind == "allgather":
             tiler.allgather(node)
         elif node.kind == "allreduce":

@@ -3,8 +3,9 @@
 The matrix unit's results stream through the vector unit on their way to SRAM,
 so a following per-channel multiply (batch norm's scale), add (bias, batch
 norm's shift) and activation cost nothing extra. Folding happens in numpy on the
-constant weights; it applies only where the intermediate result has no other
-reader.
+constant weights (a product of two activations takes its scale in the EPILOGUE
+instead: ``(acc + bias) · scale``); it applies only where the intermediate
+result has no other reader.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _try_fold(g: Graph, node: Node, consumer: Node) -> bool:
         node.attrs["act"] = _ACTIVATIONS[consumer.kind]
         node.attrs["act_args"] = _act_args(node.attrs["act"], consumer.attrs)
         return True
-    if consumer.kind not in ("MUL", "ADD") or node.attrs["act"] != Opcode.NOP:
+    if consumer.kind not in ("MUL", "ADD", "DIV") or node.attrs["act"] != Opcode.NOP \
+            or (consumer.kind == "DIV" and consumer.inputs[0] != node.output):
         return False
     other = [t for t in consumer.inputs if t != node.output]
     if len(other) != 1 or not g.is_constant(other[0]):
@@ -54,12 +56,18 @@ def _try_fold(g: Graph, node: Node, consumer: Node) -> bool:
     vec = _channel_vector(g.tensors[g.base(other[0])].data.reshape(g.tensors[other[0]].shape), out_shape, axis)
     if vec is None:
         return False
+    if consumer.kind == "DIV":
+        vec = (np.float32(1) / vec).astype(np.float32)
     bias = (g.tensors[g.base(node.inputs[2])].data.reshape(-1) if len(node.inputs) > 2
             else np.zeros_like(vec))
-    if consumer.kind == "MUL":
-        weight_id = node.inputs[1]
-        if not g.is_constant(weight_id):
+    if consumer.kind != "ADD" and not g.is_constant(node.inputs[1]):
+        # a product of two activations (attention's scores scaled by 1/√d): the epilogue's scale operand
+        if node.kind != "matmul" or len(node.inputs) > 3:
             return False
+        node.inputs[2:] = [g.constant(bias.astype(np.float32)), g.constant(vec)]
+        return True
+    if consumer.kind in ("MUL", "DIV"):
+        weight_id = node.inputs[1]
         weight = g.tensors[g.base(weight_id)].data.reshape(g.tensors[weight_id].shape)
         scale = vec.reshape(-1, 1, 1, 1) if node.kind == "conv2d" else vec
         node.inputs[1] = g.constant((weight * scale).astype(weight.dtype))
@@ -72,7 +80,7 @@ def _try_fold(g: Graph, node: Node, consumer: Node) -> bool:
 
 
 def fuse_epilogues(g: Graph) -> Graph:
-    """Fold single-reader MUL/ADD-by-constant and activations into conv2d/matmul nodes."""
+    """Fold single-reader MUL/DIV/ADD-by-constant and activations into conv2d/matmul nodes."""
     changed = True
     while changed:
         changed = False

@@ -41,6 +41,8 @@ def lower_precision(g: Graph, dtype: str) -> None:
         one_byte = {g.base(n.inputs[1]) for n in products}
         _cast_product_inputs(g, products, target)
         target = STORAGE["fp16"]
+    # an epilogue's scale (a product of two activations scaled by 1/√d) stays fp32, as the ISA takes it
+    keep |= {g.base(n.inputs[3]) for n in g.nodes if n.kind == "matmul" and len(n.inputs) > 3}
     readers = {g.base(t): n.layer for n in g.nodes for t in n.inputs}
     for tid, tensor in enumerate(g.tensors):
         if tensor.dtype == F32 and tid not in keep:

@@ -73,3 +73,26 @@ def test_a_softmax_runs_chained_from_its_product_without_a_round_trip_through_sr
     x = rng.standard_normal((ROWS, WIDTH)).astype(np.float32)
     (out,) = run_on_lpx(compiled, [x])
     np.testing.assert_allclose(out, ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_attention_scores_take_their_scale_in_the_epilogue_and_feed_a_chained_softmax(rng):
+    """softmax(q @ kᵀ / 8): a product of two activations has no weight to fold 1/8 into; the epilogue takes
+    it as its fp32 scale operand (so no DIV pass over the scores), and the softmax chains from it."""
+    model = make_model([helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0]),
+                        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+                        helper.make_node("Div", ["s", "d"], ["scaled"]),
+                        helper.make_node("Softmax", ["scaled"], ["y"], axis=-1)],
+                       [tensor_info("q", [ROWS, WIDTH]), tensor_info("k", [WIDTH, WIDTH])],
+                       [tensor_info("y", [ROWS, WIDTH])],
+                       [helper.make_tensor("d", 1, [], [8.0])])
+    compiled, program = _program(model)
+    (epilogue,) = [i for i in program.instructions if i.opcode == Opcode.EPILOGUE]
+    assert len(epilogue.srcs) == 3 and not any(i.opcode == Opcode.DIV for i in program.instructions)
+    scale = next(c for c in program.constants if c.ref.addr == epilogue.srcs[2].addr)
+    np.testing.assert_array_equal(scale.data.view(np.float32), np.full(WIDTH, 0.125, np.float32))
+    (softmax,) = [i for i in program.instructions if i.opcode == Opcode.SOFTMAX]
+    assert softmax.srcs[0].space == Space.STREAM
+    q = rng.standard_normal((ROWS, WIDTH)).astype(np.float32)
+    k = rng.standard_normal((WIDTH, WIDTH)).astype(np.float32)
+    (out,) = run_on_lpx(compiled, [q, k])
+    np.testing.assert_allclose(out, ort_run(model, {"q": q, "k": k})[0], rtol=1e-5, atol=1e-6)

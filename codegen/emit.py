@@ -45,7 +45,8 @@ def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int,
     streamed = tuple(StreamedWeight(HostTensor(w.shape, DType.from_numpy(w.dtype)), w) for w in g.streamed)
     state = tuple((k, TensorRef(addr[g.base(t)], g.tensors[t].shape, DType.from_numpy(g.tensors[g.base(t)].dtype)))
                   for k, t in enumerate(g.inputs) if g.base(t) in g.state and g.base(t) in addr)
-    quantized = tuple((k, *g.host_quantized[t]) for k, t in enumerate(g.inputs) if t in g.host_quantized)
+    converted = tuple((k, *g.host_converted[t]) for k, t in enumerate(g.inputs) if t in g.host_converted)
+    widened = tuple(j for j, t in enumerate(g.outputs) if t in g.widened)
     return Program(config.name, config.digest, tuple(instructions), tuple(constants),
                    host(g.inputs), host(g.outputs), layers, makespan, streamed=streamed, plan=plan, state=state,
-                   host_quantized=quantized)
+                   host_converted=converted, widened_outputs=widened)

@@ -52,7 +52,10 @@ class Graph:
     quantized: dict = field(default_factory=dict)
     state: set = field(default_factory=set)  # inputs resident from call to call (a KV cache): never LOADed
     host_dtype: dict = field(default_factory=dict)  # input id -> the host's dtype where it differs (state)
-    host_quantized: dict = field(default_factory=dict)  # input id -> (scale, zero point): quantised on the host
+    # input id -> (scale, zero point): the host converts the caller's fp32 to the input's narrower type (an
+    # integer one by QuantizeLinear, a float one by rounding: scale 1, zero point 0) before the link
+    host_converted: dict = field(default_factory=dict)
+    widened: set = field(default_factory=set)  # outputs stored narrow that the host widens to fp32
 
     def is_resident(self, tid: int) -> bool:
         """A constant, or resident state: placed once, never freed, never written by the program."""

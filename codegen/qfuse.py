@@ -128,9 +128,9 @@ def _fuse_add(g: Graph, node: Node, producers: dict) -> bool:
 
 
 def _fuse_maxpool(g: Graph, node: Node, producers: dict) -> bool:
-    """DQ ─► MAXPOOL ─► Q with the same scale and zero point is a MAXPOOL on the integers: max commutes
-    with a monotonic dequantisation, so it is exact."""
-    if node.kind != "MAXPOOL":
+    """DQ ─► MAXPOOL or TRANSPOSE ─► Q with the same scale and zero point runs on the integers: max commutes
+    with a monotonic dequantisation, and a permutation with any elementwise one, so it is exact."""
+    if node.kind not in ("MAXPOOL", "TRANSPOSE"):
         return False
     dequant = producers.get(node.inputs[0])
     quant = _single_reader(g, node.output)
@@ -143,29 +143,71 @@ def _fuse_maxpool(g: Graph, node: Node, producers: dict) -> bool:
     return True
 
 
+def _drop_round_trip(g: Graph, node: Node, producers: dict) -> bool:
+    """Q(DQ(x)) with the same scale, zero point and type, through reshapes at most, is x: the integers come
+    back exactly (``|x - zp| ≤ 255``, so ``(x - zp)·s / s`` rounds back to ``x - zp``). The quantiser puts
+    such pairs around every reshape."""
+    if node.kind != "QUANTIZE":
+        return False
+    dequant = producers.get(g.base(node.inputs[0]))
+    if dequant is None or dequant.kind != "DEQUANTIZE" or dequant.attrs != node.attrs \
+            or g.tensors[dequant.inputs[0]].dtype != g.tensors[node.output].dtype or node.output in g.outputs:
+        return False
+    g.tensors[node.output].alias_of = dequant.inputs[0]
+    g.nodes.remove(node)
+    return True
+
+
+def _fuse_activation_product(g: Graph, node: Node, producers: dict) -> bool:
+    """DQ(a) @ DQ(b) ─► Q, both per-tensor (attention's scores and P·V): an int8 × int8 product of two
+    activations, requantised by ``sa·sb / sy`` (ONNX Runtime's QLinearMatMul)."""
+    if node.kind != "matmul" or node.attrs["act"] != Opcode.NOP or len(node.inputs) != 2:
+        return False
+    dequants = [producers.get(t) for t in node.inputs]
+    quant = _single_reader(g, node.output)
+    if any(d is None or d.kind != "DEQUANTIZE" or g.tensors[d.inputs[0]].shape != g.tensors[t].shape
+           for d, t in zip(dequants, node.inputs)) or quant is None or quant.kind != "QUANTIZE":
+        return False
+    (a, b), n = dequants, g.tensors[node.output].shape[-1]
+    requant = np.float32(np.float64(a.attrs["scale"]) * np.float64(b.attrs["scale"]) / np.float64(quant.attrs["scale"]))
+    node.kind = "qmatmul"
+    node.inputs = [a.inputs[0], b.inputs[0], g.constant(np.zeros(n, np.int32)), g.constant(np.full(n, requant))]
+    node.attrs.update(zp_in=int(a.attrs["zero_point"]), zp_w=int(b.attrs["zero_point"]),
+                      zp_out=int(quant.attrs["zero_point"]))
+    node.output = quant.output
+    node.layer = f"{node.layer}+quantize"
+    g.nodes.remove(quant)
+    return True
+
+
 def fuse_int8(g: Graph) -> int:
-    """Turn every complete DQ ─► op ─► Q into an int8 operator (conv, matmul, add, max pool); return how many."""
+    """Turn every complete DQ ─► op ─► Q into an int8 operator (conv, matmul, add, max pool, transpose),
+    and drop the quantiser's Q(DQ(x)) round trips; return how many."""
     producers = g.producer()  # DEQUANTIZE nodes, the ones looked up, are never rewritten
     fused = 0
     for node in list(g.nodes):
         if node in g.nodes:
+            fused += _drop_round_trip(g, node, producers)
+    for node in list(g.nodes):
+        if node in g.nodes:
             fused += _fuse_one(g, node, producers) or _fuse_add(g, node, producers) \
-                or _fuse_maxpool(g, node, producers)
+                or _fuse_maxpool(g, node, producers) or _fuse_activation_product(g, node, producers)
     _drop_dead(g)
     return fused
 
 
 def quantize_inputs_on_host(g: Graph) -> int:
     """An input read only by a QuantizeLinear crosses the host link as its integers: the host quantises it
-    (:attr:`Graph.host_quantized`), a quarter of an fp32 tensor's bytes. Returns how many inputs."""
+    (:attr:`Graph.host_converted`), a quarter of an fp32 tensor's bytes. Returns how many inputs."""
     moved = 0
+    g.host_converted = dict(g.host_converted)  # a system's parts share the dict they were copied with
     for position, tid in enumerate(g.inputs):
         quant = _single_reader(g, tid)
         if quant is None or quant.kind != "QUANTIZE" or quant.inputs != [tid] or g.base(tid) in g.state \
                 or quant.output in g.outputs or g.tensors[tid].dtype != np.float32:
             continue
         g.inputs[position] = quant.output
-        g.host_quantized[quant.output] = (float(quant.attrs["scale"]), int(quant.attrs["zero_point"]))
+        g.host_converted[quant.output] = (float(quant.attrs["scale"]), int(quant.attrs["zero_point"]))
         g.nodes.remove(quant)
         moved += 1
     return moved

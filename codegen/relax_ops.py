@@ -255,7 +255,7 @@ def _scalar(lw, tid, what: str) -> float:
     return float(value.reshape(()))
 
 
-def _axis_params(data: np.ndarray, scale, zero_point, axis: int) -> tuple:
+def axis_params(data: np.ndarray, scale, zero_point, axis: int) -> tuple:
     """Scale and zero point as fp32 arrays of ``data``'s rank, per-channel along ``axis`` (or scalars)."""
     axis = axis % max(data.ndim, 1)
     shaped = []
@@ -269,7 +269,7 @@ def _axis_params(data: np.ndarray, scale, zero_point, axis: int) -> tuple:
 
 def quantize_array(data: np.ndarray, scale, zero_point, axis: int, dtype: str) -> np.ndarray:
     """ONNX QuantizeLinear in numpy: saturate(rint(x / scale) + zero_point)."""
-    s, z = _axis_params(data, scale, zero_point, axis)
+    s, z = axis_params(data, scale, zero_point, axis)
     info = np.iinfo(np.dtype(dtype))
     return np.clip(np.rint(data.astype(np.float32) / s) + z, info.min, info.max).astype(dtype)
 
@@ -278,7 +278,7 @@ def _dequantize(lw, call, args, layer):
     x, scale, zero_point = args
     data = lw.const_value(x)
     if data is not None:  # a weight: fold to float, and keep the integers for int8 kernels
-        s, z = _axis_params(data, lw.const_value(scale), lw.const_value(zero_point), int(call.attrs.axis))
+        s, z = axis_params(data, lw.const_value(scale), lw.const_value(zero_point), int(call.attrs.axis))
         tid = lw.graph.constant(((data.astype(np.float32) - z) * s).astype(np.float32))
         lw.graph.quantized[tid] = (data, s, z)
         return tid

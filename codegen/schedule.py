@@ -148,23 +148,22 @@ class _Resources:
         return list(range(self.config.unit_count(ins.unit.name)))
 
     def fit(self, t: int, parts: list) -> int:
-        """Earliest cycle >= t at which every part (offset, occupancy, exclusive keys) fits.
+        """``t`` if every part (offset, occupancy, exclusive keys) fits at ``t``, else the next cycle worth
+        trying: the latest of the first cycles from which each part's resources are free.
 
-        Parts of one node (a chained pair) overlap in time, so a shared resource
-        is checked against their combined demand, piece by piece.
+        One pass, not a search to the end: the caller chooses the unit instances again at the cycle this
+        returns (keys chosen at ``t`` can be the wrong ones later: a vector unit that frees last). Parts of
+        one node (a chained pair) overlap in time, so a shared resource is checked against their combined
+        demand, piece by piece.
         """
-        pieces = {name: _pieces(parts, name) for name in _SHARED}
-        while True:
-            start = t
-            for offset, occ, keys in parts:
-                for key in keys:
-                    start = max(start, self.exclusive[key].earliest(start + offset, occ.busy) - offset)
-            for name in _SHARED:
-                for lo, hi, demand in pieces[name]:
-                    start = max(start, self.shared[name].earliest(start + lo, hi - lo, demand) - lo)
-            if start == t:
-                return t
-            t = start
+        start = t
+        for offset, occ, keys in parts:
+            for key in keys:
+                start = max(start, self.exclusive[key].earliest(t + offset, occ.busy) - offset)
+        for name in _SHARED:
+            for lo, hi, demand in _pieces(parts, name):
+                start = max(start, self.shared[name].earliest(t + lo, hi - lo, demand) - lo)
+        return start
 
     def book(self, t: int, parts: list) -> None:
         for offset, occ, keys in parts:

@@ -38,7 +38,8 @@ def replicated(g: Graph, copies: int) -> Graph:
         out.inputs += [new_id(t) for t in g.inputs]
         out.outputs += [new_id(t) for t in g.outputs]
         out.host_dtype.update({new_id(t): d for t, d in g.host_dtype.items()})
-        out.host_quantized.update({new_id(t): q for t, q in g.host_quantized.items()})
+        out.host_converted.update({new_id(t): q for t, q in g.host_converted.items()})
+        out.widened.update(new_id(t) for t in g.widened)
     return out
 
 

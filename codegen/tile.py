@@ -268,11 +268,13 @@ class _Tiler:
         if group == Group.WINDOW and len(out.shape) == 4:
             self.banded_window(opcode, node.inputs[0], node.output, out.shape, attrs, node.layer)
             return
-        same_shape = all(g.tensors[t].shape == out.shape for t in node.inputs)
-        if group in _BANDED_GROUPS and same_shape and len(out.shape) == 4:
+        if _row_bandable(g, node, opcode, attrs):
             biggest = max([out.nbytes] + [g.tensors[t].nbytes for t in node.inputs])
-            for h0, h1 in row_bands(out.shape[2], biggest, BAND_BYTES):
-                band = lambda t: view(g, t, ranges=[(0, out.shape[0]), (0, out.shape[1]), (h0, h1)])
+            for h0, h1 in row_bands(out.shape[-2], biggest, BAND_BYTES):
+                def band(t):
+                    if g.tensors[t].shape != out.shape:  # broadcast along the rows: all of it, every band
+                        return whole(g, t)
+                    return view(g, t, ranges=[(0, d) for d in out.shape[:-2]] + [(h0, h1)])
                 self.emit(opcode, [band(t) for t in node.inputs], [band(node.output)], attrs, node.layer)
             return
         self.emit(opcode, [whole(g, t) for t in node.inputs], [whole(g, node.output)], attrs, node.layer)
@@ -297,19 +299,51 @@ class _Tiler:
             self.emit(opcode, [src], [dst], {**attrs, "pad": (top, pl, bottom, pr)}, layer)
 
     def load(self, index: int, tid: int) -> None:
-        """LOAD a network input; a big NCHW one in row bands per channel, so the first layer starts on the first."""
+        """LOAD a network input; a big one in bands of rows (the second-last axis) per leading index, so the
+        first layer starts on the first rows."""
+        self._host_bands(Opcode.LOAD, index, tid)
+
+    def store(self, index: int, tid: int) -> None:
+        """STORE a network output; a big one in bands of rows, each as soon as its rows are made."""
+        self._host_bands(Opcode.STORE, index, tid)
+
+    def _host_bands(self, opcode, index: int, tid: int) -> None:
         g = self.g
         t = g.tensors[tid]
-        bands = row_bands(t.shape[2], t.nbytes, BAND_BYTES) if len(t.shape) == 4 else []
+        bands = row_bands(t.shape[-2], t.nbytes, BAND_BYTES) if len(t.shape) >= 2 else []
         if len(bands) < 2:
-            self.emit(Opcode.LOAD, [], [whole(g, tid)], {"index": index}, "load")
+            ref = whole(g, tid)
+            self.emit(opcode, *(([], [ref]) if opcode == Opcode.LOAD else ([ref], [])), {"index": index},
+                      opcode.name.lower())
             return
-        n, c, h, w = t.shape
+        lead, rows, cols = prod(t.shape[:-2]), t.shape[-2], t.shape[-1]
         item = t.dtype.itemsize
         for h0, h1 in bands:
-            for plane in range(n * c):
-                dst = view(g, tid, (n * c, h, w), (plane,), [(h0, h1)])
-                self.emit(Opcode.LOAD, [], [dst], {"index": index, "offset": (plane * h + h0) * w * item}, "load")
+            for plane in range(lead):
+                ref = view(g, tid, (lead, rows, cols), (plane,), [(h0, h1)])
+                self.emit(opcode, *(([], [ref]) if opcode == Opcode.LOAD else ([ref], [])),
+                          {"index": index, "offset": (plane * rows + h0) * cols * item}, opcode.name.lower())
+
+
+def _row_bandable(g: Graph, node: Node, opcode: Opcode, attrs: dict) -> bool:
+    """Can this op run in bands of rows (the second-last axis), so the next op starts on the first ones?
+    Elementwise ops, and a softmax or layer norm over the last axis alone; every operand the output's shape,
+    or one that broadcasts along the rows (a vector of the last axis)."""
+    shape = g.tensors[node.output].shape
+    group = OP_TABLE[opcode].group
+    if len(shape) < 2:
+        return False
+    if group == Group.NORM:
+        last = attrs["axis"] == len(shape) - 1 if opcode == Opcode.SOFTMAX else attrs.get("n_axes") == 1
+        if not last:
+            return False
+    elif group not in _BANDED_GROUPS:
+        return False
+    for t in node.inputs:
+        other = g.tensors[t].shape
+        if other != shape and (len(other) > 1 and prod(other[:-1]) != 1):
+            return False
+    return True
 
 
 def _per_row(g, tid, groups, rows, group, m0, m1, transposed) -> Operand:
@@ -417,5 +451,5 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
         else:
             tiler.single(node)
     for i, t in enumerate(g.outputs):
-        tiler.emit(Opcode.STORE, [whole(g, t)], [], {"index": i}, "store")
+        tiler.store(i, t)
     return tiler.ops

@@ -26,7 +26,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .diagnostics import native_output_to_log
 from .runtime_sim.program import aligned_array
-from .codegen.relax_ops import PRIM_TYPES, Constant, constant_value, quantize_array
+from .codegen.relax_ops import PRIM_TYPES, Constant, axis_params, constant_value, quantize_array
 
 
 _LOG = logging.getLogger(__name__)
@@ -235,6 +235,7 @@ class _FoldConstantShapes(PyExprMutator):
     - elementwise arithmetic on constants alone (sqrt, add, ...) ─► a constant;
     - isnan / where on constants ─► a constant (the importer's NaN-bound guard for Clip);
     - quantize of a constant ─► integers (a QDQ weight stored as Q(float));
+    - dequantize of a constant vector or scalar ─► floats (biases, layer-norm scales; weights keep theirs);
     - ``call_tir(maximum|minimum, x, scalar)`` (Clip, which the importer emits as TE
       functions) ─► ``relax.maximum|minimum``, and ``minimum(maximum(x, lo), hi)`` ─► ``clip``.
     """
@@ -267,6 +268,11 @@ class _FoldConstantShapes(PyExprMutator):
         if name == "relax.quantize" and all(c is not None for c in consts):
             return relax.const(quantize_array(value, *(constant_value(c) for c in consts[1:]),
                                               int(call.attrs.axis), str(call.ty.dtype)))
+        if name == "relax.dequantize" and value.ndim <= 1 and all(c is not None for c in consts):
+            # a quantised bias, layer-norm scale or scalar: no pattern holds it alone, so it would be
+            # dequantised on the host at every call; a weight (rank 2 and up) keeps its integers for int8 kernels
+            s, z = axis_params(value, *(constant_value(c) for c in consts[1:]), int(call.attrs.axis))
+            return relax.const(((value.astype(np.float32) - z) * s).astype(np.float32))
         if name in _NUMPY_ELEMENTWISE and all(c is not None for c in consts):
             # an importer's constant arithmetic (ONNX functions write sqrt(2) as Sqrt(CastLike(2)))
             result = _NUMPY_ELEMENTWISE[name](value, *(constant_value(c) for c in consts[1:]))

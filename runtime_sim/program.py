@@ -5,7 +5,7 @@ Layout (little endian)::
     header   magic b"LPXPROG\\0", then the container header of :mod:`.container`
     body     config name, config digest, SRAM plan (model id, bytes, activation base), predicted cycles
              layer names | host inputs | host outputs | instructions | constants | streamed weights | state
-             | host-quantised inputs
+             | host-converted inputs | widened outputs
 
 Decoding verifies the header, the checksum, every opcode, every field range, every
 operand shape and every SRAM address against the chip config before it returns;
@@ -32,7 +32,7 @@ from .rules import (MAX_DIM, MAX_OPERAND_BYTES, ProgramFormatError, _check_ref, 
 MAGIC = b"LPXPROG\0"
 SYSTEM_MAGIC = b"LPXSYS\0\0"  # a system program (system_sim): the same header, one program per chip inside
 VERSION = 7  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
-# 6: resident state; 7: host-quantised inputs
+# 6: resident state; 7: inputs the host converts, outputs it widens
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
 MAX_NAME = 4096
 
@@ -92,10 +92,12 @@ class Program:
     state : tuple of (int, TensorRef)
         Host inputs that stay resident in SRAM from call to call (a KV cache): input k lives at the ref, is
         zero at load, is never LOADed, and only the runtime writes it, between calls.
-    host_quantized : tuple of (int, float, int)
-        ``(input index, scale, zero point)``: the host quantises this fp32 input (ONNX QuantizeLinear) before
-        it crosses the link, so the link carries its integers. Its signature in ``inputs`` is the integer
-        tensor that crosses; the caller passes the fp32 tensor.
+    host_converted : tuple of (int, float, int)
+        ``(input index, scale, zero point)``: the caller passes this input in fp32 and the host converts it
+        to the type that crosses the link, ``inputs[index]``: an int8/uint8 input by ONNX QuantizeLinear, an
+        fp16/bf16 one by rounding to nearest (scale 1, zero point 0). The link carries the narrow bytes.
+    widened_outputs : tuple of int
+        Outputs stored in fp16/bf16 (``outputs[j]``) that the host widens to fp32 for the caller (exact).
     """
 
     config_name: str
@@ -110,7 +112,8 @@ class Program:
     streamed: tuple = ()
     plan: "SramPlan" = None
     state: tuple = ()
-    host_quantized: tuple = ()
+    host_converted: tuple = ()
+    widened_outputs: tuple = ()
 
     def __post_init__(self):
         if self.plan is None:
@@ -142,7 +145,8 @@ _PARTS = (  # what each of a Program's tuples holds: (field, test, in words)
     ("streamed", lambda x: isinstance(x, StreamedWeight), "StreamedWeight"),
     ("state", lambda x: isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[1], TensorRef),
      "(input index, TensorRef)"),
-    ("host_quantized", lambda x: isinstance(x, (tuple, list)) and len(x) == 3, "(input index, scale, zero point)"),
+    ("host_converted", lambda x: isinstance(x, (tuple, list)) and len(x) == 3, "(input index, scale, zero point)"),
+    ("widened_outputs", _is_count, "output index"),
 )
 
 
@@ -208,9 +212,11 @@ def _encode(program: Program, allocate):
     parts.append(struct.pack("<I", len(program.state)))
     for index, ref in program.state:
         parts.append(struct.pack("<I", index) + _pack_ref(ref))
-    parts.append(struct.pack("<I", len(program.host_quantized)))
-    for index, scale, zero_point in program.host_quantized:
+    parts.append(struct.pack("<I", len(program.host_converted)))
+    for index, scale, zero_point in program.host_converted:
         parts.append(struct.pack("<Idi", index, scale, zero_point))
+    parts.append(struct.pack(f"<I{len(program.widened_outputs)}I", len(program.widened_outputs),
+                             *program.widened_outputs))
     # one buffer, written in place: weights are most of a program, and each copy of them costs their size
     sizes = [p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts]
     blob = allocate(HEADER.size + sum(sizes))
@@ -384,12 +390,14 @@ def _parse_body(r: _Reader, digest: bytes) -> Program:
     for _ in range(n_state):
         (index,) = r.unpack("I", "state input index")
         state.append((index, r.ref("state")))
-    n_quantized = r.count("host-quantised input count", 16)
-    quantized = tuple(r.unpack("Idi", "host-quantised input") for _ in range(n_quantized))
+    n_converted = r.count("host-converted input count", 16)
+    converted = tuple(r.unpack("Idi", "host-converted input") for _ in range(n_converted))
+    n_widened = r.count("widened output count", 4)
+    widened = r.unpack(f"{n_widened}I", "widened outputs")
     if r.pos != len(r.buf):
-        raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the host-quantised inputs")
+        raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the widened outputs")
     return Program(config_name, config_digest, tuple(instructions), tuple(constants), sigs[0], sigs[1],
-                   layers, predicted, digest, tuple(streamed), plan, tuple(state), quantized)
+                   layers, predicted, digest, tuple(streamed), plan, tuple(state), converted, widened)
 
 
 def validate(program: Program, config: ChipConfig | str | None = None) -> ChipConfig:
@@ -426,14 +434,25 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
         # the chip may keep it in its storage type (fp16 for an fp32 input): the shape must match
         if not _is_count(index) or index >= len(program.inputs) or tuple(ref.shape) != tuple(program.inputs[index].shape):
             raise ProgramFormatError(f"state {ref} does not match input {index} of the program's signature")
-    for index, scale, zero_point in program.host_quantized:
+    for index, scale, zero_point in program.host_converted:
         if not _is_count(index) or index >= len(program.inputs) or index in dict(program.state) \
-                or program.inputs[index].dtype.np not in (np.dtype(np.int8), np.dtype(np.uint8)):
-            raise ProgramFormatError(f"host-quantised input {index} is not an int8/uint8 input of the program")
-        info = np.iinfo(program.inputs[index].dtype.np)
+                or program.inputs[index].dtype not in _NARROW:
+            raise ProgramFormatError(f"host-converted input {index} is not an int8/uint8/fp16/bf16 input of the "
+                                     "program")
+        dtype = program.inputs[index].dtype
+        if dtype in (DType.F16, DType.BF16):
+            if (scale, zero_point) != (1.0, 0):
+                raise ProgramFormatError(f"host-converted input {index} is {dtype.short}: it is rounded, with scale "
+                                         f"1 and zero point 0, not {scale!r} and {zero_point!r}")
+            continue
+        info = np.iinfo(dtype.np)
         if not (isinstance(scale, float) and scale > 0 and not isinf(scale)) or not info.min <= zero_point <= info.max:
-            raise ProgramFormatError(f"host-quantised input {index}: scale {scale!r} must be a positive float and "
+            raise ProgramFormatError(f"host-converted input {index}: scale {scale!r} must be a positive float and "
                                      f"zero point {zero_point!r} in [{info.min}, {info.max}]")
+    for index in program.widened_outputs:
+        if not _is_count(index) or index >= len(program.outputs) \
+                or program.outputs[index].dtype not in (DType.F16, DType.BF16):
+            raise ProgramFormatError(f"widened output {index} is not an fp16/bf16 output of the program")
     if not (_is_count(program.plan.sram_bytes) and _is_count(program.plan.activation_base)):
         raise ProgramFormatError(f"SRAM plan {program.plan} needs non-negative integer sizes")
     if program.plan.sram_bytes > chip.sram_bytes or program.plan.activation_base > chip.sram_bytes:
@@ -457,6 +476,7 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
     return columns
 
 
+_NARROW = (DType.I8, DType.U8, DType.F16, DType.BF16)  # what a host-converted input may cross the link as
 _INFINITE_OK = frozenset({Opcode.CLIP, Opcode.MATMUL, Opcode.DWCONV})
 
 
@@ -482,7 +502,12 @@ def disassemble(program: Program) -> str:
             "; inputs:  " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.inputs),
             "; outputs: " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.outputs)]
     head += [f"; input {index} is quantised on the host (scale {scale:g}, zero point {zero_point}): the link "
-             f"carries {program.inputs[index].dtype.short}" for index, scale, zero_point in program.host_quantized]
+             f"carries {program.inputs[index].dtype.short}" for index, scale, zero_point in program.host_converted
+             if program.inputs[index].dtype in (DType.I8, DType.U8)]
+    head += [f"; input {index} is rounded to {program.inputs[index].dtype.short} on the host" for index, _, _
+             in program.host_converted if program.inputs[index].dtype in (DType.F16, DType.BF16)]
+    head += [f"; output {index} is stored in {program.outputs[index].dtype.short} and widened to fp32 on the host"
+             for index in program.widened_outputs]
     body = [format_instruction(i, ins, program.layer_names) for i, ins in enumerate(program.instructions)]
     return "\n".join(head + body)
 

@@ -150,6 +150,15 @@ def quantize_linear(x: np.ndarray, scale: float, zero_point: int, dtype) -> np.n
     return np.clip(np.rint(_f32(x) / F32(scale)) + F32(zero_point), lo, hi).astype(dtype)
 
 
+def host_convert(x: np.ndarray, scale: float, zero_point: int, dtype) -> np.ndarray:
+    """What the host does to an fp32 input before the link: QuantizeLinear into an integer type, or rounding
+    to nearest into a narrow float type (as a CAST into it rounds)."""
+    dtype = np.dtype(dtype)
+    if dtype in _INT_RANGES:
+        return quantize_linear(x, scale, zero_point, dtype)
+    return _f32(x).astype(dtype)
+
+
 def _quantize(outs, ins, attrs):
     np.copyto(outs[0], quantize_linear(ins[0], attrs["scale"], attrs["zero_point"], outs[0].dtype))
 

@@ -23,7 +23,7 @@ from .columns import _END, _IN_SRAM, ProgramColumns
 from .config import ChipConfig
 from .isa import DType, HostTensor, Opcode, Space
 from .program import Program, aligned_array, decoded_columns, validated_columns
-from .semantics import SEMANTICS, WeightBuffer, quantize_linear
+from .semantics import SEMANTICS, WeightBuffer, host_convert
 from .stats import RunStats, run_stats
 
 __all__ = ["Simulator", "RunStats", "ScheduleError", "CallError", "OverflowWarning"]
@@ -71,10 +71,14 @@ class Simulator:
             columns = decoded_columns(program, config)
         program, config = columns.program, columns.chip
         self.program, self.config, self.chip = program, config, chip
-        # the caller passes a host-quantised input in fp32; the host quantises it before the link
-        self._host_quantized = {index: (scale, zero_point) for index, scale, zero_point in program.host_quantized}
-        self._inputs = tuple(HostTensor(sig.shape, DType.F32) if i in self._host_quantized else sig
+        # the caller passes a host-converted input in fp32 (the host narrows it before the link) and takes a
+        # widened output in fp32 (the host widens what the chip stored)
+        self._converted = {index: (scale, zero_point) for index, scale, zero_point in program.host_converted}
+        self._widened = frozenset(program.widened_outputs)
+        self._inputs = tuple(HostTensor(sig.shape, DType.F32) if i in self._converted else sig
                              for i, sig in enumerate(program.inputs))
+        self._outputs = tuple(HostTensor(sig.shape, DType.F32) if j in self._widened else sig
+                              for j, sig in enumerate(program.outputs))
         operand = columns.operand
         in_sram = operand[:, _IN_SRAM].astype(bool)
         # in SRAM from the load on: the constants and the resident state (read, never written by the program)
@@ -159,7 +163,8 @@ class Simulator:
 
     @property
     def outputs(self) -> tuple:
-        return self.program.outputs
+        """The outputs as the caller takes them (a widened one in fp32)."""
+        return self._outputs
 
     # what a one-chip program and a system program (:class:`.system_sim.SystemSimulator`) both answer, so that
     # their callers need not ask which they hold: a program on one chip is a system of one
@@ -196,13 +201,13 @@ class Simulator:
             if arr.shape != tuple(sig.shape) or arr.dtype != sig.dtype.np:
                 raise CallError(f"input {i}: expected {sig.dtype.np}{list(sig.shape)}, "
                                 f"got {arr.dtype}{list(arr.shape)}")
-            if i in self._host_quantized:
-                arr = quantize_linear(arr, *self._host_quantized[i], self.program.inputs[i].dtype.np)
+            if i in self._converted:
+                arr = host_convert(arr, *self._converted[i], self.program.inputs[i].dtype.np)
             arrays.append(np.ascontiguousarray(arr))
         return arrays
 
     def _check_outputs(self, outputs) -> list:
-        expected = self.program.outputs
+        expected = self._outputs
         if outputs is None:
             return [np.empty(s.shape, s.dtype.np) for s in expected]
         if len(outputs) != len(expected):
@@ -238,7 +243,8 @@ class Simulator:
             raise CallError("a timing-only simulator measures cycles and runs no arithmetic; "
                             "load the program without timing_only to run it")
         host_in = self._check_inputs(inputs)
-        host_out = self._check_outputs(outputs)
+        caller_out = self._check_outputs(outputs)
+        host_out = self._stored(caller_out)
         overflowed = set()
         current = [0]
         # IEEE specials propagate silently, as on the hardware; a result too big for a reduced-precision
@@ -252,7 +258,17 @@ class Simulator:
                 else:
                     fn(outs, ins, attrs)
         self._warn_overflow(overflowed & self._reduced_dsts)
-        return host_out
+        return self._widen(host_out, caller_out)
+
+    def _stored(self, caller_out: list) -> list:
+        """The buffers STOREs write: the caller's, or a narrow one for a widened output."""
+        return [np.empty(sig.shape, sig.dtype.np) if j in self._widened else buffer
+                for j, (buffer, sig) in enumerate(zip(caller_out, self.program.outputs))]
+
+    def _widen(self, host_out: list, caller_out: list) -> list:
+        for j in self._widened:
+            np.copyto(caller_out[j], host_out[j])  # fp16/bf16 to fp32: exact
+        return caller_out
 
     def _host_move(self, k, op, outs, ins, attrs, host_in, host_out) -> None:
         instructions = self.program.instructions
@@ -271,7 +287,8 @@ class Simulator:
         """One call run an instruction at a time, by position in issue order (how a system interleaves chips)."""
         if self.timing_only:
             raise CallError("a timing-only simulator measures cycles and runs no arithmetic")
-        return _Session(self, self._check_inputs(inputs), self._check_outputs(outputs))
+        caller_out = self._check_outputs(outputs)
+        return _Session(self, self._check_inputs(inputs), self._stored(caller_out), caller_out)
 
     def _warn_overflow(self, positions) -> None:
         for k in sorted(positions):
@@ -282,8 +299,8 @@ class Simulator:
 
 
 class _Session:
-    def __init__(self, sim, host_in, host_out):
-        self.sim, self.host_in, self.host_out = sim, host_in, host_out
+    def __init__(self, sim, host_in, host_out, caller_out):
+        self.sim, self.host_in, self.host_out, self.caller_out = sim, host_in, host_out, caller_out
 
     def step(self, position: int) -> None:
         fn, op, outs, ins, attrs = self.sim._bound[position]
@@ -294,7 +311,7 @@ class _Session:
                 fn(outs, ins, attrs)
 
     def finish(self) -> list:
-        return self.host_out
+        return self.sim._widen(self.host_out, self.caller_out)
 
 
 def _install_view(outs, ins, attrs):

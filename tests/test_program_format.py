@@ -175,14 +175,23 @@ def test_a_hand_made_program_of_the_wrong_parts_is_named_as_it_is_made(case):
         make(copy, made)
 
 
-@pytest.mark.parametrize("quantized, message", [
-    ((0, 0.5, 0), "host-quantised input 0 is not an int8/uint8 input"),
-    ((3, 0.5, 0), "host-quantised input 3 is not an int8/uint8 input"),
+@pytest.mark.parametrize("converted, message", [
+    ((0, 0.5, 0), "host-converted input 0 is not an int8/uint8/fp16/bf16 input"),
+    ((3, 0.5, 0), "host-converted input 3 is not an int8/uint8/fp16/bf16 input"),
 ])
-def test_a_host_quantised_input_must_be_an_integer_input_of_the_program(blob, quantized, message):
+def test_a_host_converted_input_must_be_a_narrow_input_of_the_program(blob, converted, message):
     import dataclasses
 
     from lpx_tvm.runtime_sim import validate
 
     with pytest.raises(ProgramFormatError, match=message):
-        validate(dataclasses.replace(decode(blob), host_quantized=(quantized,)))
+        validate(dataclasses.replace(decode(blob), host_converted=(converted,)))
+
+
+def test_a_widened_output_must_be_a_narrow_output_of_the_program(blob):
+    import dataclasses
+
+    from lpx_tvm.runtime_sim import validate
+
+    with pytest.raises(ProgramFormatError, match="widened output 0 is not an fp16/bf16 output"):
+        validate(dataclasses.replace(decode(blob), widened_outputs=(0,)))

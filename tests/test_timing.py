@@ -92,16 +92,17 @@ def test_a_two_layer_chain_with_chained_epilogues(chip):
     assert code2[1].cycle == y_ready
 
 
-@pytest.mark.parametrize("config", ["tiny", "tsp"])
-def test_a_host_link_bound_model_compiles_to_the_hand_worked_cycles(config):
-    """x + y for big x, y: both inputs cross the one host link in turn, then the add, then the result."""
+@pytest.mark.parametrize("config, cycles", [("tiny", 4052), ("tsp", 11424)])
+def test_a_host_link_bound_model_compiles_to_the_hand_worked_cycles(config, cycles):
+    """x + y for big x, y: both inputs cross the one host link in turn, then the add, then the result (on tsp
+    the 128,000-byte tensors move in two bands each, and the link never idles)."""
     chip = load_config(config)
     rows, cols = 100, chip.lanes
     model = add_model(rows, cols)
     compiled = lpx_tvm.compile(model, config=config)
     (sim,) = compiled.simulators.values()
-    expected = host_bound_add_cycles(chip, rows, cols)
-    assert sim.stats.cycles == sim.program.predicted_cycles == expected
+    assert host_bound_add_cycles(chip, rows, cols) == cycles
+    assert sim.stats.cycles == cycles
     assert sim.stats.layers and min(r["bound"] for r in sim.stats.layers if r["name"] == "load") == "host link"
     x, y = (np.random.default_rng(i).standard_normal((rows, cols)).astype(np.float32) for i in range(2))
     np.testing.assert_array_equal(compiled(x, y)[0], ort_run(model, {"x": x, "y": y})[0])

@@ -167,9 +167,12 @@ def _region_behind(g: Graph, h: int, axis: int, ranks: int, producer: dict, outp
                 return None  # (a product already split by rows sums whole columns: it cannot start a region)
             whole.append(made.inputs[0])
             region.columns.add(i)
-        elif made.kind == "matmul" and ax < len(shape) - 2 and len(made.inputs) == 2:
+        elif made.kind == "matmul" and ax < len(shape) - 2 \
+                and all(g.is_constant(g.base(e)) for e in made.inputs[2:]):
             # batched over the split axis: two activations split alike, or one by a constant every chip holds
-            a, w = made.inputs
+            # (an epilogue's bias and scale, one per column, are the same for every batch)
+            a, w = made.inputs[:2]
+            whole.extend(made.inputs[2:])
             if len(g.tensors[a].shape) != len(shape):
                 return None
             stack.append((a, ax))

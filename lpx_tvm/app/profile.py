@@ -45,7 +45,7 @@ def profile(compiled) -> dict:
         report["simulated_cycles"] += stats.cycles
         report["microseconds"] += stats.microseconds
         report["programs"][name] = stats.to_dict()
-        report["host_quantized_inputs"] = report.get("host_quantized_inputs", 0) + len(sim.program.host_quantized)
+        report["host_converted_inputs"] = report.get("host_converted_inputs", 0) + len(sim.program.host_converted)
         weighted += stats.peak_macs_cycles
         capacity += stats.planes * stats.array_macs * stats.cycles
         for unit, info in stats.to_dict()["units"].items():
@@ -125,5 +125,5 @@ def table(report: dict, top: int | None = None) -> str:
     return (f"{text}\n\ntotal ({report['dtype']} on {report.get('config', '?')}): "
             f"{report['simulated_cycles']} cycles (predicted {report['predicted_cycles']}) = "
             f"{report['microseconds']:.1f} µs; useful-MAC utilisation {report['mac_utilisation']:.1%}; "
-            f"busy: {units}" + (f"; {report['host_quantized_inputs']} input(s) quantised on the host before the link"
-                                if report.get("host_quantized_inputs") else ""))
+            f"busy: {units}" + (f"; {report['host_converted_inputs']} input(s) narrowed on the host before the link"
+                                if report.get("host_converted_inputs") else ""))

@@ -46,7 +46,7 @@ def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int,
     state = tuple((k, TensorRef(addr[g.base(t)], g.tensors[t].shape, DType.from_numpy(g.tensors[g.base(t)].dtype)))
                   for k, t in enumerate(g.inputs) if g.base(t) in g.state and g.base(t) in addr)
     converted = tuple((k, *g.host_converted[t]) for k, t in enumerate(g.inputs) if t in g.host_converted)
-    widened = tuple(j for j, t in enumerate(g.outputs) if t in g.widened)
+    widened = tuple((j, *g.widened[t]) for j, t in enumerate(g.outputs) if t in g.widened)
     return Program(config.name, config.digest, tuple(instructions), tuple(constants),
                    host(g.inputs), host(g.outputs), layers, makespan, streamed=streamed, plan=plan, state=state,
                    host_converted=converted, widened_outputs=widened)

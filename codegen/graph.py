@@ -55,7 +55,7 @@ class Graph:
     # input id -> (scale, zero point): the host converts the caller's fp32 to the input's narrower type (an
     # integer one by QuantizeLinear, a float one by rounding: scale 1, zero point 0) before the link
     host_converted: dict = field(default_factory=dict)
-    widened: set = field(default_factory=set)  # outputs stored narrow that the host widens to fp32
+    widened: dict = field(default_factory=dict)  # output id -> (scale, zero point): the host widens it to fp32
 
     def is_resident(self, tid: int) -> bool:
         """A constant, or resident state: placed once, never freed, never written by the program."""

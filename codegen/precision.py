@@ -63,7 +63,7 @@ def lower_precision(g: Graph, dtype: str) -> None:
             g.host_dtype[tid] = F32
         elif g.tensors[tid].dtype == target:
             g.host_converted[tid] = (1.0, 0)
-    g.widened |= {tid for tid in g.outputs if g.tensors[g.base(tid)].dtype == target}
+    g.widened.update({tid: (1.0, 0) for tid in g.outputs if g.tensors[g.base(tid)].dtype == target})
 
 
 def fp8_products(g: Graph) -> list:

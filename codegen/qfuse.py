@@ -196,11 +196,13 @@ def fuse_int8(g: Graph) -> int:
     return fused
 
 
-def quantize_inputs_on_host(g: Graph) -> int:
-    """An input read only by a QuantizeLinear crosses the host link as its integers: the host quantises it
-    (:attr:`Graph.host_converted`), a quarter of an fp32 tensor's bytes. Returns how many inputs."""
+def convert_on_host(g: Graph) -> int:
+    """The link carries integers, a quarter of fp32's bytes: an input read only by a QuantizeLinear is
+    quantised on the host (:attr:`Graph.host_converted`), and an output that a DequantizeLinear makes and
+    nothing else reads is stored as its integers and dequantised on the host (:attr:`Graph.widened`).
+    Returns how many inputs and outputs."""
     moved = 0
-    g.host_converted = dict(g.host_converted)  # a system's parts share the dict they were copied with
+    g.host_converted, g.widened = dict(g.host_converted), dict(g.widened)  # (a system's parts share them)
     for position, tid in enumerate(g.inputs):
         quant = _single_reader(g, tid)
         if quant is None or quant.kind != "QUANTIZE" or quant.inputs != [tid] or g.base(tid) in g.state \
@@ -209,5 +211,16 @@ def quantize_inputs_on_host(g: Graph) -> int:
         g.inputs[position] = quant.output
         g.host_converted[quant.output] = (float(quant.attrs["scale"]), int(quant.attrs["zero_point"]))
         g.nodes.remove(quant)
+        moved += 1
+    producers = g.producer()
+    read = {g.base(t) for node in g.nodes for t in node.inputs}
+    for position, tid in enumerate(g.outputs):
+        dequant = producers.get(tid)
+        if dequant is None or dequant.kind != "DEQUANTIZE" or tid in read or g.outputs.count(tid) > 1 \
+                or dequant.inputs[0] in g.outputs or dequant.inputs[0] in g.inputs:
+            continue
+        g.outputs[position] = dequant.inputs[0]
+        g.widened[dequant.inputs[0]] = (float(dequant.attrs["scale"]), int(dequant.attrs["zero_point"]))
+        g.nodes.remove(dequant)
         moved += 1
     return moved

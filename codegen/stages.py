@@ -31,7 +31,7 @@ from .emit import emit, resolve
 from .fuse import fuse_epilogues
 from .graph import Graph
 from .precision import lower_precision
-from .qfuse import fuse_int8, quantize_inputs_on_host
+from .qfuse import fuse_int8, convert_on_host
 from .schedule import restamp, schedule
 from .tile import tile
 
@@ -105,7 +105,7 @@ def _precision(c: Compilation) -> None:
 
 def _tile(c: Compilation) -> None:
     if c.options.dtype == "int8":  # per part: a system's strategies have cut the graph by now
-        quantize_inputs_on_host(c.graph)
+        convert_on_host(c.graph)
     c.ops = tile(c.graph, c.chip, resident_budget=c.resident_budget)
 
 

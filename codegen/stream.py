@@ -39,7 +39,7 @@ def replicated(g: Graph, copies: int) -> Graph:
         out.outputs += [new_id(t) for t in g.outputs]
         out.host_dtype.update({new_id(t): d for t, d in g.host_dtype.items()})
         out.host_converted.update({new_id(t): q for t, q in g.host_converted.items()})
-        out.widened.update(new_id(t) for t in g.widened)
+        out.widened.update({new_id(t): w for t, w in g.widened.items()})
     return out
 
 

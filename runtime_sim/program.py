@@ -96,8 +96,10 @@ class Program:
         ``(input index, scale, zero point)``: the caller passes this input in fp32 and the host converts it
         to the type that crosses the link, ``inputs[index]``: an int8/uint8 input by ONNX QuantizeLinear, an
         fp16/bf16 one by rounding to nearest (scale 1, zero point 0). The link carries the narrow bytes.
-    widened_outputs : tuple of int
-        Outputs stored in fp16/bf16 (``outputs[j]``) that the host widens to fp32 for the caller (exact).
+    widened_outputs : tuple of (int, float, int)
+        ``(output index, scale, zero point)``: the chip stores this output narrow (``outputs[j]``) and the
+        host widens it to fp32 for the caller: an fp16/bf16 one exactly (scale 1, zero point 0), an
+        int8/uint8 one by ONNX DequantizeLinear. The link carries the narrow bytes.
     """
 
     config_name: str
@@ -146,7 +148,7 @@ _PARTS = (  # what each of a Program's tuples holds: (field, test, in words)
     ("state", lambda x: isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[1], TensorRef),
      "(input index, TensorRef)"),
     ("host_converted", lambda x: isinstance(x, (tuple, list)) and len(x) == 3, "(input index, scale, zero point)"),
-    ("widened_outputs", _is_count, "output index"),
+    ("widened_outputs", lambda x: isinstance(x, (tuple, list)) and len(x) == 3, "(output index, scale, zero point)"),
 )
 
 
@@ -215,8 +217,9 @@ def _encode(program: Program, allocate):
     parts.append(struct.pack("<I", len(program.host_converted)))
     for index, scale, zero_point in program.host_converted:
         parts.append(struct.pack("<Idi", index, scale, zero_point))
-    parts.append(struct.pack(f"<I{len(program.widened_outputs)}I", len(program.widened_outputs),
-                             *program.widened_outputs))
+    parts.append(struct.pack("<I", len(program.widened_outputs)))
+    for index, scale, zero_point in program.widened_outputs:
+        parts.append(struct.pack("<Idi", index, scale, zero_point))
     # one buffer, written in place: weights are most of a program, and each copy of them costs their size
     sizes = [p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts]
     blob = allocate(HEADER.size + sum(sizes))
@@ -392,12 +395,28 @@ def _parse_body(r: _Reader, digest: bytes) -> Program:
         state.append((index, r.ref("state")))
     n_converted = r.count("host-converted input count", 16)
     converted = tuple(r.unpack("Idi", "host-converted input") for _ in range(n_converted))
-    n_widened = r.count("widened output count", 4)
-    widened = r.unpack(f"{n_widened}I", "widened outputs")
+    n_widened = r.count("widened output count", 16)
+    widened = tuple(r.unpack("Idi", "widened output") for _ in range(n_widened))
     if r.pos != len(r.buf):
         raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the widened outputs")
     return Program(config_name, config_digest, tuple(instructions), tuple(constants), sigs[0], sigs[1],
                    layers, predicted, digest, tuple(streamed), plan, tuple(state), converted, widened)
+
+
+def _check_conversion(what: str, dtype, scale, zero_point) -> None:
+    """What the host converts between fp32 and a narrow type: rounding (fp16/bf16: scale 1, zero point 0)
+    or (de)quantisation (int8/uint8: a positive scale, a zero point in the type's range)."""
+    if dtype not in _NARROW:
+        raise ProgramFormatError(f"{what} is {dtype.short}, not int8/uint8/fp16/bf16")
+    if dtype in (DType.F16, DType.BF16):
+        if (scale, zero_point) != (1.0, 0):
+            raise ProgramFormatError(f"{what} is {dtype.short}: it is rounded, with scale 1 and zero point 0, "
+                                     f"not {scale!r} and {zero_point!r}")
+        return
+    info = np.iinfo(dtype.np)
+    if not (isinstance(scale, float) and scale > 0 and not isinf(scale)) or not info.min <= zero_point <= info.max:
+        raise ProgramFormatError(f"{what}: scale {scale!r} must be a positive float and zero point "
+                                 f"{zero_point!r} in [{info.min}, {info.max}]")
 
 
 def validate(program: Program, config: ChipConfig | str | None = None) -> ChipConfig:
@@ -435,24 +454,13 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
         if not _is_count(index) or index >= len(program.inputs) or tuple(ref.shape) != tuple(program.inputs[index].shape):
             raise ProgramFormatError(f"state {ref} does not match input {index} of the program's signature")
     for index, scale, zero_point in program.host_converted:
-        if not _is_count(index) or index >= len(program.inputs) or index in dict(program.state) \
-                or program.inputs[index].dtype not in _NARROW:
-            raise ProgramFormatError(f"host-converted input {index} is not an int8/uint8/fp16/bf16 input of the "
-                                     "program")
-        dtype = program.inputs[index].dtype
-        if dtype in (DType.F16, DType.BF16):
-            if (scale, zero_point) != (1.0, 0):
-                raise ProgramFormatError(f"host-converted input {index} is {dtype.short}: it is rounded, with scale "
-                                         f"1 and zero point 0, not {scale!r} and {zero_point!r}")
-            continue
-        info = np.iinfo(dtype.np)
-        if not (isinstance(scale, float) and scale > 0 and not isinf(scale)) or not info.min <= zero_point <= info.max:
-            raise ProgramFormatError(f"host-converted input {index}: scale {scale!r} must be a positive float and "
-                                     f"zero point {zero_point!r} in [{info.min}, {info.max}]")
-    for index in program.widened_outputs:
-        if not _is_count(index) or index >= len(program.outputs) \
-                or program.outputs[index].dtype not in (DType.F16, DType.BF16):
-            raise ProgramFormatError(f"widened output {index} is not an fp16/bf16 output of the program")
+        if not _is_count(index) or index >= len(program.inputs) or index in dict(program.state):
+            raise ProgramFormatError(f"host-converted input {index} is not an input of the program")
+        _check_conversion(f"host-converted input {index}", program.inputs[index].dtype, scale, zero_point)
+    for index, scale, zero_point in program.widened_outputs:
+        if not _is_count(index) or index >= len(program.outputs):
+            raise ProgramFormatError(f"widened output {index} is not an output of the program")
+        _check_conversion(f"widened output {index}", program.outputs[index].dtype, scale, zero_point)
     if not (_is_count(program.plan.sram_bytes) and _is_count(program.plan.activation_base)):
         raise ProgramFormatError(f"SRAM plan {program.plan} needs non-negative integer sizes")
     if program.plan.sram_bytes > chip.sram_bytes or program.plan.activation_base > chip.sram_bytes:
@@ -507,7 +515,7 @@ def disassemble(program: Program) -> str:
     head += [f"; input {index} is rounded to {program.inputs[index].dtype.short} on the host" for index, _, _
              in program.host_converted if program.inputs[index].dtype in (DType.F16, DType.BF16)]
     head += [f"; output {index} is stored in {program.outputs[index].dtype.short} and widened to fp32 on the host"
-             for index in program.widened_outputs]
+             for index, _, _ in program.widened_outputs]
     body = [format_instruction(i, ins, program.layer_names) for i, ins in enumerate(program.instructions)]
     return "\n".join(head + body)
 

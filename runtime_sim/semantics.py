@@ -159,6 +159,15 @@ def host_convert(x: np.ndarray, scale: float, zero_point: int, dtype) -> np.ndar
     return _f32(x).astype(dtype)
 
 
+def host_widen(out: np.ndarray, x: np.ndarray, scale: float, zero_point: int) -> None:
+    """What the host does to a narrow output after the link: DequantizeLinear from an integer type, or the
+    exact widening of a narrow float type, into the fp32 ``out``."""
+    if x.dtype in _INT_RANGES:
+        np.copyto(out, (x.astype(F32) - F32(zero_point)) * F32(scale))
+    else:
+        np.copyto(out, x)
+
+
 def _quantize(outs, ins, attrs):
     np.copyto(outs[0], quantize_linear(ins[0], attrs["scale"], attrs["zero_point"], outs[0].dtype))
 

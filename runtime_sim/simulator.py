@@ -23,7 +23,7 @@ from .columns import _END, _IN_SRAM, ProgramColumns
 from .config import ChipConfig
 from .isa import DType, HostTensor, Opcode, Space
 from .program import Program, aligned_array, decoded_columns, validated_columns
-from .semantics import SEMANTICS, WeightBuffer, host_convert
+from .semantics import SEMANTICS, WeightBuffer, host_convert, host_widen
 from .stats import RunStats, run_stats
 
 __all__ = ["Simulator", "RunStats", "ScheduleError", "CallError", "OverflowWarning"]
@@ -74,7 +74,7 @@ class Simulator:
         # the caller passes a host-converted input in fp32 (the host narrows it before the link) and takes a
         # widened output in fp32 (the host widens what the chip stored)
         self._converted = {index: (scale, zero_point) for index, scale, zero_point in program.host_converted}
-        self._widened = frozenset(program.widened_outputs)
+        self._widened = {index: (scale, zero_point) for index, scale, zero_point in program.widened_outputs}
         self._inputs = tuple(HostTensor(sig.shape, DType.F32) if i in self._converted else sig
                              for i, sig in enumerate(program.inputs))
         self._outputs = tuple(HostTensor(sig.shape, DType.F32) if j in self._widened else sig
@@ -266,8 +266,8 @@ class Simulator:
                 for j, (buffer, sig) in enumerate(zip(caller_out, self.program.outputs))]
 
     def _widen(self, host_out: list, caller_out: list) -> list:
-        for j in self._widened:
-            np.copyto(caller_out[j], host_out[j])  # fp16/bf16 to fp32: exact
+        for j, (scale, zero_point) in self._widened.items():
+            host_widen(caller_out[j], host_out[j], scale, zero_point)
         return caller_out
 
     def _host_move(self, k, op, outs, ins, attrs, host_in, host_out) -> None:

@@ -38,7 +38,7 @@ def test_storage_is_reduced_and_the_link_carries_it(rng, dtype, storage):
     loads = [i.dsts[0] for i in program.instructions if i.opcode == Opcode.LOAD]
     stores = [i.srcs[0] for i in program.instructions if i.opcode == Opcode.STORE]
     assert {r.dtype for r in loads + stores} == {storage} and sum(r.nbytes for r in loads) == 512
-    assert program.host_converted == ((0, 1.0, 0),) and program.widened_outputs == (0,)
+    assert program.host_converted == ((0, 1.0, 0),) and program.widened_outputs == ((0, 1.0, 0),)
     assert not any(i.opcode == Opcode.CAST for i in program.instructions)
     assert {i.srcs[0].dtype for i in program.instructions if i.opcode == Opcode.MATMUL} == {storage}
     x = rng.standard_normal((4, 64)).astype(np.float32)
@@ -202,7 +202,8 @@ def test_int8_weight_with_a_nonzero_zero_point(rng):
 
 def test_int8_input_is_quantised_on_the_host_so_the_link_carries_one_byte_an_element(rng):
     """The QDQ model's first QuantizeLinear runs on the host: the link moves the 1·8·12·12 = 1,152 integers
-    (the fp32 tensor is 4,608 bytes), and the LOAD takes ceil(1152 / host bytes per cycle) cycles."""
+    (the fp32 tensor is 4,608 bytes), and the LOAD takes ceil(1152 / host bytes per cycle) cycles. Its last
+    DequantizeLinear runs on the host too: the 1·16·12·12 = 2,304 integers cross back."""
     from math import ceil
 
     from onnx import helper
@@ -222,7 +223,9 @@ def test_int8_input_is_quantised_on_the_host_so_the_link_carries_one_byte_an_ele
     assert program.inputs[0].dtype in (DType.I8, DType.U8) and len(program.host_converted) == 1
     loads = [i for i in program.instructions if i.opcode == Opcode.LOAD]
     assert sum(i.dsts[0].nbytes for i in loads) == 1152
-    assert not any(i.opcode == Opcode.QUANTIZE for i in program.instructions)
+    assert not any(i.opcode in (Opcode.QUANTIZE, Opcode.DEQUANTIZE) for i in program.instructions)
+    stores = [i for i in program.instructions if i.opcode == Opcode.STORE]
+    assert sum(i.srcs[0].nbytes for i in stores) == 2304 and len(program.widened_outputs) == 1
     sim = Simulator(program)
     per_cycle = load_config("tiny").host_bytes_per_cycle
     assert sum(sim.costs[program.instructions.index(i)].busy for i in loads) == \
@@ -232,3 +235,41 @@ def test_int8_input_is_quantised_on_the_host_so_the_link_carries_one_byte_an_ele
     steps = np.rint(np.abs(out - ort_run(qdq, {"x": x})[0]) / output_step(qdq))
     assert np.mean(steps <= 1) >= 0.99
 
+
+
+def test_int8_attention_runs_its_products_of_two_activations_in_int8_with_nothing_on_the_host(rng):
+    """softmax(q kᵀ / 8) v from ONNX Runtime's quantiser: QDQ pairs around the reshapes and transposes run
+    on the integers (no DEQUANTIZE/QUANTIZE pass for them), both products of two activations are int8
+    MATMULs (QLinearMatMul), and the quantised scalar 8 is folded at import (it was dequantised on the
+    host at every call)."""
+    from onnx import helper
+
+    from conftest import make_model, ort_run, run_on_lpx, tensor_info, weights
+    from lpx_tvm.app.zoo import output_step
+
+    heads, seq, dim = 2, 16, 8
+    model = make_model([
+        helper.make_node("MatMul", ["x", "wq"], ["q2"]), helper.make_node("MatMul", ["x", "wk"], ["k2"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v2"]),
+        *[helper.make_node("Reshape", [f"{t}2", "split"], [f"{t}3"]) for t in "qkv"],
+        helper.make_node("Transpose", ["q3"], ["q"], perm=[1, 0, 2]),
+        helper.make_node("Transpose", ["k3"], ["kt"], perm=[1, 2, 0]),
+        helper.make_node("Transpose", ["v3"], ["v"], perm=[1, 0, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Div", ["s", "d"], ["scaled"]),
+        helper.make_node("Softmax", ["scaled"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])],
+        [tensor_info("x", [seq, heads * dim])], [tensor_info("y", [heads, seq, dim])],
+        [weights(rng, f"w{t}", (heads * dim, heads * dim)) for t in "qkv"]
+        + [helper.make_tensor("split", 7, [3], [seq, heads, dim]), helper.make_tensor("d", 1, [], [8.0])])
+    feeds = [{"x": rng.standard_normal((seq, heads * dim)).astype(np.float32)} for _ in range(4)]
+    qdq = lpx_tvm.quantize(model, feeds)
+    compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
+    (program,) = (decode(blob) for blob in compiled.programs.values())
+    products = [i for i in program.instructions if i.opcode == Opcode.MATMUL]
+    layers = {program.layer_names[i.layer].split("/")[-1] for i in products}
+    assert {i.srcs[0].dtype for i in products} <= {DType.I8, DType.U8} and len(layers) == 5
+    transposes = [i for i in program.instructions if i.opcode == Opcode.TRANSPOSE]
+    assert transposes and {i.srcs[0].dtype for i in transposes} <= {DType.I8, DType.U8}
+    x = feeds[0]["x"]
+    (out,) = run_on_lpx(compiled, [x], programs=1)
+    steps = np.rint(np.abs(out - ort_run(qdq, {"x": x})[0]) / output_step(qdq))
+    assert np.mean(steps <= 1) >= 0.99

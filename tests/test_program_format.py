@@ -176,8 +176,8 @@ def test_a_hand_made_program_of_the_wrong_parts_is_named_as_it_is_made(case):
 
 
 @pytest.mark.parametrize("converted, message", [
-    ((0, 0.5, 0), "host-converted input 0 is not an int8/uint8/fp16/bf16 input"),
-    ((3, 0.5, 0), "host-converted input 3 is not an int8/uint8/fp16/bf16 input"),
+    ((0, 0.5, 0), "host-converted input 0 is fp32, not int8/uint8/fp16/bf16"),
+    ((3, 0.5, 0), "host-converted input 3 is not an input of the program"),
 ])
 def test_a_host_converted_input_must_be_a_narrow_input_of_the_program(blob, converted, message):
     import dataclasses
@@ -193,5 +193,5 @@ def test_a_widened_output_must_be_a_narrow_output_of_the_program(blob):
 
     from lpx_tvm.runtime_sim import validate
 
-    with pytest.raises(ProgramFormatError, match="widened output 0 is not an fp16/bf16 output"):
-        validate(dataclasses.replace(decode(blob), widened_outputs=(0,)))
+    with pytest.raises(ProgramFormatError, match="widened output 0 is fp32, not int8/uint8/fp16/bf16"):
+        validate(dataclasses.replace(decode(blob), widened_outputs=((0, 1.0, 0),)))

@@ -34,6 +34,8 @@ STREAM_RING = 3  # streamed weight blocks in flight: one computing, two streamin
 # a network input arrives in row bands, and vector and switch work on big NCHW tensors is cut into row bands
 # of about this many bytes (the larger operand), so a layer starts on the first rows the one before finishes
 BAND_BYTES = 64 << 10
+# a host transfer is cut finer: the first layer waits for its first band to cross the link, the slowest path
+HOST_BAND_BYTES = 16 << 10
 _BANDED_GROUPS = (Group.UNARY, Group.BINARY, Group.QUANT, Group.QBINARY)
 
 
@@ -310,7 +312,7 @@ class _Tiler:
     def _host_bands(self, opcode, index: int, tid: int) -> None:
         g = self.g
         t = g.tensors[tid]
-        bands = row_bands(t.shape[-2], t.nbytes, BAND_BYTES) if len(t.shape) >= 2 else []
+        bands = row_bands(t.shape[-2], t.nbytes, HOST_BAND_BYTES) if len(t.shape) >= 2 else []
         if len(bands) < 2:
             ref = whole(g, tid)
             self.emit(opcode, *(([], [ref]) if opcode == Opcode.LOAD else ([ref], [])), {"index": index},

@@ -70,22 +70,17 @@ def host_bound_add_cycles(chip, rows: int, cols: int) -> int:
     element need 12 streams a vector; more than one direction's streams make each vector take several
     cycles, fewer let several vectors go at once (as far as the lane's ALUs allow).
 
-    A tensor over 64 KiB moves in two bands of rows (the tiler's bands), and so does the add: then the link
-    never idles (each band's add is done before the link is free for its result) and the run is six
-    half-transfers back to back, then the last one's MEM latency.
+    A host transfer over 16 KiB moves in even bands of rows (the tiler's host bands), each its own LOAD or
+    STORE, back to back on the link; the add (at most 64 KiB an operand here) runs in one piece.
     """
     host = chip.host_bytes_per_s / chip.clock_hz
+    nbytes = rows * cols * 4
+    bands = ceil(nbytes / (16 << 10))
+    assert rows % bands == 0 and nbytes <= 64 << 10, "even host bands and an add in one piece, as worked here"
+    transfer = bands * ceil(nbytes // bands / host)
     streams_per_vector = 12
     step = max(1, ceil(streams_per_vector / chip.streams_per_direction))
     rate = max(1, min(chip.vxm_alus_per_lane, chip.streams_per_direction // streams_per_vector))
-    if rows * cols * 4 > 64 << 10:
-        assert rows % 2 == 0 and rows * cols * 4 <= 128 << 10, "two even bands, as worked out here"
-        half = ceil(rows // 2 * cols * 4 / host)
-        band_add = ceil(rows // 2 / rate) * step
-        # band 1's add ends before band 0's result has crossed: the link stays busy
-        assert 4 * half + chip.latency_cycles["MEM"] + band_add + chip.latency_cycles["VXM"] <= 5 * half
-        return 6 * half + chip.latency_cycles["MEM"]
-    transfer = ceil(rows * cols * 4 / host)
     add = ceil(rows / rate) * step
     return 2 * transfer + chip.latency_cycles["MEM"] + add + chip.latency_cycles["VXM"] + transfer + \
         chip.latency_cycles["MEM"]

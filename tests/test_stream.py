@@ -18,12 +18,12 @@ def relu_model():
 
 
 def test_a_link_bound_stream_keeps_the_host_link_busy_from_first_load_to_last_store():
-    """Three inferences of a ReLU over 64·256 fp32 (65,536 bytes each way): the host link carries 6 transfers
-    of ceil(65536 / host bytes per cycle) cycles back to back, the ReLUs hide under them, and the last
-    store's MEM latency ends the run."""
+    """Three inferences of a ReLU over 64·256 fp32 (65,536 bytes each way, in four 16 KiB host bands): the
+    host link carries 6 transfers of 4·ceil(16384 / host bytes per cycle) cycles back to back, the ReLUs
+    hide under them, and the last store's MEM latency ends the run."""
     chip = load_config("tiny")
     program = compile_stream(relu_model(), 3, "tiny")
-    transfer = ceil(65536 / chip.host_bytes_per_cycle)
+    transfer = 4 * ceil(16384 / chip.host_bytes_per_cycle)
     assert Simulator(program, timing_only=True).stats.cycles == 6 * transfer + chip.latency_cycles["MEM"]
     assert [i.opcode for i in program.instructions].count(Opcode.RELU) == 3
 
@@ -54,6 +54,6 @@ def test_profile_stream_prints_inferences_per_second(tmp_path, capsys):
     onnx.save(relu_model(), path)
     assert main(["profile", str(path), "--config", "tiny", "--stream", "3"]) == 0
     chip = load_config("tiny")
-    cycles = 6 * ceil(65536 / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
+    cycles = 6 * 4 * ceil(16384 / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
     assert f"stream of 3 back-to-back inferences: {cycles} cycles, {cycles / 3:.0f} per inference = " \
            f"{3 * chip.clock_hz / cycles:.0f} inferences/s" in capsys.readouterr().out

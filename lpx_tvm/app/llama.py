@@ -501,6 +501,38 @@ def build_decode(config, seed: int = 0) -> onnx.ModelProto:
     return g.model("llama_decode", inputs, 1)
 
 
+def build_prefill_blocks(config, prompt_len: int, seed: int = 0) -> onnx.ModelProto:
+    """The prefill's decoder blocks alone, from the embedded prompt to the final norm: what a long prompt
+    costs the chip (the embedding lookup is a host gather, and a prefill needs only the last position's
+    logits). Input ``hidden_states`` ``[1, prompt_len, hidden]``, output ``hidden`` of the same shape; the
+    rotary tables (positions ``0 .. prompt_len-1``) and the causal mask are constants."""
+    config = get_config(config)
+    seq = _check_seq(config, prompt_len)
+    weights = {k: v for k, v in llama_weights(config, seed).items()
+               if k not in ("model.embed_tokens.weight", "lm_head.weight")}
+    g = _Graph(config, weights)
+    cos, sin = rope_tables(config, range(seq))
+    g.inits += [numpy_helper.from_array(cos, "rope_cos"), numpy_helper.from_array(sin, "rope_sin")]
+    causal = np.triu(np.full((seq, seq), MASK_VALUE, np.float32), k=1)
+    mask = g.const(np.tile(causal, (config.num_rep, 1)).astype(g.dtype), "causal_mask")
+    rot = g.const(rotate_half_matrix(config.head_dim, g.dtype), "rotate_half")
+    x = "hidden_states"
+    for layer in range(config.num_layers):
+        p = f"model.layers.{layer}."
+        attn, _, _ = g.attention(g.rms_norm(x, p + "input_layernorm.weight"), layer, seq, "rope_cos", "rope_sin",
+                                 rot, mask, None)
+        x = g.op("Add", [x, attn])
+        x = g.op("Add", [x, g.mlp(g.rms_norm(x, p + "post_attention_layernorm.weight"), layer)])
+    g.output(g.rms_norm(x, "model.norm.weight"), "hidden")
+    shape = [1, seq, config.hidden_size]
+    graph = helper.make_graph(g.nodes, f"llama_prefill_blocks_{seq}",
+                              [helper.make_tensor_value_info("hidden_states", g.elem, shape)],
+                              [helper.make_tensor_value_info("hidden", g.elem, shape)], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lpx_tvm.app.llama")
+    model.ir_version = IR_VERSION
+    return model
+
+
 def save_llama(config_or_name, directory, prompt_len: int, seed: int = 0) -> dict[str, Path]:
     """Write ``prefill.onnx`` (for ``prompt_len`` tokens), ``decode.onnx`` and ``config.json`` to
     ``directory``; returns their paths by kind."""

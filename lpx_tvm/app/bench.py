@@ -100,16 +100,23 @@ def bench_table(records: list) -> str:
 
 
 SCHEDULE_DTYPES = ("int8", "fp16", "fp32")
-# the schedule table's workloads: (model, dtypes); bert_base is BERT-base's 12 layers at sequence 128
-SCHEDULE_WORKLOADS = (("resnet50", SCHEDULE_DTYPES), ("bert_base", ("fp16", "int8")))
+# the schedule table's workloads: (model, dtypes); bert_base is BERT-base's 12 layers at sequence 128, and
+# llama_prefill the 12 decoder blocks of llama-gpt2s (GPT-2 small's sizes) on a 512-token prompt
+SCHEDULE_WORKLOADS = (("resnet50", SCHEDULE_DTYPES), ("bert_base", ("fp16", "int8")), ("llama_prefill", ("fp16",)))
+PREFILL_TOKENS = 512
 
 
 def _workload(model: str, dtype: str):
-    """``(ONNX model, input shapes)`` of a schedule-table row: a zoo model, or BERT-base (int8: quantised by
-    ONNX Runtime's quantiser on two seeded calibration inputs)."""
+    """``(ONNX model, input shapes)`` of a schedule-table row: a zoo model, BERT-base (int8: quantised by
+    ONNX Runtime's quantiser on two seeded calibration inputs), or a decoder's prefill blocks."""
     from .. import quantize
     from .zoo import ZOO, quantized_for_zoo
 
+    if model == "llama_prefill":
+        from .llama import build_prefill_blocks, get_config
+
+        config = get_config("llama-gpt2s").replace(dtype="fp32")  # lpx stores it in ``dtype``; the graph is fp32
+        return build_prefill_blocks(config, PREFILL_TOKENS), None
     if model != "bert_base":
         entry = ZOO[model]
         float_model = entry.load()

@@ -68,3 +68,20 @@ def test_weight_bigger_than_sram_streams_from_host(rng, rows):
     assert_close(compiled(x)[0], ort_run(model, {"x": x})[0], 1e-4)
     stats = next(iter(compiled.simulators.values())).stats
     assert stats.host_bytes >= 768 * 1440 * 4  # every call pays for the weight on the host link
+
+
+def test_the_profile_names_each_streamed_weight_and_what_forced_it(rng):
+    """The 768x1440 fp32 weight (4,423,680 bytes) cannot stay beside the rest in the tiny chip's 4 MiB: the
+    profile lists its layer with those bytes, and the SRAM it is weighed against."""
+    from lpx_tvm.app.profile import profile, table
+
+    model = make_model([helper.make_node("Gemm", ["x", "w", "b"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                        helper.make_node("MatMul", ["r", "v"], ["y"])],
+                       [tensor_info("x", [1, 768])], [tensor_info("y", [1, 16])],
+                       [weights(rng, "w", (768, 1440), 0.02), weights(rng, "b", (1440,), 0.1),
+                        weights(rng, "v", (1440, 16), 0.1)])
+    report = profile(lpx_tvm.compile(model, config="tiny"))
+    (row,) = report["streamed"]
+    assert row["bytes"] == 768 * 1440 * 4 and row["layer"].startswith("matmul")
+    assert "streamed 4423680 B exceed the 4194304 B of SRAM" in row["why"]
+    assert f"  {row['layer']}: 4423680 B" in table(report)

@@ -46,6 +46,7 @@ def profile(compiled) -> dict:
         report["microseconds"] += stats.microseconds
         report["programs"][name] = stats.to_dict()
         report["host_converted_inputs"] = report.get("host_converted_inputs", 0) + len(sim.program.host_converted)
+        report.setdefault("streamed", []).extend(streamed_weights(name, sim.program, chip))
         weighted += stats.peak_macs_cycles
         capacity += stats.planes * stats.array_macs * stats.cycles
         for unit, info in stats.to_dict()["units"].items():
@@ -74,6 +75,26 @@ def profile(compiled) -> dict:
     report["mac_utilisation"] = weighted / capacity if capacity else 0.0
     report["layers"].sort(key=lambda r: -r["cycles"])
     return report
+
+
+def streamed_weights(name: str, program, chip) -> list:
+    """Each layer whose weights stream from host memory: its bytes, and what forced it (the program's
+    resident weights and activations beside the bytes that stream, against the chip's SRAM)."""
+    from ..runtime_sim import Opcode
+
+    by_layer = {}
+    for ins in program.instructions:
+        if ins.opcode == Opcode.STREAM:
+            layer = short_name(program.layer_names[ins.layer])
+            by_layer[layer] = by_layer.get(layer, 0) + program.streamed[ins.attrs["index"]].host.nbytes
+    if not by_layer:
+        return []
+    resident = sum(c.ref.nbytes for c in program.constants)
+    activations = program.plan.sram_bytes - program.plan.activation_base if program.plan.activation_base else 0
+    unique = sum(w.host.nbytes for w in program.streamed)
+    why = (f"resident weights {resident} B + activations {activations} B + streamed {unique} B exceed the "
+           f"{chip.sram_bytes} B of SRAM")
+    return [{"program": name, "layer": layer, "bytes": nbytes, "why": why} for layer, nbytes in by_layer.items()]
 
 
 def stream(model, copies: int, config: str | None = "tsp", input_shapes: dict | None = None,
@@ -122,6 +143,9 @@ def table(report: dict, top: int | None = None) -> str:
                  + "\n\n" + (tabulate(links, headers=["link", "port", "transfers", "bytes", "busy cycles",
                                                         "% of the run"], tablefmt="github") if links
                               else "(no chip-to-chip transfers)"))
+    if report.get("streamed"):
+        text += "\n\nweights streamed from host memory each call (" + report["streamed"][0]["why"] + "):\n" + "\n".join(
+            f"  {r['layer']}: {r['bytes']} B" for r in report["streamed"])
     return (f"{text}\n\ntotal ({report['dtype']} on {report.get('config', '?')}): "
             f"{report['simulated_cycles']} cycles (predicted {report['predicted_cycles']}) = "
             f"{report['microseconds']:.1f} µs; useful-MAC utilisation {report['mac_utilisation']:.1%}; "

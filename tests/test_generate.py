@@ -91,3 +91,9 @@ def test_no_tokens_is_named(tokens):
     """(0 decode steps reported a time a token with no cache write in it; -1 was taken as 0.)"""
     with pytest.raises(ValueError, match=f"tokens must be a positive integer, got {tokens}"):
         generate("llama-tiny", tokens=tokens)
+
+
+def test_generate_of_a_folder_without_the_decoder_files_names_what_is_missing(tmp_path, capsys):
+    assert main(["generate", str(tmp_path), "--tokens", "2"]) != 0
+    err = capsys.readouterr().err
+    assert "is not a decoder folder: it has no prefill.onnx or decode.onnx" in err and "Traceback" not in err

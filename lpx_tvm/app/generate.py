@@ -30,6 +30,10 @@ def _models(model, prompt_len: int, seed: int):
     if path.is_dir():
         import onnx
 
+        missing = [f for f in ("prefill.onnx", "decode.onnx") if not (path / f).is_file()]
+        if missing:
+            raise ValueError(f"{path} is not a decoder folder: it has no {' or '.join(missing)} (write one with "
+                             f"lpx_tvm.app.llama.save_llama, or give a preset: {', '.join(llama.PRESETS)})")
         prefill, decode = onnx.load(str(path / "prefill.onnx")), onnx.load(str(path / "decode.onnx"))
         config = llama.config_of(decode)
         length = prefill.graph.input[0].type.tensor_type.shape.dim[1].dim_value

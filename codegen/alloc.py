@@ -108,6 +108,17 @@ def activation_peak(g: Graph, ops: list) -> int:
     return _peak_live(g, first, last, len(ops))
 
 
+def _largest_weights(g: Graph, ops: list, count: int = 3) -> str:
+    """The ``count`` largest resident tensors with the layer that reads each, for an error message."""
+    readers = {}
+    for op in ops:
+        for operand in op.srcs:
+            if operand.tensor is not None and g.is_resident(g.base(operand.tensor)):
+                readers.setdefault(g.base(operand.tensor), op.layer)
+    biggest = sorted(readers, key=lambda t: -g.tensors[t].nbytes)[:count]
+    return ", ".join(f"{g.tensors[t].nbytes} bytes in {readers[t].rsplit('/', 1)[-1]!r}" for t in biggest)
+
+
 def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activation_base: int | None = None) -> dict:
     """SRAM address of every base tensor used by ``ops``.
 
@@ -127,7 +138,9 @@ def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activ
                                 f"{activation_base - const_base}")
         cursor = activation_base
     if cursor > config.sram_bytes:
-        raise CapacityError(f"weights need {cursor} bytes of SRAM; chip {config.name!r} has {config.sram_bytes}")
+        raise CapacityError(f"weights need {cursor} bytes of SRAM; chip {config.name!r} has {config.sram_bytes}. "
+                            f"The largest: {_largest_weights(g, ops)}. Store them smaller (dtype fp16, fp8 or "
+                            "int8) or spread the model over a system of chips (system=..., --system)")
     peak = _peak_live(g, first, last, len(ops))
     # the wider the window, the later freed space is reused (fewer false dependences for the scheduler);
     # bounded so that a program's SRAM, and the simulator's image of it, stays near what it needs

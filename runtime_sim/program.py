@@ -508,7 +508,9 @@ def disassemble(program: Program) -> str:
             f"{len(program.streamed)} streamed weights ({sum(w.host.nbytes for w in program.streamed)} bytes), "
             f"predicted {program.predicted_cycles} cycles",
             "; inputs:  " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.inputs),
-            "; outputs: " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.outputs)]
+            "; outputs: " + ", ".join(f"{t.dtype.short}{list(t.shape)}" for t in program.outputs),
+            "; operands: fp16[32x320]@0x2000 is a tensor in SRAM at that byte address (/a,b: its strides in "
+            "elements, a strided view); @S3 is stream 3, a result chained from one unit to the next without SRAM"]
     head += [f"; input {index} is quantised on the host (scale {scale:g}, zero point {zero_point}): the link "
              f"carries {program.inputs[index].dtype.short}" for index, scale, zero_point in program.host_converted
              if program.inputs[index].dtype in (DType.I8, DType.U8)]

@@ -83,3 +83,21 @@ def numpy_weight(model):
     from onnx import numpy_helper
 
     return numpy_helper.to_array(model.graph.initializer[0])
+
+
+def test_weights_that_cannot_fit_or_stream_name_their_layers_and_the_way_out(rng):
+    """Two 3x3 convolutions of 256 channels hold 2 x 2,359,296 fp32 bytes, more than the tiny chip's
+    4,194,304, and convolution weights do not stream: the error names both layers and what to do."""
+    from onnx import helper
+
+    from conftest import make_model, tensor_info, weights
+    from lpx_tvm.codegen import CapacityError
+
+    model = make_model([helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Conv", ["a", "w2"], ["y"], pads=[1, 1, 1, 1])],
+                       [tensor_info("x", [1, 256, 4, 4])], [tensor_info("y", [1, 256, 4, 4])],
+                       [weights(rng, "w1", (256, 256, 3, 3)), weights(rng, "w2", (256, 256, 3, 3))])
+    with pytest.raises(CapacityError, match=r"weights need 4718592 bytes of SRAM; chip 'tiny' has 4194304\. The "
+                                            r"largest: 2359296 bytes in 'conv2d_1', 2359296 bytes in 'conv2d_2'\. "
+                                            r"Store them smaller \(dtype fp16, fp8 or int8\) or spread the model"):
+        lpx_tvm.compile(model, config="tiny")

@@ -34,11 +34,23 @@ class Exclusive:
         return t
 
     def book(self, t: int, d: int) -> None:
+        """Take ``[t, t + d)``. A booking that meets its neighbours merges with them: a busy stretch is one
+        interval, so :meth:`earliest` steps over it at once instead of walking every booking in it."""
         if d <= 0:
             return
         i = bisect_left(self.starts, t)
+        end = t + d
+        if i < len(self.starts) and self.starts[i] == end:  # meets the next one
+            self.starts[i] = t
+            if i > 0 and self.ends[i - 1] == t:  # and the previous one: all three are one
+                self.starts[i] = self.starts[i - 1]
+                del self.starts[i - 1], self.ends[i - 1]
+            return
+        if i > 0 and self.ends[i - 1] == t:  # meets the previous one
+            self.ends[i - 1] = end
+            return
         self.starts.insert(i, t)
-        self.ends.insert(i, t + d)
+        self.ends.insert(i, end)
 
 
 class Shared:

@@ -85,6 +85,46 @@ def _already_partitioned(mod) -> bool:
     return bool(found)
 
 
+@mutator
+class _StatefulCallCloner(PyExprMutator):
+    """Each call of an lpx function that takes resident state gets a function of its own: TVM merges equal
+    functions, and one function's program has one resident slot per parameter, so two call sites with two
+    caches (a decoder's identical layers) would share one cache."""
+
+    def __init__(self, mod, state_params: set):
+        super().__init__(mod)
+        self.state_params, self.seen, self.clones = state_params, set(), 0
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not isinstance(call.op, relax.GlobalVar) or not any(a in self.state_params for a in call.args):
+            return call
+        func = self.builder_.get()[call.op]
+        if not _is_lpx_function(func):
+            return call
+        if call.op.name_hint not in self.seen:
+            self.seen.add(call.op.name_hint)
+            return call
+        self.clones += 1
+        symbol = f"{func.attrs['global_symbol']}_{self.clones}"
+        gvar = self.builder_.add_func(func.with_attr("global_symbol", symbol), f"{call.op.name_hint}_{self.clones}")
+        return relax.Call(gvar, call.args, call.attrs, call.ty_args)
+
+
+def _one_function_per_stateful_call(mod, names):
+    main = mod["main"]
+    given = (main.attrs or {}).get("onnx_input_names")
+    own = [str(n) for n in given] if given is not None else [str(p.name) for p in main.params]
+    params = {p for p, name in zip(main.params, own) if name in set(names)}
+    cloner = _StatefulCallCloner(mod, params)
+    body = cloner.visit_expr(main)
+    if not cloner.clones:
+        return mod
+    out = cloner.builder_.get()
+    out["main"] = body
+    return out
+
+
 def state_arguments(mod, functions: dict, names) -> tuple:
     """Which lpx function parameters are the model inputs ``names`` (resident state, such as a KV cache).
 
@@ -128,6 +168,8 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
         The rewritten module, the number of offloaded call sites, and where each state input lives.
     """
     programs = dict(_EXTERN_PROGRAMS)
+    if state:
+        mod = _one_function_per_stateful_call(mod, state)
     functions = {gvar.name_hint: func for gvar, func in mod.functions.items() if _is_lpx_function(func)}
     state_args, state_where = state_arguments(mod, functions, state) if state else ({}, {})
     compiled = compile_model({str(f.attrs["global_symbol"]): f for f in functions.values()}, options, state_args)

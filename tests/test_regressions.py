@@ -160,3 +160,26 @@ def test_a_model_collected_while_a_program_loads_does_not_hang_the_runtime(rng):
     fresh = lpx_tvm.compile(mlp_model(seed=1), config="tiny")
     fresh(x)  # its load forgets what was set aside
     assert not any(key in runtime._SIMULATORS for key in keys)
+
+
+def test_two_caches_read_by_one_merged_lpx_function_each_keep_their_own_values():
+    """past0 + x, then sin on the host, then past1 + that: TVM merges the two equal adds into one lpx
+    function, and both resident caches mapped to its one slot (the result was off by up to 1.9, silently,
+    as in a Hugging Face decoder whose identical layers read their own KV caches). Each call of a function
+    with state now gets its own program."""
+    from onnx import helper
+
+    from conftest import make_model, tensor_info
+
+    model = make_model([helper.make_node("Add", ["past0", "x"], ["a0"]), helper.make_node("Sin", ["a0"], ["s"]),
+                        helper.make_node("Add", ["past1", "s"], ["y"])],
+                       [tensor_info("past0", [4, 8]), tensor_info("past1", [4, 8]), tensor_info("x", [4, 8])],
+                       [tensor_info("y", [4, 8])], [])
+    compiled = lpx_tvm.compile(model, config="tiny", state=["past0", "past1"])
+    assert compiled.state_where["past0"] != compiled.state_where["past1"]
+    rng = np.random.default_rng(0)
+    p0, p1, x = (rng.standard_normal((4, 8)).astype(np.float32) for _ in range(3))
+    compiled.write_state("past0", p0)
+    compiled.write_state("past1", p1)
+    (out,) = compiled(p0, p1, x)
+    np.testing.assert_allclose(out, p1 + np.sin(p0 + x), rtol=1e-6, atol=1e-6)

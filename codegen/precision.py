@@ -49,13 +49,16 @@ def lower_precision(g: Graph, dtype: str) -> None:
         if tensor.dtype == F32 and tid not in keep:
             tensor.dtype = STORAGE["fp8"] if tid in one_byte else target
             if tensor.data is not None:
-                with np.errstate(over="ignore"):
-                    stored = tensor.data.astype(tensor.dtype)
-                if np.isinf(stored).any() and np.isfinite(tensor.data).all():
+                top = float(ml_dtypes.finfo(tensor.dtype).max)
+                finite = np.isfinite(tensor.data)
+                if (np.abs(tensor.data[finite]) > top).any():
+                    # saturated, not inf: an attention mask of float32's lowest (-3.4e38, as Hugging Face
+                    # writes it) must stay a large negative number, or the softmax sees -inf - -inf = NaN
                     warnings.warn(f"lpx: a constant of layer {readers.get(tid, '?')!r} overflows {dtype} "
-                                  f"(|x| up to {float(np.abs(tensor.data).max()):.3g}): it holds inf",
-                                  OverflowWarning, stacklevel=5)
-                tensor.data = stored
+                                  f"(|x| up to {float(np.abs(tensor.data[finite]).max()):.3g}): it saturates to "
+                                  f"±{top:g}", OverflowWarning, stacklevel=5)
+                    tensor.data = np.where(finite, np.clip(tensor.data, -top, top), tensor.data)
+                tensor.data = tensor.data.astype(tensor.dtype)
     # the host rounds an fp32 input to the storage type before the link, and widens an output after it:
     # half the bytes cross, and no CAST pass runs on the chip (the rounding is the one a CAST would do)
     for tid in g.inputs:

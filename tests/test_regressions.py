@@ -183,3 +183,25 @@ def test_two_caches_read_by_one_merged_lpx_function_each_keep_their_own_values()
     compiled.write_state("past1", p1)
     (out,) = compiled(p0, p1, x)
     np.testing.assert_allclose(out, p1 + np.sin(p0 + x), rtol=1e-6, atol=1e-6)
+
+
+def test_an_fp16_attention_mask_of_float32_lowest_saturates_instead_of_making_nan(rng):
+    """Hugging Face builds its additive mask as (1 - attention_mask) · float32's lowest (-3.4e38). Stored as
+    fp16 that constant was -inf, and 0 · -inf is NaN on every position that is not masked; it now saturates
+    to -65504 (with a warning) and the masked probabilities are 0, as ONNX Runtime's in fp32."""
+    model = make_model([helper.make_node("Sub", ["one", "mask"], ["inverted"]),
+                        helper.make_node("Mul", ["inverted", "lowest"], ["additive"]),
+                        helper.make_node("Add", ["x", "additive"], ["s"]),
+                        helper.make_node("Softmax", ["s"], ["y"], axis=-1)],
+                       [tensor_info("x", [4, 8]), tensor_info("mask", [4, 8])], [tensor_info("y", [4, 8])],
+                       [numpy_helper.from_array(np.float32(1), "one"),
+                        numpy_helper.from_array(np.finfo(np.float32).min, "lowest")])
+    with pytest.warns(OverflowWarning, match="overflows fp16 .*it saturates to ±65504"):
+        compiled = lpx_tvm.compile(model, config="tiny", dtype="fp16")
+    assert compiled.report.lpx_functions == 1 and not compiled.report.host_ops
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    mask = np.ones((4, 8), np.float32)
+    mask[:, 5:] = 0
+    (out,) = compiled(x, mask)
+    assert np.isfinite(out).all() and not out[:, 5:].any()
+    np.testing.assert_allclose(out, ort_run(model, {"x": x, "mask": mask})[0], atol=2e-3)

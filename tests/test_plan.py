@@ -159,3 +159,15 @@ def test_the_plan_command(tmp_path, capsys):
     assert "tokens/s per user" in text and "bound by" in text
     report = json.loads(out.read_text())
     assert report["bottleneck"] in report["split_cycles"] and report["chips"] >= 1
+
+
+def test_every_user_in_flight_holds_a_cache():
+    """4 stages × batch 2 serve 8 users at once (the throughput counts them all), so the chips hold 8 users'
+    caches: llama-small has 4 layers, 4 kv heads of 32, and an fp32 cache of 128 positions: K and V are
+    2·4·4·32·4 = 4,096 bytes a position a user, 4,194,304 bytes for 8 users. One stage × batch 2 holds 2
+    users' (a quarter of that)."""
+    pipelined = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, batch=2, mapping=(4, 1))
+    assert pipelined["users"] == 8 and pipelined["cache_bytes"] == 2 * 4 * 4 * 32 * 4 * 128 * 8 == 4194304
+    assert pipelined["tokens_per_s"] == pytest.approx(pipelined["tokens_per_s_per_user"] * 8)
+    alone = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, batch=2, mapping=(1, 1))
+    assert alone["users"] == 2 and alone["cache_bytes"] == 4194304 // 4

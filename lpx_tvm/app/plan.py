@@ -266,6 +266,11 @@ class Mapping:
     def tokens_per_s_per_user(self, clock: int) -> float:
         return clock / self.per_token_cycles
 
+    @property
+    def users(self) -> int:
+        """Users in flight: each stage works on ``batch`` of them while the others work on theirs."""
+        return self.stages * self.batch
+
 
 def _widths(spec: ModelSpec, chips: int) -> list:
     out = []
@@ -307,8 +312,11 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     head = head_cost(chip, spec.hidden, ceil(spec.vocab / width), batch, dtype)
     if head is None or head.streamed:
         return None
-    # every stage holds its layers' weights and caches; the last one the LM head as well, so it may take fewer
-    per_block = block.resident_bytes + extra
+    # every stage holds its layers' weights and caches; the last one the LM head as well, so it may take fewer.
+    # The block is timed for the batch it works on; the stages × batch users in flight each keep a cache on
+    # it, so the other (stages - 1) × batch users' caches are resident beside it too
+    in_flight = (stages - 1) * batch * 2 * shape.kv_heads * context * spec.head_dim * item
+    per_block = block.resident_bytes + extra + in_flight
     room = chip.sram_bytes - max(block.activation_bytes, head.activation_bytes)
     regular, last = room // per_block, (room - head.resident_bytes) // per_block
     if last < 0 or (stages - 1) * regular + last < spec.layers:
@@ -418,7 +426,7 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         if found is None:
             raise PlanError(f"{spec.name}: {mapping[0]} stages × {mapping[1]} chips does not fit {system.chip.name}")
         return _report(spec, system, dtype, context, prompt, found, [found], "the mapping asked for", weights,
-                       cache, time.perf_counter() - start)
+                       time.perf_counter() - start)
     for b in sorted({batch, *batches}):
         for width in _widths(spec, limit):
             least = max(1, ceil((weights + spec.cache_bytes(context, b, dtype)) / (chip.sram_bytes * width)))
@@ -445,11 +453,11 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     # the time to first token of the chosen mapping only: a prefill block is the largest to compile
     with_ttft = evaluate(spec, system, dtype, chosen.stages, chosen.width, chosen.batch, context, prompt)
     candidates[candidates.index(chosen)] = chosen = with_ttft
-    return _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights, cache,
+    return _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights,
                    time.perf_counter() - start)
 
 
-def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights, cache, seconds) -> dict:
+def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights, seconds) -> dict:
     clock = system.chip.clock_hz
     per_rack = {"tsp-rack": 72, "lpx-rack": 256}.get(system.name, 72 if system.chip.name == "tsp" else 256)
     split = {k: round(v) for k, v in chosen.split.items()}
@@ -457,7 +465,7 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
 
     def row(m):
         tps = m.tokens_per_s_per_user(clock)
-        return {"stages": m.stages, "width": m.width, "chips": m.chips, "batch": m.batch,
+        return {"stages": m.stages, "width": m.width, "chips": m.chips, "batch": m.batch, "users": m.users,
                 "per_token_us": 1e6 * m.per_token_cycles / clock, "tokens_per_s_per_user": tps,
                 "tokens_per_s": tps * m.batch * m.stages, "tokens_per_s_per_chip": tps * m.batch * m.stages / m.chips,
                 "ttft_ms": None if m.ttft_cycles is None else 1e3 * m.ttft_cycles / clock,
@@ -465,7 +473,8 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
     frontier = sorted((row(m) for m in candidates), key=lambda r: (r["chips"], r["batch"]))
     best = row(chosen)
     return {"model": spec.name, "system": system.name, "chip": system.chip.name, "dtype": dtype, "context": context,
-            "prompt": prompt, "params": spec.params(), "weight_bytes": weights, "cache_bytes": cache,
+            "prompt": prompt, "params": spec.params(), "weight_bytes": weights,
+            "cache_bytes": spec.cache_bytes(context, chosen.users, dtype),
             "chips": chosen.chips, "racks": ceil(chosen.chips / per_rack),
             "mapping": {"pipeline_stages": chosen.stages, "tensor_parallel": chosen.width,
                         "layers_per_stage": ceil(spec.layers / chosen.stages), "experts": chosen.expert_placement,
@@ -482,7 +491,8 @@ def table(report: dict) -> str:
     total = sum(report["split_cycles"].values())
     split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in report["split_cycles"].items() if v)
     head = (f"{report['model']} ({report['params'] / 1e9:.1f} B parameters, {report['dtype']}) on {report['system']}"
-            f" ({report['chip']} chips), {report['context']}-position cache, batch {report['batch']}:\n"
+            f" ({report['chip']} chips), {report['context']}-position cache, batch {report['batch']} a stage, "
+            f"{report['users']} users in flight:\n"
             f"  {report['chips']} chips ({report['racks']} rack(s)): {m['pipeline_stages']} pipeline stages × "
             f"{m['tensor_parallel']}-way tensor parallel, {m['layers_per_stage']} layers a stage"
             + (f"; {m['experts']}" if m["experts"] else "") + f" ({m['why']})\n"

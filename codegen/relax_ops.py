@@ -300,6 +300,35 @@ def _concat(lw, call, args, layer):
     return lw.node("CONCAT", list(args[0]), call, layer, axis=int(call.attrs.axis) % len(shape_of(call)))
 
 
+def _slice_bounds(call, shape) -> tuple:
+    """``(begin, step)`` on every axis of a strided_slice (numpy's clamping, as ONNX Slice defines it)."""
+    axes, begin, end = ([int(v) for v in call.args[k].fields] for k in (1, 2, 3))
+    strides = [int(v) for v in call.args[4].fields] if len(call.args) > 4 else [1] * len(axes)
+    first, step = [0] * len(shape), [1] * len(shape)
+    for axis, b, e, s in zip(axes, begin, end, strides):
+        axis %= len(shape)
+        first[axis], _, step[axis] = slice(b, e, s).indices(shape[axis])
+    return tuple(first), tuple(step)
+
+
+def _strided_slice(lw, call, args, layer):
+    begin, step = _slice_bounds(call, lw.graph.tensors[args[0]].shape)
+    value = lw.const_value(args[0])
+    out = shape_of(call)
+    if value is not None:
+        index = tuple(slice(b, b + s * n, s) for b, s, n in zip(begin, step, out))
+        return lw.graph.constant(np.ascontiguousarray(value[index]))
+    return lw.node("SLICE", args[:1], call, layer, begin=begin, step=step)
+
+
+def _strided_slice_unsupported(call):
+    if not all(isinstance(a, relax.Tuple) and all(isinstance(v, IntImm) for v in a.fields) for a in call.args[1:]):
+        return "strided_slice with bounds known only at run time"
+    if len(call.args) > 4 and any(int(v) <= 0 for v in call.args[4].fields):
+        return "strided_slice with a negative or zero step"
+    return None
+
+
 def _astype(lw, call, args, layer):
     value = lw.const_value(args[0])
     if value is not None:
@@ -415,6 +444,7 @@ RELAX_OPS = {row.op: row for row in [
     RelaxOp("expand_dims", _reshape),
     RelaxOp("permute_dims", _permute),
     RelaxOp("concat", _concat),
+    RelaxOp("strided_slice", _strided_slice, 5, _strided_slice_unsupported),
     RelaxOp("astype", _astype),
     RelaxOp("quantize", _quantize, 3, _quant_unsupported, weights=(1, 2)),
     RelaxOp("dequantize", _dequantize, 3, _quant_unsupported, weights=(1, 2)),

@@ -159,3 +159,25 @@ def test_a_graph_tvm_cannot_merge_is_offloaded_op_by_op_with_a_warning(rng):
     with pytest.warns(lpx_tvm.patterns.PartitionWarning, match="could not merge"):
         lpx, host, _ = partition(model)
     assert "nn.relu" in host  # a symbolic (zero-size) tensor cannot run on lpx
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps, stays_on_host", [
+    ([2, -4], [8, 100], [1, 2], [2, 1], False),  # a step of 2, a negative start, an end past the axis
+    ([7], [0], [1], [-1], True),  # a negative step: the SLICE instruction steps forward only
+])
+def test_a_slice_runs_on_lpx_unless_it_steps_backwards(rng, starts, ends, axes, steps, stays_on_host):
+    """ONNX Slice (Relax strided_slice) is one SLICE on the switch unit: it stayed on the host (17 of them in a
+    Hugging Face Llama), cutting the model into programs."""
+    from conftest import run_on_lpx
+
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
+             for n, v in (("s", starts), ("e", ends), ("a", axes), ("st", steps))]
+    model = make_model([helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["t"]),
+                        helper.make_node("Relu", ["t"], ["y"])],
+                       [tensor_info("x", [4, 8, 6])], [tensor_info("y", None)], inits)
+    lpx, host, _ = partition(model)
+    assert ("strided_slice" in host) == stays_on_host and ("strided_slice" in lpx) != stays_on_host
+    compiled = lpx_tvm.compile(model, config="tiny")
+    x = rng.standard_normal((4, 8, 6)).astype(np.float32)
+    (out,) = run_on_lpx(compiled, [x], host_ops={"relax.strided_slice": 1} if stays_on_host else None)
+    np.testing.assert_array_equal(out, ort_run(model, {"x": x})[0])

@@ -19,6 +19,7 @@ from tvm.relax.backend.pattern_registry import register_patterns
 from tvm.relax.dpl import is_const, is_op, wildcard
 from tvm.relax.transform import FuseOpsByPattern, MergeCompositeFunctions
 
+from .attention import attention_in_query_blocks
 from .codegen.options import DEFAULT_CONFIG
 from .codegen.relax_ops import PRIM_TYPES, RELAX_OPS, RELAX_PATTERNS, Constant
 from .codegen.tile import stream_tile_bytes
@@ -255,7 +256,9 @@ def partition_for_lpx(mod, config: str = DEFAULT_CONFIG, dtype: str = "fp32"):
         The partitioned module; run ``relax.transform.RunCodegen()`` or
         ``tvm.compile(mod, target="lpx")`` next.
     """
-    load_config(config).check_dtype(dtype)
+    chip = load_config(config)
+    chip.check_dtype(dtype)
+    mod = attention_in_query_blocks(mod, chip.sram_bytes)  # a long prompt's scores, a block of queries at a time
     # FuseOpsByPattern tries patterns in list order (first wins); the table lists lowest priority first,
     # the order register_patterns wants, so reverse it here
     table = list(reversed(pattern_table(config, dtype)))

@@ -49,16 +49,18 @@ def lower_precision(g: Graph, dtype: str) -> None:
         if tensor.dtype == F32 and tid not in keep:
             tensor.dtype = STORAGE["fp8"] if tid in one_byte else target
             if tensor.data is not None:
-                top = float(ml_dtypes.finfo(tensor.dtype).max)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    stored = tensor.data.astype(tensor.dtype)
                 finite = np.isfinite(tensor.data)
-                if (np.abs(tensor.data[finite]) > top).any():
+                if (finite & ~np.isfinite(stored.astype(np.float32))).any():
                     # saturated, not inf: an attention mask of float32's lowest (-3.4e38, as Hugging Face
-                    # writes it) must stay a large negative number, or the softmax sees -inf - -inf = NaN
+                    # writes it) must stay a large negative number, or 0 · -inf makes NaN
+                    top = float(ml_dtypes.finfo(tensor.dtype).max)
                     warnings.warn(f"lpx: a constant of layer {readers.get(tid, '?')!r} overflows {dtype} "
                                   f"(|x| up to {float(np.abs(tensor.data[finite]).max()):.3g}): it saturates to "
                                   f"±{top:g}", OverflowWarning, stacklevel=5)
-                    tensor.data = np.where(finite, np.clip(tensor.data, -top, top), tensor.data)
-                tensor.data = tensor.data.astype(tensor.dtype)
+                    stored = np.where(finite, np.clip(tensor.data, -top, top), tensor.data).astype(tensor.dtype)
+                tensor.data = stored
     # the host rounds an fp32 input to the storage type before the link, and widens an output after it:
     # half the bytes cross, and no CAST pass runs on the chip (the rounding is the one a CAST would do)
     for tid in g.inputs:

@@ -171,3 +171,15 @@ def test_every_user_in_flight_holds_a_cache():
     assert pipelined["tokens_per_s"] == pytest.approx(pipelined["tokens_per_s_per_user"] * 8)
     alone = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, batch=2, mapping=(1, 1))
     assert alone["users"] == 2 and alone["cache_bytes"] == 4194304 // 4
+
+
+def test_a_pipeline_takes_as_many_users_as_their_caches_leave_room_for():
+    """At 49,152 positions one user's cache on one llama-small block is 2·4·32·4·49152 = 50,331,648 bytes.
+    4 stages (a block each) cannot hold 4 users' caches; the plan takes the most that fit: the chip's memory
+    stays within its SRAM and one user more would not, and the throughput counts only those users."""
+    report = plan("llama-small", "tsp-node", dtype="fp32", context=49152, prompt=8, mapping=(4, 1))
+    one_more = 2 * 4 * 32 * 4 * 49152
+    sram = load_config("tsp").sram_bytes
+    assert report["users"] < 4 and report["memory_per_chip"] <= sram < report["memory_per_chip"] + one_more
+    assert report["cache_bytes"] == report["users"] * 4 * one_more
+    assert report["tokens_per_s"] == pytest.approx(report["tokens_per_s_per_user"] * report["users"])

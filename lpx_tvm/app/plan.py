@@ -262,14 +262,10 @@ class Mapping:
     split: dict
     memory_per_chip: int
     expert_placement: str = ""
+    users: int = 1  # in flight: stages × batch when the pipeline is full, fewer when their caches do not fit
 
     def tokens_per_s_per_user(self, clock: int) -> float:
         return clock / self.per_token_cycles
-
-    @property
-    def users(self) -> int:
-        """Users in flight: each stage works on ``batch`` of them while the others work on theirs."""
-        return self.stages * self.batch
 
 
 def _widths(spec: ModelSpec, chips: int) -> list:
@@ -313,13 +309,17 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     if head is None or head.streamed:
         return None
     # every stage holds its layers' weights and caches; the last one the LM head as well, so it may take fewer.
-    # The block is timed for the batch it works on; the stages × batch users in flight each keep a cache on
-    # it, so the other (stages - 1) × batch users' caches are resident beside it too
-    in_flight = (stages - 1) * batch * 2 * shape.kv_heads * context * spec.head_dim * item
-    per_block = block.resident_bytes + extra + in_flight
+    # The block is timed for the batch it works on; every user in flight keeps its cache on it. A full pipeline
+    # has stages × batch users in flight; when their caches do not fit, fewer batches are in flight (the
+    # pipeline idles part of the time), as many as fit
     room = chip.sram_bytes - max(block.activation_bytes, head.activation_bytes)
-    regular, last = room // per_block, (room - head.resident_bytes) // per_block
-    if last < 0 or (stages - 1) * regular + last < spec.layers:
+    for in_flight in range(stages, 0, -1):
+        per_block = block.resident_bytes + extra \
+            + (in_flight - 1) * batch * 2 * shape.kv_heads * context * spec.head_dim * item
+        regular, last = room // per_block, (room - head.resident_bytes) // per_block
+        if last >= 0 and (stages - 1) * regular + last >= spec.layers:
+            break
+    else:
         return None
     memory = min(per_stage, regular) * per_block + chip.sram_bytes - room
     memory = max(memory, min(last, spec.layers) * per_block + head.resident_bytes + chip.sram_bytes - room)
@@ -357,7 +357,8 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
         pre_bytes = prompt * spec.hidden * item
         ttft = spec.layers * (prefill.cycles + 2 * all_reduce_cycles(pre_bytes, width, chip, hop)) \
             + (stages - 1) * transfer_cycles(pre_bytes, hops, chip, hop) + head.cycles
-    return Mapping(stages, width, batch, stages * width, per_token, ttft, split, memory, placement)
+    return Mapping(stages, width, batch, stages * width, per_token, ttft, split, memory, placement,
+                   in_flight * batch)
 
 
 def _check_sizes(**sizes) -> None:
@@ -467,7 +468,7 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
         tps = m.tokens_per_s_per_user(clock)
         return {"stages": m.stages, "width": m.width, "chips": m.chips, "batch": m.batch, "users": m.users,
                 "per_token_us": 1e6 * m.per_token_cycles / clock, "tokens_per_s_per_user": tps,
-                "tokens_per_s": tps * m.batch * m.stages, "tokens_per_s_per_chip": tps * m.batch * m.stages / m.chips,
+                "tokens_per_s": tps * m.users, "tokens_per_s_per_chip": tps * m.users / m.chips,
                 "ttft_ms": None if m.ttft_cycles is None else 1e3 * m.ttft_cycles / clock,
                 "memory_per_chip": m.memory_per_chip}
     frontier = sorted((row(m) for m in candidates), key=lambda r: (r["chips"], r["batch"]))
@@ -505,9 +506,9 @@ def table(report: dict) -> str:
             f"  memory a chip: {report['memory_per_chip'] / 2**20:.0f} MiB (weights {report['weight_bytes'] / 1e9:.1f} GB"
             f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB on the chips in all; the token embedding is looked "
             f"up on the host); planned in {report['plan_s']:.1f} s")
-    rows = [[r["chips"], f"{r['stages']}×{r['width']}", r["batch"], f"{r['per_token_us']:.1f}",
+    rows = [[r["chips"], f"{r['stages']}×{r['width']}", r["batch"], r["users"], f"{r['per_token_us']:.1f}",
              f"{r['tokens_per_s_per_user']:.0f}", f"{r['tokens_per_s_per_chip']:.2f}"] for r in report["frontier"]]
-    return head + "\n\n" + tabulate(rows, headers=["chips", "stages×TP", "batch", "µs a token", "tokens/s per user",
+    return head + "\n\n" + tabulate(rows, headers=["chips", "stages×TP", "batch", "users", "µs a token", "tokens/s per user",
                                                    "tokens/s per chip"], tablefmt="github")
 
 

@@ -185,7 +185,8 @@ def cmd_bench(args) -> int:
     records = run_bench(check_names(args.models), args.repeat)
     print(bench_table(records))
     schedule = [row for model, dtypes in SCHEDULE_WORKLOADS for row in schedule_bench(model, dtypes=dtypes)]
-    print("\nOn tsp, the static schedule (bert_base: BERT-base's 12 layers at sequence 128):\n"
+    print("\nOn tsp, the static schedule (bert_base: BERT-base's 12 layers at sequence 128; llama_prefill: "
+          "llama-gpt2s's 12 decoder blocks on a 512-token prompt):\n"
           + schedule_table(schedule))
     if args.json:
         with open(args.json, "w") as fh:

@@ -155,8 +155,13 @@ def test_the_plan_command(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", "llama-small", "--system", "tsp-node", "--dtype", "fp16", "--context", "128",
                  "--prompt", "8", "--json", str(out)]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "tokens/s per user" in text and "bound by" in text
+    # it says what it measures as it goes: llama-small's 8 heads, 4 kv heads and FFN 512 split 1, 2, 4 and 8 ways
+    progress = [line for line in captured.err.splitlines() if line.startswith("plan: llama-small at batch 1, ")]
+    assert [line.split(", ")[1].split("-way")[0] for line in progress] == ["1", "2", "4", "8"]
+    assert "1-way tensor parallel (0 mappings so far" in progress[0]
     report = json.loads(out.read_text())
     assert report["bottleneck"] in report["split_cycles"] and report["chips"] >= 1
 

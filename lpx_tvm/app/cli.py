@@ -230,7 +230,7 @@ def cmd_plan(args) -> int:
 
     report = plan(args.model, args.system, dtype=args.dtype, context=args.context, prompt=args.prompt,
                   batch=args.batch, chips=args.chips, target_tps_per_user=args.target_tps_per_user,
-                  batches=args.batches)
+                  batches=args.batches, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(table(report))
     if args.json:
         write_json(report, args.json)

@@ -379,7 +379,7 @@ def _check_sizes(**sizes) -> None:
 
 def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, prompt: int = 512, batch: int = 1,
          chips: int | None = None, target_tps_per_user: float | None = None, batches=(1,),
-         mapping: tuple | None = None) -> dict:
+         mapping: tuple | None = None, progress=None) -> dict:
     """Plan an LLM's decode on a system: the mapping, its speed, its chips and racks, and what bounds it.
 
     Parameters
@@ -397,6 +397,9 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         Use at most this many chips (default: the system's).
     target_tps_per_user : float, optional
         Find the fewest chips whose best mapping reaches this many tokens/s per user.
+    progress : callable, optional
+        Called with a line of text as each tensor-parallel width is measured (the command prints them:
+        a plan takes a minute or more).
     batches : sequence of int
         Batch sizes to put on the frontier (besides ``batch``).
     mapping : (int, int), optional
@@ -430,6 +433,9 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
                        time.perf_counter() - start)
     for b in sorted({batch, *batches}):
         for width in _widths(spec, limit):
+            if progress is not None:
+                progress(f"plan: {spec.name} at batch {b}, {width}-way tensor parallel "
+                         f"({len(candidates)} mappings so far, {time.perf_counter() - start:.0f} s)")
             least = max(1, ceil((weights + spec.cache_bytes(context, b, dtype)) / (chip.sram_bytes * width)))
             for stages in sorted({s for s in range(least, min(spec.layers, limit // width) + 1)
                                   if s in (least, least + 1) or s & (s - 1) == 0 or spec.layers % s == 0}):

@@ -17,8 +17,20 @@ from .stages import Compilation, graph_stage, run_stages
 
 
 def replicated(g: Graph, copies: int) -> Graph:
-    """``copies`` independent inferences of ``g`` in one graph: the constants shared, every other tensor,
-    node, input and output once per copy (copy ``k``'s layers end in ``#k``)."""
+    """``copies`` independent inferences of ``g`` in one graph.
+
+    Parameters
+    ----------
+    g : Graph
+        A lowered graph without resident state.
+    copies : int
+
+    Returns
+    -------
+    Graph
+        The constants shared; every other tensor, node, input and output once per copy (copy ``k``'s layers
+        end in ``#k``).
+    """
     if g.state:
         raise ValueError("a stream of inferences cannot share resident state (a KV cache): each call updates it")
     out = Graph(tensors=list(g.tensors), quantized=dict(g.quantized))
@@ -44,7 +56,22 @@ def replicated(g: Graph, copies: int) -> Graph:
 
 
 def stream_program(function, options, copies: int, name: str = "stream") -> Program:
-    """One lpx function compiled as ``copies`` back-to-back inferences (see the module docstring)."""
+    """One lpx function compiled as ``copies`` back-to-back inferences (see the module docstring).
+
+    Parameters
+    ----------
+    function : tvm.relax.Function
+        A function partitioned for lpx.
+    options : CodegenOptions
+    copies : int
+        At least 1.
+    name : str
+        Used for layer names and dump files.
+
+    Returns
+    -------
+    Program
+    """
     if copies < 1:
         raise ValueError(f"a stream needs at least one inference, got {copies}")
     c = Compilation(name, options, source=function)

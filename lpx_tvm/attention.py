@@ -129,9 +129,21 @@ class _QueryBlocks(PyExprMutator):
 
 
 def attention_in_query_blocks(mod, sram_bytes: int):
-    """``mod`` with each attention whose scores take more than an eighth of ``sram_bytes`` computed in blocks
-    of query rows (see the module docstring), each block's scores at most a sixteenth; unchanged when there
-    is none."""
+    """Compute each long attention of ``mod`` in blocks of query rows (see the module docstring).
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        An imported model (before partitioning).
+    sram_bytes : int
+        The chip's SRAM: an attention whose scores take more than an eighth of it is blocked, each block's
+        scores taking at most a sixteenth.
+
+    Returns
+    -------
+    tvm.IRModule
+        ``mod`` rewritten, or ``mod`` itself when no attention is that long.
+    """
     limit = sram_bytes // 8
     chains = _chains(mod["main"], limit)
     if not chains:

@@ -313,18 +313,19 @@ class _Tiler:
         g = self.g
         t = g.tensors[tid]
         bands = row_bands(t.shape[-2], t.nbytes, HOST_BAND_BYTES) if len(t.shape) >= 2 else []
+
+        def move(ref, attrs):  # a LOAD writes the SRAM ref, a STORE reads it
+            srcs, dsts = ([], [ref]) if opcode == Opcode.LOAD else ([ref], [])
+            self.emit(opcode, srcs, dsts, attrs, opcode.name.lower())
         if len(bands) < 2:
-            ref = whole(g, tid)
-            self.emit(opcode, *(([], [ref]) if opcode == Opcode.LOAD else ([ref], [])), {"index": index},
-                      opcode.name.lower())
+            move(whole(g, tid), {"index": index})
             return
         lead, rows, cols = prod(t.shape[:-2]), t.shape[-2], t.shape[-1]
         item = t.dtype.itemsize
         for h0, h1 in bands:
             for plane in range(lead):
-                ref = view(g, tid, (lead, rows, cols), (plane,), [(h0, h1)])
-                self.emit(opcode, *(([], [ref]) if opcode == Opcode.LOAD else ([ref], [])),
-                          {"index": index, "offset": (plane * rows + h0) * cols * item}, opcode.name.lower())
+                move(view(g, tid, (lead, rows, cols), (plane,), [(h0, h1)]),
+                     {"index": index, "offset": (plane * rows + h0) * cols * item})
 
 
 def _row_bandable(g: Graph, node: Node, opcode: Opcode, attrs: dict) -> bool:

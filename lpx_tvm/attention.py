@@ -21,18 +21,16 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .codegen.relax_ops import Constant, constant_value
+from .codegen.relax_ops import Constant, LoweringError, constant_value, shape_of
 
 _ROW_WISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.astype")
 
 
 def _shape(expr) -> tuple | None:
-    ty = expr.ty if hasattr(expr, "ty") else None
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
+    """The static shape of a tensor expression, or None."""
     try:
-        return tuple(int(d) for d in ty.shape.values)
-    except (TypeError, AttributeError):
+        return shape_of(expr)
+    except LoweringError:
         return None
 
 
@@ -77,16 +75,10 @@ def _row_wise(call, current, scores) -> bool:
         return int(call.attrs.axis) % len(scores) == len(scores) - 1
     if call.op.name not in _ROW_WISE or _shape(current) != scores:
         return False
-    for arg in call.args:
-        if arg.same_as(current) or _shape(arg) is None and not isinstance(arg, relax.Var):
-            continue
-        shape = _shape(arg)
-        if shape is None:
-            return False
-        # broadcast against the scores: a query axis of 1 or of all the queries (then sliced per block)
-        if len(shape) >= 2 and shape[-2] not in (1, scores[-2]):
-            return False
-    return True
+    # every other operand broadcasts against the scores: a query axis of 1 or of all the queries (then sliced
+    # per block)
+    others = [_shape(a) for a in call.args if not a.same_as(current)]
+    return all(shape is not None and (len(shape) < 2 or shape[-2] in (1, scores[-2])) for shape in others)
 
 
 @mutator
@@ -101,16 +93,17 @@ class _QueryBlocks(PyExprMutator):
             return
         first, chain, last, scores = self.chains[binding.var]
         queries = scores[-2]
+        q, keys, values = (self.visit_expr(a) for a in (first.args[0], first.args[1], last.args[1]))
+        operands = [[None if k == position else self.visit_expr(a) for k, a in enumerate(call.args)]
+                    for call, position in chain]
         pieces = []
         for r0 in range(0, queries, self.rows):
             r1 = min(r0 + self.rows, queries)
-            current = self.builder_.emit(relax.op.matmul(self._rows(self.visit_expr(first.args[0]), r0, r1, queries),
-                                                         self.visit_expr(first.args[1])))
-            for call, position in chain:
-                args = [current if k == position else self._rows(self.visit_expr(a), r0, r1, queries)
-                        for k, a in enumerate(call.args)]
+            current = self.builder_.emit(relax.op.matmul(self._rows(q, r0, r1, queries), keys))
+            for (call, position), args in zip(chain, operands):
+                args = [current if k == position else self._rows(a, r0, r1, queries) for k, a in enumerate(args)]
                 current = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
-            pieces.append(self.builder_.emit(relax.op.matmul(current, self.visit_expr(last.args[1]))))
+            pieces.append(self.builder_.emit(relax.op.matmul(current, values)))
         joined = relax.op.concat(pieces, axis=len(scores) - 2)
         # the function's result leaves the dataflow block: it must be an output var, not a dataflow one
         out = self.builder_.emit(joined) if isinstance(binding.var, relax.DataflowVar) \
@@ -148,11 +141,10 @@ def attention_in_query_blocks(mod, sram_bytes: int):
     chains = _chains(mod["main"], limit)
     if not chains:
         return mod
-    rows = {}
-    for _, _, _, scores in chains.values():
-        per_row = prod(scores) // scores[-2] * 4
-        rows[scores] = max(1, 2 ** (limit // 2 // per_row).bit_length() // 2)  # a power of two that fits
-    blocked = _QueryBlocks(mod, chains, min(rows.values()))
+    # a power of two of query rows whose scores (fp32, as counted) take at most limit / 2, for the longest
+    per_row = max(prod(scores) // scores[-2] * 4 for _, _, _, scores in chains.values())
+    rows = max(1, 2 ** (limit // 2 // per_row).bit_length() // 2)
+    blocked = _QueryBlocks(mod, chains, rows)
     body = blocked.visit_expr(mod["main"])
     out = blocked.builder_.get()
     out["main"] = body

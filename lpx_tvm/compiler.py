@@ -261,12 +261,9 @@ def compile_programs(model, config: str | None = "tsp", input_shapes: dict | Non
     """
     from .codegen import compile_model
 
-    options, mod = _prepared(model, config, input_shapes, False, None, dtype, None, "pipeline", None)
+    options, functions, report = _lpx_functions(model, config, input_shapes, dtype)
     with native_output_to_log("TVM"):
-        partitioned = partition_for_lpx(mod, options.config, dtype)
-        del mod
-        report = offload_report(partitioned)
-        return compile_model(lpx_functions(partitioned), options), report
+        return compile_model(functions, options), report
 
 
 def compile_stream(model, copies: int, config: str | None = "tsp", input_shapes: dict | None = None,
@@ -281,17 +278,21 @@ def compile_stream(model, copies: int, config: str | None = "tsp", input_shapes:
     """
     from .codegen.stream import stream_program
 
+    options, functions, report = _lpx_functions(model, config, input_shapes, dtype)
+    if len(functions) != 1 or report.host_ops:
+        raise ValueError(f"a stream needs a model that runs as one lpx program with nothing on the host; this "
+                         f"one has {len(functions)} lpx programs and host ops {dict(report.host_ops) or 'none'}")
+    (function,) = functions.values()
+    with native_output_to_log("TVM"):
+        return stream_program(function, options, copies)
+
+
+def _lpx_functions(model, config, input_shapes, dtype) -> tuple:
+    """(options, the partitioned model's lpx functions by symbol, the offload report), on one chip."""
     options, mod = _prepared(model, config, input_shapes, False, None, dtype, None, "pipeline", None)
     with native_output_to_log("TVM"):
         partitioned = partition_for_lpx(mod, options.config, dtype)
-        del mod
-        report = offload_report(partitioned)
-        functions = lpx_functions(partitioned)
-        if len(functions) != 1 or report.host_ops:
-            raise ValueError(f"a stream needs a model that runs as one lpx program with nothing on the host; this "
-                             f"one has {len(functions)} lpx programs and host ops {dict(report.host_ops) or 'none'}")
-        (function,) = functions.values()
-        return stream_program(function, options, copies)
+    return options, lpx_functions(partitioned), offload_report(partitioned)
 
 
 def _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips) -> tuple:

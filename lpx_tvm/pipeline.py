@@ -111,11 +111,15 @@ class _StatefulCallCloner(PyExprMutator):
         return relax.Call(gvar, call.args, call.attrs, call.ty_args)
 
 
+def _input_names(main) -> list:
+    """The model's input names, one per parameter of ``main`` (the ONNX names where the importer kept them)."""
+    given = (main.attrs or {}).get("onnx_input_names")
+    return [str(n) for n in given] if given is not None else [str(p.name) for p in main.params]
+
+
 def _one_function_per_stateful_call(mod, names):
     main = mod["main"]
-    given = (main.attrs or {}).get("onnx_input_names")
-    own = [str(n) for n in given] if given is not None else [str(p.name) for p in main.params]
-    params = {p for p, name in zip(main.params, own) if name in set(names)}
+    params = {p for p, name in zip(main.params, _input_names(main)) if name in set(names)}
     cloner = _StatefulCallCloner(mod, params)
     body = cloner.visit_expr(main)
     if not cloner.clones:
@@ -134,8 +138,7 @@ def state_arguments(mod, functions: dict, names) -> tuple:
         Global symbol ─► indexes of its state parameters; model input name ─► [(symbol, index), ...].
     """
     main = mod["main"]
-    given = (main.attrs or {}).get("onnx_input_names")
-    own = [str(n) for n in given] if given is not None else [str(p.name) for p in main.params]
+    own = _input_names(main)
     wanted = {p: name for p, name in zip(main.params, own) if name in set(names)}
     missing = sorted(set(names) - set(wanted.values()))
     if missing:

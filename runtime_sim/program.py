@@ -138,6 +138,10 @@ class Program:
         return encode_array(self)
 
 
+def _is_conversion(entry) -> bool:
+    return isinstance(entry, (tuple, list)) and len(entry) == 3
+
+
 _PARTS = (  # what each of a Program's tuples holds: (field, test, in words)
     ("instructions", lambda x: isinstance(x, Instruction), "Instruction"),
     ("constants", lambda x: isinstance(x, Constant), "Constant"),
@@ -147,8 +151,8 @@ _PARTS = (  # what each of a Program's tuples holds: (field, test, in words)
     ("streamed", lambda x: isinstance(x, StreamedWeight), "StreamedWeight"),
     ("state", lambda x: isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[1], TensorRef),
      "(input index, TensorRef)"),
-    ("host_converted", lambda x: isinstance(x, (tuple, list)) and len(x) == 3, "(input index, scale, zero point)"),
-    ("widened_outputs", lambda x: isinstance(x, (tuple, list)) and len(x) == 3, "(output index, scale, zero point)"),
+    ("host_converted", _is_conversion, "(input index, scale, zero point)"),
+    ("widened_outputs", _is_conversion, "(output index, scale, zero point)"),
 )
 
 
@@ -214,12 +218,9 @@ def _encode(program: Program, allocate):
     parts.append(struct.pack("<I", len(program.state)))
     for index, ref in program.state:
         parts.append(struct.pack("<I", index) + _pack_ref(ref))
-    parts.append(struct.pack("<I", len(program.host_converted)))
-    for index, scale, zero_point in program.host_converted:
-        parts.append(struct.pack("<Idi", index, scale, zero_point))
-    parts.append(struct.pack("<I", len(program.widened_outputs)))
-    for index, scale, zero_point in program.widened_outputs:
-        parts.append(struct.pack("<Idi", index, scale, zero_point))
+    for conversions in (program.host_converted, program.widened_outputs):
+        parts.append(struct.pack("<I", len(conversions)))
+        parts += [struct.pack("<Idi", *entry) for entry in conversions]
     # one buffer, written in place: weights are most of a program, and each copy of them costs their size
     sizes = [p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts]
     blob = allocate(HEADER.size + sum(sizes))
@@ -393,10 +394,8 @@ def _parse_body(r: _Reader, digest: bytes) -> Program:
     for _ in range(n_state):
         (index,) = r.unpack("I", "state input index")
         state.append((index, r.ref("state")))
-    n_converted = r.count("host-converted input count", 16)
-    converted = tuple(r.unpack("Idi", "host-converted input") for _ in range(n_converted))
-    n_widened = r.count("widened output count", 16)
-    widened = tuple(r.unpack("Idi", "widened output") for _ in range(n_widened))
+    converted, widened = (tuple(r.unpack("Idi", what) for _ in range(r.count(f"{what} count", 16)))
+                          for what in ("host-converted input", "widened output"))
     if r.pos != len(r.buf):
         raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the widened outputs")
     return Program(config_name, config_digest, tuple(instructions), tuple(constants), sigs[0], sigs[1],
@@ -453,14 +452,13 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
         # the chip may keep it in its storage type (fp16 for an fp32 input): the shape must match
         if not _is_count(index) or index >= len(program.inputs) or tuple(ref.shape) != tuple(program.inputs[index].shape):
             raise ProgramFormatError(f"state {ref} does not match input {index} of the program's signature")
-    for index, scale, zero_point in program.host_converted:
-        if not _is_count(index) or index >= len(program.inputs) or index in dict(program.state):
-            raise ProgramFormatError(f"host-converted input {index} is not an input of the program")
-        _check_conversion(f"host-converted input {index}", program.inputs[index].dtype, scale, zero_point)
-    for index, scale, zero_point in program.widened_outputs:
-        if not _is_count(index) or index >= len(program.outputs):
-            raise ProgramFormatError(f"widened output {index} is not an output of the program")
-        _check_conversion(f"widened output {index}", program.outputs[index].dtype, scale, zero_point)
+    resident = dict(program.state)
+    for what, conversions, group in (("host-converted input", program.host_converted, program.inputs),
+                                     ("widened output", program.widened_outputs, program.outputs)):
+        for index, scale, zero_point in conversions:
+            if not _is_count(index) or index >= len(group) or (group is program.inputs and index in resident):
+                raise ProgramFormatError(f"{what} {index} is not an {what.split()[-1]} of the program")
+            _check_conversion(f"{what} {index}", group[index].dtype, scale, zero_point)
     if not (_is_count(program.plan.sram_bytes) and _is_count(program.plan.activation_base)):
         raise ProgramFormatError(f"SRAM plan {program.plan} needs non-negative integer sizes")
     if program.plan.sram_bytes > chip.sram_bytes or program.plan.activation_base > chip.sram_bytes:

@@ -150,6 +150,11 @@ def quantize_linear(x: np.ndarray, scale: float, zero_point: int, dtype) -> np.n
     return np.clip(np.rint(_f32(x) / F32(scale)) + F32(zero_point), lo, hi).astype(dtype)
 
 
+def dequantize_linear(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """ONNX DequantizeLinear: ``(x - zero_point) · scale`` in fp32."""
+    return (x.astype(F32) - F32(zero_point)) * F32(scale)
+
+
 def host_convert(x: np.ndarray, scale: float, zero_point: int, dtype) -> np.ndarray:
     """What the host does to an fp32 input before the link: QuantizeLinear into an integer type, or rounding
     to nearest into a narrow float type (as a CAST into it rounds)."""
@@ -162,10 +167,7 @@ def host_convert(x: np.ndarray, scale: float, zero_point: int, dtype) -> np.ndar
 def host_widen(out: np.ndarray, x: np.ndarray, scale: float, zero_point: int) -> None:
     """What the host does to a narrow output after the link: DequantizeLinear from an integer type, or the
     exact widening of a narrow float type, into the fp32 ``out``."""
-    if x.dtype in _INT_RANGES:
-        np.copyto(out, (x.astype(F32) - F32(zero_point)) * F32(scale))
-    else:
-        np.copyto(out, x)
+    np.copyto(out, dequantize_linear(x, scale, zero_point) if x.dtype in _INT_RANGES else x)
 
 
 def _quantize(outs, ins, attrs):
@@ -173,7 +175,7 @@ def _quantize(outs, ins, attrs):
 
 
 def _dequantize(outs, ins, attrs):
-    _store(outs[0], (ins[0].astype(F32) - F32(attrs["zero_point"])) * F32(attrs["scale"]))
+    _store(outs[0], dequantize_linear(ins[0], attrs["scale"], attrs["zero_point"]))
 
 
 def requantize(out, acc, requant, act: Opcode, zp_out: int) -> None:

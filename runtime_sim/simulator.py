@@ -158,7 +158,7 @@ class Simulator:
 
     @property
     def inputs(self) -> tuple:
-        """The inputs as the caller passes them (a host-quantised one in fp32)."""
+        """The inputs as the caller passes them (a host-converted one in fp32)."""
         return self._inputs
 
     @property

@@ -499,7 +499,7 @@ def table(report: dict) -> str:
     split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in report["split_cycles"].items() if v)
     head = (f"{report['model']} ({report['params'] / 1e9:.1f} B parameters, {report['dtype']}) on {report['system']}"
             f" ({report['chip']} chips), {report['context']}-position cache, batch {report['batch']} a stage, "
-            f"{report['users']} users in flight:\n"
+            f"{report['users']} user{'s' if report['users'] != 1 else ''} in flight:\n"
             f"  {report['chips']} chips ({report['racks']} rack(s)): {m['pipeline_stages']} pipeline stages × "
             f"{m['tensor_parallel']}-way tensor parallel, {m['layers_per_stage']} layers a stage"
             + (f"; {m['experts']}" if m["experts"] else "") + f" ({m['why']})\n"

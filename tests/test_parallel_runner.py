@@ -6,7 +6,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from conftest import mlp_model, mlp_stack, ort_reference, run_on_lpx
+from conftest import mlp_model, ort_reference, run_on_lpx
 import lpx_tvm
 from lpx_tvm.app.cli import build_parser
 from lpx_tvm.codegen import CodegenOptions, SystemCompileError

@@ -56,6 +56,9 @@ class Product:
     # a row-wise op chained from the EPILOGUE's stream (a softmax over the columns): (opcode, attributes,
     # layer, view of its output like ``out``); its product holds B, in one column tile, so a job's rows are whole
     then: tuple | None = None
+    # the streamed rows are the rows the next op reads band by band (a matmul's): their chunks come first
+    # (a convolution's next op reads every channel of its rows, whichever operand streams)
+    rows_first: bool = True
 
 
 def _install_cycles(rows: int, cols: int, itemsize: int, config: ChipConfig) -> int:
@@ -125,7 +128,11 @@ class PlaneMapper:
         install = _install_cycles(k_tiles[0][1] - k_tiles[0][0], col_tiles[0][1] - col_tiles[0][0],
                                   np.dtype(p.dtype).itemsize, config)
         step = ceil(streamed / mapping.chunks)
-        jobs = [(c, (r, min(r + step, streamed))) for c in col_tiles for r in range(0, streamed, step)]
+        chunks = [(r, min(r + step, streamed)) for r in range(0, streamed, step)]
+        if p.rows_first:  # chunk by chunk of rows, each spread over the planes: the next op starts on the first
+            jobs = [(c, rows) for rows in chunks for c in col_tiles]
+        else:
+            jobs = [(c, rows) for c in col_tiles for rows in chunks]
         per_plane = [[] for _ in range(config.mxm_planes)]
         for job in sorted(jobs, key=lambda j: -(j[1][1] - j[1][0])):
             plane = min(range(config.mxm_planes), key=self.load.__getitem__)

@@ -18,6 +18,8 @@ model's own definition: DEQUANTIZE, the float operator, QUANTIZE.
 
 from __future__ import annotations
 
+from math import prod
+
 import numpy as np
 
 from ..runtime_sim import Opcode
@@ -180,6 +182,30 @@ def _fuse_activation_product(g: Graph, node: Node, producers: dict) -> bool:
     return True
 
 
+def _fold_into_dequantize(g: Graph, node: Node, producers: dict) -> bool:
+    """``DQ(x) · c`` and ``DQ(x) / c`` for a constant number c are one DequantizeLinear of x with its scale
+    times (or over) c: the erf's 1/√2 and GELU's ½ after a dequantise, the attention scores' 1/√d.
+    The dequantise stays where something else reads it."""
+    if node.kind not in ("MUL", "DIV") or len(node.inputs) != 2 or node.output in g.outputs:
+        return False
+    for x, c in ((0, 1), (1, 0)) if node.kind == "MUL" else ((0, 1),):
+        dq = producers.get(node.inputs[x])
+        constant = node.inputs[c]
+        if dq is None or dq.kind != "DEQUANTIZE" or not g.is_constant(constant) \
+                or prod(g.tensors[constant].shape) != 1 or g.tensors[dq.output].shape != g.tensors[node.output].shape:
+            continue
+        value = float(g.tensors[g.base(constant)].data.reshape(-1)[0])
+        if value == 0.0 or not np.isfinite(value):
+            return False
+        scale = float(dq.attrs["scale"]) * value if node.kind == "MUL" else float(dq.attrs["scale"]) / value
+        node.kind, node.inputs = "DEQUANTIZE", [dq.inputs[0]]
+        node.attrs = {"scale": scale, "zero_point": dq.attrs["zero_point"]}
+        node.layer = f"{dq.layer}+{node.layer.rsplit('/', 1)[-1]}"
+        producers[node.output] = node
+        return True
+    return False
+
+
 def fuse_int8(g: Graph) -> int:
     """Turn every complete DQ ─► op ─► Q into an int8 operator (conv, matmul, add, max pool, transpose),
     and drop the quantiser's Q(DQ(x)) round trips; return how many."""
@@ -192,6 +218,8 @@ def fuse_int8(g: Graph) -> int:
         if node in g.nodes:
             fused += _fuse_one(g, node, producers) or _fuse_add(g, node, producers) \
                 or _fuse_maxpool(g, node, producers) or _fuse_activation_product(g, node, producers)
+    for node in g.nodes:
+        fused += _fold_into_dequantize(g, node, producers)
     _drop_dead(g)
     return fused
 

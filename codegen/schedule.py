@@ -27,9 +27,8 @@ from collections import defaultdict
 import numpy as np
 
 from ..runtime_sim import ChipConfig, Instruction, Opcode, Space, TensorRef
-from ..runtime_sim.check import _stretched
 from ..runtime_sim.hazards import footprint_key, overlaps
-from ..runtime_sim.timing import occupancy
+from ..runtime_sim.timing import occupancy, paced
 from .calendar import Exclusive, Shared
 
 _SHARED = ("streams", "sram_read", "sram_write", "alus")
@@ -282,10 +281,8 @@ def schedule(instructions: list, config: ChipConfig, in_order: bool = False, fix
     n = len(instructions)
     occ = [occupancy(ins, config) for ins in instructions]
     groups, pools = _groups(instructions, occ, pairs)
-    for root, members in groups.items():  # a chained consumer runs at its producer's pace
-        for kind, p, c, _ in pools[root]:
-            if kind == "stream" and occ[p].busy > occ[c].busy:
-                occ[c] = _stretched(occ[c], occ[p].busy)
+    # a chain's members run at one pace
+    occ = paced(occ, [(p, c) for root in groups for kind, p, c, _ in pools[root] if kind == "stream"], config)
     preds = dependences(instructions, occ)
     for other in alike:
         for mine, theirs in zip(preds, dependences(other, occ)):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..runtime_sim import ChipConfig, Opcode, Program, disassemble
 from ..runtime_sim.program import SramPlan
-from ..runtime_sim.timing import occupancy
+from ..runtime_sim.timing import makespan as schedule_makespan
 from .alloc import CapacityError, activation_peak, allocate
 from .emit import emit, resolve
 from .fuse import fuse_epilogues
@@ -214,7 +214,7 @@ def _emit(c: Compilation) -> None:
                         if ins.opcode != Opcode.STORE or ins.attrs["index"] in index]
         g = copy.copy(g)
         g.outputs = [g.outputs[k] for k in c.stored]
-        makespan = max((ins.cycle + occupancy(ins, c.chip).finish for ins in instructions), default=0)
+        makespan = schedule_makespan(instructions, c.chip)
     c.program = emit(g, c.addr, instructions, c.layers, makespan, c.chip, c.plan)
 
 

@@ -28,7 +28,7 @@ from ..runtime_sim import ChipConfig, Opcode
 from ..runtime_sim.isa import OP_TABLE, Group, make_attrs
 from .graph import Graph, Node
 from .mxm import PlaneMapper, Product
-from .views import Operand, view, whole
+from .views import Operand, stream, view, whole
 
 STREAM_RING = 3  # streamed weight blocks in flight: one computing, two streaming ahead
 # a network input arrives in row bands, and vector and switch work on big NCHW tensors is cut into row bands
@@ -89,6 +89,10 @@ class _Tiler:
         self.ops: list = []
         self.chains = 0
         self.mapper = PlaneMapper(g, config, self.emit, self.new_chain)
+        self.readers = {}  # base tensor ─► the kinds of the nodes that read it
+        for node in g.nodes:
+            for t in node.inputs:
+                self.readers.setdefault(g.base(t), []).append(node.kind)
 
     def emit(self, opcode, srcs, dsts, attrs, layer, unit_index=None) -> None:
         self.ops.append(TileOp(opcode, list(srcs), list(dsts), dict(attrs), layer, unit_index))
@@ -135,7 +139,8 @@ class _Tiler:
                                                                     [(m0, m1), (n0, n1)])
                 ev = lambda m0, m1, n0, n1, t, gi=group: [_per_row(g, e, groups, ocg, gi, m0, m1, t)
                                                           for e in extras]
-                self.mapper.map(Product(ocg, k, p, wv, cv, ov, ev, dtype, zp_a, zp_b, _epilogue(node)), node.layer)
+                self.mapper.map(Product(ocg, k, p, wv, cv, ov, ev, dtype, zp_a, zp_b, _epilogue(node),
+                                        rows_first=False), node.layer)
 
     # ---- matrix products -----------------------------------------------
     def matmul(self, node: Node, streamed_width: int | None, then: Node | None = None) -> None:
@@ -271,15 +276,37 @@ class _Tiler:
             self.banded_window(opcode, node.inputs[0], node.output, out.shape, attrs, node.layer)
             return
         if _row_bandable(g, node, opcode, attrs):
-            biggest = max([out.nbytes] + [g.tensors[t].nbytes for t in node.inputs])
-            for h0, h1 in row_bands(out.shape[-2], biggest, BAND_BYTES):
-                def band(t):
-                    if g.tensors[t].shape != out.shape:  # broadcast along the rows: all of it, every band
-                        return whole(g, t)
-                    return view(g, t, ranges=[(0, d) for d in out.shape[:-2]] + [(h0, h1)])
-                self.emit(opcode, [band(t) for t in node.inputs], [band(node.output)], attrs, node.layer)
+            self.vector_chain([node])
             return
         self.emit(opcode, [whole(g, t) for t in node.inputs], [whole(g, node.output)], attrs, node.layer)
+
+    def vector_chain(self, nodes: list) -> None:
+        """Row-bandable vector ops, each reading the one before (:func:`_vector_chains`), band by band: within
+        a band each op's result streams straight into the next, and only the last one's is stored."""
+        g = self.g
+        shape = g.tensors[nodes[0].output].shape
+        biggest = max(g.tensors[t].nbytes for node in nodes for t in node.inputs + [node.output])
+        # products read their operands matrix by matrix (a head's scores, then the next head's): bands then
+        # run through the leading axes' rows in order, so a product starts on the first whole matrix; a
+        # window reads every channel's rows, so bands of rows cut across the leading axes
+        readers = self.readers.get(g.base(nodes[-1].output), ())
+        flat = bool(readers) and all(kind in ("matmul", "qmatmul") for kind in readers)
+        lead = prod(shape[:-2]) if flat else 1
+        seen = (1,) * (len(shape) - 2) + (lead * shape[-2], shape[-1]) if flat else shape
+        for h0, h1 in row_bands(seen[-2], biggest, BAND_BYTES):
+            def band(t):
+                if g.tensors[t].shape != shape:  # broadcast along the rows: all of it, every band
+                    return whole(g, t)
+                return view(g, t, seen, ranges=[(0, d) for d in seen[:-2]] + [(h0, h1)])
+            carried = None  # (the previous op's output, the stream it is on)
+            for k, node in enumerate(nodes):
+                opcode = Opcode[node.kind]
+                srcs = [carried[1] if carried and g.base(t) == carried[0] else band(t) for t in node.inputs]
+                dst = band(node.output)
+                if k < len(nodes) - 1:
+                    dst = stream(self.new_chain(), dst.shape, g.tensors[node.output].dtype)
+                self.emit(opcode, srcs, [dst], make_attrs(opcode, node.attrs), node.layer)
+                carried = (g.base(node.output), dst)
 
     def banded_window(self, opcode, x: int, out: int, out_shape: tuple, attrs: dict, layer: str) -> None:
         """A window op (pooling, im2col) in bands of output rows, each reading its input rows and halo.
@@ -347,6 +374,41 @@ def _row_bandable(g: Graph, node: Node, opcode: Opcode, attrs: dict) -> bool:
         if other != shape and (len(other) > 1 and prod(other[:-1]) != 1):
             return False
     return True
+
+
+def _vector_chains(g: Graph, config: ChipConfig, skip=frozenset()) -> list:
+    """Runs of row-bandable vector ops (node indexes, two or more) in which each op reads the one before and
+    nothing else reads it: the ops of a run pass each band along streams, ALU to ALU, without SRAM between
+    them (GELU's erf, its QDQ pairs, a layer norm's dequantise and requantise). Where an op could continue
+    two runs it continues the longer. A run holds a vector queue per op: it takes at most what the planes'
+    epilogues leave of them."""
+    uses = g.uses()
+    kept = {g.base(t) for t in g.outputs} | set(g.state)  # stored, or resident: never only on a stream
+    made_by = {node.output: j for j, node in enumerate(g.nodes)}
+    longest = config.unit_count("VXM") - config.mxm_planes
+    run_of, continued = {}, set()  # node ─► the run it ends; nodes a later op continues
+    for i, node in enumerate(g.nodes):
+        if i in skip or node.kind not in Opcode.__members__:
+            continue
+        opcode = Opcode[node.kind]
+        if not _row_bandable(g, node, opcode, make_attrs(opcode, node.attrs)):
+            continue
+        shape = g.tensors[node.output].shape
+        best = None
+        for t in node.inputs:
+            j = made_by.get(g.base(t))
+            if j is None or j not in run_of or j in continued or uses.get(g.base(t)) != 1 \
+                    or g.base(t) in kept or g.tensors[t].shape != shape \
+                    or g.tensors[g.nodes[j].output].shape != shape or len(run_of[j]) >= longest:
+                continue
+            if best is None or len(run_of[j]) > len(run_of[best]):
+                best = j
+        if best is None:
+            run_of[i] = [i]
+        else:
+            continued.add(best)
+            run_of[i] = run_of[best] + [i]
+    return [run for i, run in run_of.items() if i not in continued and len(run) > 1]
 
 
 def _per_row(g, tid, groups, rows, group, m0, m1, transposed) -> Operand:
@@ -434,8 +496,14 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
     streamed = {} if resident_budget is None else _weights_to_stream(g, config, resident_budget)
     chained = {i: softmax for i, softmax in _chained_softmaxes(g, config).items() if i not in streamed}
     done = {id(softmax) for softmax in chained.values()}
+    # a run is tiled where its last op is: every op in it reads only what is made before that
+    runs = {run[-1]: run for run in _vector_chains(g, config, {j for j, n in enumerate(g.nodes) if id(n) in done})}
+    done |= {id(g.nodes[j]) for run in runs.values() for j in run[:-1]}
     for i, node in enumerate(g.nodes):
         if id(node) in done:
+            continue
+        if i in runs:
+            tiler.vector_chain([g.nodes[j] for j in runs[i]])
             continue
         if node.kind in ("conv2d", "qconv2d"):
             tiler.conv2d(node)

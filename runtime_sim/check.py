@@ -23,7 +23,8 @@ the rule:
   ``weight shape``: a MATMUL uses a tile installed before it, and a tile is not
   replaced while a MATMUL still uses it;
 - ``chained stream``, ``stream conflict``: a chained consumer issues exactly when
-  its producer's results arrive, and a stream carries one chain at a time;
+  its producer's results arrive, and a stream carries one chain at a time; the
+  members of a chain run at one pace (:func:`.timing.chain_pace`);
 - ``predicted cycles``: the cycle count in the program's header is the one measured.
 """
 
@@ -32,7 +33,6 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
-from math import ceil
 from operator import attrgetter
 
 import numpy as np
@@ -41,7 +41,7 @@ from .config import ChipConfig
 from .hazards import AccessLog, block_view, footprint_key, overlaps, range_key
 from .isa import Opcode, Space
 from .program import ProgramFormatError
-from .timing import Occupancy, occupancy
+from .timing import Occupancy, occupancy, paced, stream_links
 
 
 class ScheduleError(ProgramFormatError):
@@ -54,7 +54,7 @@ class ScheduleError(ProgramFormatError):
 
 @dataclass(frozen=True)
 class Timeline:
-    """The measured schedule: each instruction's occupancy (busy extended for chained consumers)."""
+    """The measured schedule: each instruction's occupancy (busy extended to their chain's pace for chained instructions)."""
 
     occupancies: tuple  # by instruction index
     order: tuple  # instruction indexes in issue order
@@ -121,8 +121,8 @@ class _Streams:
         # a result nobody consumes still flows until its last vector has passed
         self.producer[ref.addr] = [index, issue + occ.latency, occ.busy, ref, issue + occ.finish]
 
-    def consume(self, index, ref, issue) -> int:
-        """Check the consumer's timing; returns the producer's busy (the consumer runs at its pace)."""
+    def consume(self, index, ref, issue) -> None:
+        """Check the consumer's timing."""
         chain = self.producer.get(ref.addr)
         if chain is None or chain[0] is None:
             raise ScheduleError("chained stream", index, issue, f"stream S{ref.addr} carries nothing to read")
@@ -137,21 +137,16 @@ class _Streams:
             raise ScheduleError("chained stream", index, issue,
                                 f"stream S{ref.addr}: instruction {chain[0]}'s result arrived at cycle {chain[1]} "
                                 "and has flowed past (streams do not wait)")
-        return chain[2]
 
     def taken(self, ref, end: int) -> None:
         chain = self.producer[ref.addr]
         chain[0], chain[4] = None, end
 
-    def consumed_by(self, index, ins, issue, occ, stretch=None) -> Occupancy:
-        """Check each chained source of ``ins``; returns its occupancy stretched to its slowest producer's
-        pace (by ``stretch``, :func:`_stretched` unless given)."""
+    def consumed_by(self, index, ins, issue) -> None:
+        """Check each chained source of ``ins``."""
         for ref in ins.srcs:
             if ref.space == Space.STREAM:
-                producer_busy = self.consume(index, ref, issue)
-                if producer_busy > occ.busy:
-                    occ = (stretch or _stretched)(occ, producer_busy)
-        return occ
+                self.consume(index, ref, issue)
 
     def passed_on(self, index, ins, issue, occ) -> None:
         """Free the streams ``ins`` has read and start the chains it produces."""
@@ -190,12 +185,13 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
     free = {}
     running = _Running(_limits(chip))
     buffers, streams = _Buffers(), _Streams()
-    occupancies = [None] * len(instructions)
+    occupancies = paced([occupancy(ins, chip) for ins in instructions], stream_links(instructions, order), chip)
     makespan = 0
     for index in order:
         ins = instructions[index]
         issue = ins.cycle
-        occ = streams.consumed_by(index, ins, issue, occupancy(ins, chip))
+        occ = occupancies[index]
+        streams.consumed_by(index, ins, issue)
         _check_exclusive(index, issue, occ, free)
         running.admit(index, issue, occ)
         memory.check(index, ins, issue, occ)
@@ -204,7 +200,6 @@ def check_timing(program, chip: ChipConfig, constants=(), sram_size: int | None 
         elif ins.opcode == Opcode.MATMUL:
             buffers.use(index, ins, issue, occ)
         streams.passed_on(index, ins, issue, occ)
-        occupancies[index] = occ
         makespan = max(makespan, issue + occ.finish)
     if program.predicted_cycles != makespan:
         raise ScheduleError("predicted cycles", len(instructions), makespan,
@@ -237,18 +232,6 @@ class _Running:
         heapq.heappush(ends, (issue + occ.busy, index, rates))
         for k, rate in enumerate(rates):
             total[k] += rate
-
-
-def _stretched(occ: Occupancy, busy: int) -> Occupancy:
-    """A chained consumer takes as long as its producer takes to deliver; its rates spread accordingly:
-    working at the producer's pace it needs proportionally fewer streams, ALUs and SRAM bandwidth."""
-    scale = occ.busy / busy if busy else 1.0
-
-    def spread(value):
-        return ceil(value * scale) if value else 0
-    return Occupancy(occ.exclusive, busy, occ.latency, spread(occ.streams), spread(occ.sram_read),
-                     spread(occ.sram_write), spread(occ.alus), occ.macs, occ.flops, occ.sram_bytes,
-                     occ.host_bytes, occ.bound)
 
 
 def _check_exclusive(index, issue, occ, free) -> None:

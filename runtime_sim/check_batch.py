@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .check import (_CAPACITY, _RATES, ScheduleError, Timeline, _limits, _Resident, _stretched, _Streams,
+from .check import (_CAPACITY, _RATES, ScheduleError, Timeline, _limits, _Resident, _Streams,
                     check_timing)
 from .columns import _END, _IN_SRAM, _ROWS, _RUN, _STRIDE, _WRITE, ProgramColumns, ragged_steps
 from .hazards import block_of, meet_pairs
 from .isa import Opcode
+from .timing import paced, stream_links
 
 _BLOCK = 1 << 15  # grains a block of the read-before-write map (128 KiB of fp32); 16K-64K measured best on ResNet-50
 
@@ -64,7 +65,7 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
     except ScheduleError:
         return None
     busy = columns.busy.copy()
-    for index in chained.tolist():  # a stretched consumer keeps its latency
+    for index in chained.tolist():  # a chain's stretched members keep their latency
         busy[index] = occupancies[index].busy
     finish = busy + columns.latency
     makespan = int((columns.cycle + finish).max())
@@ -79,21 +80,14 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
 
 def _follow_chains(columns, chained) -> list:
     """Chained producers and consumers in issue order (few: walked one by one). Returns every instruction's
-    occupancy, a slow producer's consumers stretched to its pace."""
+    occupancy, each chain's members stretched to its pace."""
     instructions, streams = columns.program.instructions, _Streams()
-    occupancies = list(columns.occupancies)
-    stretched = {}  # (kind's occupancy, producer's busy) -> the consumer's, stretched: kinds repeat
-
-    def stretch(occ, producer_busy):
-        key = (id(occ), producer_busy)
-        if key not in stretched:
-            stretched[key] = _stretched(occ, producer_busy)
-        return stretched[key]
-    for index in chained[np.argsort(columns.position[chained])].tolist():
+    walk = chained[np.argsort(columns.position[chained])].tolist()
+    occupancies = paced(list(columns.occupancies), stream_links(instructions, walk), columns.chip)
+    for index in walk:
         ins = instructions[index]
-        occ = streams.consumed_by(index, ins, ins.cycle, occupancies[index], stretch)
-        streams.passed_on(index, ins, ins.cycle, occ)
-        occupancies[index] = occ
+        streams.consumed_by(index, ins, ins.cycle)
+        streams.passed_on(index, ins, ins.cycle, occupancies[index])
     return occupancies
 
 
@@ -167,7 +161,7 @@ def _rates_fit(columns, occupancies, chained, busy) -> bool:
     """
     limits = _limits(columns.chip)
     rates = np.array([_RATES(o) for o in columns.kind_occupancy], np.int64)[columns.kind]
-    for index in chained.tolist():  # a stretched consumer's rates are spread over its longer time
+    for index in chained.tolist():  # a chain's stretched members' rates are spread over their longer time
         rates[index] = _RATES(occupancies[index])
     order = columns.order
     issue = columns.cycle[order]

@@ -25,6 +25,7 @@ from .isa import DType, HostTensor, Opcode, Space
 from .program import Program, aligned_array, decoded_columns, validated_columns
 from .semantics import SEMANTICS, WeightBuffer, host_convert, host_widen
 from .stats import RunStats, run_stats
+from .timing import paced, stream_links
 
 __all__ = ["Simulator", "RunStats", "ScheduleError", "CallError", "OverflowWarning"]
 
@@ -346,6 +347,10 @@ def _stable_installs(program, order) -> set:
 
 
 def _measure_unchecked(columns: ProgramColumns) -> Timeline:
-    """The timeline without enforcing the rules (each instruction timed alone by the machine's rules)."""
-    makespan = int((columns.cycle + columns.busy + columns.latency).max(initial=0))
-    return Timeline(tuple(columns.occupancies), tuple(columns.order.tolist()), makespan, columns.busy)
+    """The timeline without enforcing the rules (each instruction timed by the machine's rules, a chain's
+    members at its pace)."""
+    order = columns.order.tolist()
+    occupancies = paced(list(columns.occupancies), stream_links(columns.program.instructions, order), columns.chip)
+    busy = np.fromiter((o.busy for o in occupancies), np.int64, len(occupancies))
+    makespan = int((columns.cycle + busy + columns.latency).max(initial=0))
+    return Timeline(tuple(occupancies), tuple(order), makespan, busy)

@@ -91,7 +91,7 @@ def _total(values) -> int:
 
 def run_stats(columns: ProgramColumns, timeline, sram_size: int) -> RunStats:
     """The figures of a program's measured timeline, summed as arrays (each instruction's occupancy is its
-    kind's, but for the busy time of a stretched chained consumer)."""
+    kind's, but for the busy time of a chain's members, stretched to its pace)."""
     program, chip = columns.program, columns.chip
     kinds = columns.kind_instructions
     kind_occ = columns.kind_occupancy

@@ -22,7 +22,7 @@ from math import ceil, prod
 from typing import NamedTuple
 
 from .config import ChipConfig
-from .isa import OP_TABLE, Group, Instruction, Opcode, Unit
+from .isa import OP_TABLE, Group, Instruction, Opcode, Space, Unit
 
 
 class Occupancy(NamedTuple):
@@ -181,6 +181,98 @@ assert all(spec.unit != Unit.VXM or RULES[spec.group] is _vector for spec in OP_
 def occupancy(ins: Instruction, config: ChipConfig) -> Occupancy:
     """What ``ins`` occupies on ``config`` and for how long (see the module docstring)."""
     return RULES[ins.spec.group](ins, config)
+
+
+def stretched(occ: Occupancy, busy: int, rates: tuple | None = None) -> Occupancy:
+    """``occ`` run over ``busy`` cycles instead (a chain's pace): its rates spread accordingly, proportionally
+    fewer streams, SRAM bandwidth and ALUs (``rates``, in that order, where given); its latency is its own."""
+    if rates is None:
+        scale = occ.busy / busy if busy else 1.0
+        rates = tuple(ceil(getattr(occ, name) * scale) if getattr(occ, name) else 0 for name in _SHARED_RATES)
+    return occ._replace(busy=busy, **dict(zip(_SHARED_RATES, rates)))
+
+
+_SHARED_RATES = ("streams", "sram_read", "sram_write", "alus")
+
+
+def _shared_limits(config: ChipConfig) -> tuple:
+    return (config.stream_capacity, config.sram_bytes_per_cycle, config.sram_bytes_per_cycle,
+            config.vxm_alus_per_lane)
+
+
+def chain_pace(members: list, config: ChipConfig) -> int:
+    """The busy cycles of every member of a chain: instructions passing results along streams, which do not
+    wait, so all of them run at one pace. It is the slowest member's, and no faster than what their combined
+    demand of the shared resources allows: a chain of vector ops runs its ops on the lane's ALUs side by side,
+    so ops needing 33 ALU operations an element between them pass ``16/33`` of a vector a cycle."""
+    pace = max(occ.busy for occ in members)
+    for name, limit in zip(_SHARED_RATES, _shared_limits(config)):
+        pace = max(pace, ceil(sum(getattr(occ, name) * occ.busy for occ in members) / limit))
+    return pace
+
+
+def _apportioned(work: list, pace: int) -> list:
+    """Whole per-cycle rates for work spread over ``pace`` cycles, summing to the least whole total that
+    covers it (the largest remainders round up): the chain's members share what the chain needs."""
+    floors = [w // pace for w in work]
+    extra = -(-sum(work) // pace) - sum(floors)
+    by_remainder = sorted(range(len(work)), key=lambda k: -(work[k] % pace))
+    for k in by_remainder[:extra]:
+        floors[k] += 1
+    return floors
+
+
+def paced(occupancies: list, links, config: ChipConfig) -> list:
+    """``occupancies`` with the members of every chain stretched to the chain's pace (:func:`chain_pace`),
+    their rates apportioned from what the chain needs together. ``links`` are ``(producer, consumer)`` index
+    pairs, one per chained operand."""
+    parent = {}
+
+    def root(i):
+        while parent.get(i, i) != i:
+            parent[i] = parent.get(parent[i], parent[i])
+            i = parent[i]
+        return i
+    for p, c in links:
+        parent.setdefault(p, p)
+        parent.setdefault(c, c)
+        a, b = root(p), root(c)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    chains = {}
+    for i in parent:
+        chains.setdefault(root(i), []).append(i)
+    out = list(occupancies)
+    for members in chains.values():
+        members.sort()
+        occs = [occupancies[i] for i in members]
+        pace = chain_pace(occs, config)
+        rates = [_apportioned([getattr(o, name) * o.busy for o in occs], pace) for name in _SHARED_RATES]
+        for k, i in enumerate(members):
+            out[i] = stretched(occs[k], pace, tuple(r[k] for r in rates))
+    return out
+
+
+def stream_links(instructions, order) -> list:
+    """``(producer, consumer)`` pairs of a scheduled program: a consumer takes a stream's chain from the
+    last instruction that started one on it (``order``: instruction indexes in issue order)."""
+    last, links = {}, []
+    for index in order:
+        ins = instructions[index]
+        for ref in ins.srcs:
+            if ref.space == Space.STREAM and ref.addr in last:
+                links.append((last[ref.addr], index))
+        for ref in ins.dsts:
+            if ref.space == Space.STREAM:
+                last[ref.addr] = index
+    return links
+
+
+def makespan(instructions: list, config: ChipConfig) -> int:
+    """Cycles until the last result of a scheduled program has arrived, its chains at their pace."""
+    order = sorted(range(len(instructions)), key=lambda i: (instructions[i].cycle, i))
+    occupancies = paced([occupancy(ins, config) for ins in instructions], stream_links(instructions, order), config)
+    return max((ins.cycle + occ.finish for ins, occ in zip(instructions, occupancies)), default=0)
 
 
 def on_instance(occ: Occupancy, unit_index: int) -> Occupancy:

@@ -308,5 +308,6 @@ def _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, pa
     mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes)
     if dtype == "int8" and not _has_quantize(mod):
         raise ValueError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
-                         "conv/matmul); make one with lpx_tvm.quantize(model, calibration_inputs)")
+                         "conv/matmul); make one with `lpx-tvm quantize MODEL.onnx -o MODEL_int8.onnx` or "
+                         "lpx_tvm.quantize(model, calibration_inputs)")
     return options, mod

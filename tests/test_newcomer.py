@@ -183,3 +183,60 @@ def test_a_compiled_model_is_called_with_the_onnx_input_names(rng):
     (y,) = compiled(**{"past_key_values.0.key": x})
     assert total_offloaded_calls() == calls + 1
     np.testing.assert_allclose(y, x @ numpy_helper.to_array(model.graph.initializer[0]), rtol=1e-5, atol=1e-5)
+
+
+def test_run_takes_its_inputs_from_an_npz_and_seeds_what_it_leaves_out(tmp_path, capsys):
+    """z = x + y: x from the file, y seeded (a standard normal, seed 1, as ``seeded_inputs`` draws it); the
+    printed mean is the mean of x + y, and ONNX Runtime on the same feeds agrees."""
+    from conftest import add_model
+
+    path = tmp_path / "add.onnx"
+    onnx.save(add_model(4, 8), path)
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    np.savez(tmp_path / "x.npz", x=x)
+    assert main(["run", str(path), "--inputs", str(tmp_path / "x.npz")]) == 0
+    out = capsys.readouterr().out
+    rng = np.random.default_rng(1)
+    rng.standard_normal((4, 8))  # x's draw, replaced by the file's
+    y = rng.standard_normal((4, 8)).astype(np.float32)
+    assert f"mean {float((x + y).mean()):.6g}" in out and "cosine 1" in out
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"w": np.zeros((4, 8), np.float32)}, "the model has no input 'w' (its inputs: x, y)"),
+    ({"x": np.zeros((4, 9), np.float32)}, "'x' is float32[4, 9], the model takes float32[4, 8]"),
+    ({"x": np.zeros((4, 8), np.float64)}, "'x' is float64[4, 8], the model takes float32[4, 8]"),
+])
+def test_inputs_that_do_not_fit_the_model_are_named(tmp_path, capsys, arrays, message):
+    from conftest import add_model
+
+    path = tmp_path / "add.onnx"
+    onnx.save(add_model(4, 8), path)
+    np.savez(tmp_path / "in.npz", **arrays)
+    assert main(["run", str(path), "--inputs", str(tmp_path / "in.npz")]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_quantize_writes_a_qdq_model_that_runs_int8_on_lpx(tmp_path, capsys):
+    """``lpx-tvm quantize`` is ONNX Runtime's static quantiser on seeded inputs: its model runs with
+    --dtype int8, both Gemms as int8 MATMULs on the planes, within one output step of ORT on the QDQ model."""
+    from conftest import mlp_model, ort_run
+    from lpx_tvm.app.zoo import output_step
+    from lpx_tvm.runtime_sim import DType, Opcode, decode
+
+    import lpx_tvm
+
+    onnx.save(mlp_model(), tmp_path / "mlp.onnx")
+    assert main(["quantize", str(tmp_path / "mlp.onnx"), "-o", str(tmp_path / "mlp8.onnx"), "--calibration", "2"]) == 0
+    assert "calibrated on 2 seeded input(s)" in capsys.readouterr().out
+    qdq = onnx.load(tmp_path / "mlp8.onnx")
+    compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
+    products = [i for blob in compiled.programs.values() for i in decode(blob).instructions
+                if i.opcode == Opcode.MATMUL]
+    assert products and {i.srcs[0].dtype for i in products} <= {DType.I8, DType.U8}
+    x = np.random.default_rng(7).standard_normal((4, 64)).astype(np.float32)
+    calls = total_offloaded_calls()
+    (out,) = compiled(x)
+    assert total_offloaded_calls() > calls
+    steps = np.rint(np.abs(out - ort_run(qdq, {"x": x})[0]) / output_step(qdq))
+    assert steps.max() <= 1

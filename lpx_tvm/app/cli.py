@@ -1,4 +1,4 @@
-"""The ``lpx-tvm`` command: compile, run, profile, compare, disasm, zoo, sweep, bench.
+"""The ``lpx-tvm`` command: compile, run, profile, compare, quantize, disasm, zoo, generate, plan, sweep, bench.
 
 Every error becomes one line on stderr and exit status 1 (``--debug`` shows the
 traceback).
@@ -77,17 +77,17 @@ def emit_programs(compiled, path) -> list:
 
 def cmd_run(args) -> int:
     from ..frontend import dynamic_inputs, load_onnx, pin_advice, prepare_onnx
-    from .zoo import compare, constant_weights, seeded_inputs
+    from .zoo import compare, constant_weights, file_inputs, seeded_inputs
 
     model = prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape))
     if dynamic_inputs(model.graph):  # seeded inputs need every size
         raise ValueError(f"{args.model}: {pin_advice(dynamic_inputs(model.graph))}")
+    feeds = file_inputs(model, args.inputs) if args.inputs else seeded_inputs(model)
     if constant_weights(model):
         warnings.warn(f"{args.model}: every weight is one constant value, so agreeing with ONNX Runtime proves "
                       "little (lpx-tvm zoo --save DIR writes the zoo's models with seeded random weights)",
                       UserWarning, stacklevel=1)
     compiled = _compile(args)
-    feeds = seeded_inputs(model)
     outputs = compiled(*[feeds[name] for name, _, _ in compiled.input_signature])
     print(compiled.report.summary())
     for i, out in enumerate(outputs):
@@ -139,13 +139,46 @@ def cmd_profile(args) -> int:
 def cmd_compare(args) -> int:
     from .compare import compare, table
 
+    feeds = None
+    if args.inputs:
+        from ..frontend import load_onnx, prepare_onnx
+        from .zoo import file_inputs
+
+        feeds = file_inputs(prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape)), args.inputs)
     report = compare(args.model, config=args.config or "tsp", dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
-                     min_cosine=args.min_cosine)
+                     min_cosine=args.min_cosine, feeds=feeds)
     print(table(report))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)
         print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_quantize(args) -> int:
+    import onnx
+
+    import lpx_tvm
+
+    from ..frontend import dynamic_inputs, load_onnx, pin_advice, prepare_onnx
+    from .zoo import file_inputs, seeded_inputs
+
+    model = prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape))
+    if dynamic_inputs(model.graph):  # calibration inputs need every size
+        raise ValueError(f"{args.model}: {pin_advice(dynamic_inputs(model.graph))}")
+    if args.inputs:
+        feeds, source = [file_inputs(model, args.inputs)], args.inputs
+    else:
+        feeds = [seeded_inputs(model, seed) for seed in range(1, args.calibration + 1)]
+        source = f"{args.calibration} seeded input(s): real inputs (--inputs FILE.npz) calibrate better"
+    qdq = lpx_tvm.quantize(model, feeds, activations=args.activations)
+    onnx.save(qdq, args.output)
+    counts = {}
+    for node in qdq.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    print(f"wrote {args.output}: {counts.get('QuantizeLinear', 0)} QuantizeLinear, "
+          f"{counts.get('DequantizeLinear', 0)} DequantizeLinear, calibrated on {source}; run it with "
+          f"--dtype int8")
     return 0
 
 
@@ -303,7 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = model_command("compile", "compile to a shared library and/or write the LPX program", cmd_compile)
     p.add_argument("-o", "--output", help="the .so to write (tvm.runtime.load_module reloads it)")
     p.add_argument("--emit-program", metavar="PROGRAM.bin", help="write the encoded LPX program (lpx-tvm disasm reads it)")
-    model_command("run", "run on seeded inputs and compare with ONNX Runtime", cmd_run)
+    inputs_help = ("an .npz of input arrays by name (numpy.savez); inputs it leaves out are seeded as what they "
+                   "are (ids within their table, masks of ones, token types of zeros, floats from a normal)")
+    p = model_command("run", "run on seeded inputs (or --inputs) and compare with ONNX Runtime", cmd_run)
+    p.add_argument("--inputs", metavar="FILE.npz", help=inputs_help)
     p = model_command("profile", "per-layer cycles, roofline and utilisation", cmd_profile)
     p.add_argument("--trace", help="write a Chrome/Perfetto trace-event file")
     p.add_argument("--json", help="write the profile as JSON")
@@ -315,6 +351,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = model_command("compare", "compare every layer's output with ONNX Runtime's", cmd_compare)
     p.add_argument("--min-cosine", type=float, default=0.999, help="a layer below this parts ways (default 0.999)")
     p.add_argument("--json", help="write the per-layer comparison as JSON")
+    p.add_argument("--inputs", metavar="FILE.npz", help=inputs_help)
+    p = sub.add_parser("quantize", help="quantise an fp32 model with ONNX Runtime's static quantiser (QDQ) for "
+                       "--dtype int8", parents=[debug_anywhere])
+    p.add_argument("model", help="an fp32 ONNX file")
+    p.add_argument("-o", "--output", required=True, help="the QDQ ONNX file to write")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
+    p.add_argument("--inputs", metavar="FILE.npz", help="calibrate on these inputs (" + inputs_help + ")")
+    p.add_argument("--calibration", type=_at_least(1), default=4, help="without --inputs: calibrate on this many "
+                   "seeded inputs (default 4)")
+    p.add_argument("--activations", default="int8", choices=["int8", "uint8"], help="activation type (default int8)")
+    p.set_defaults(func=cmd_quantize)
     p = sub.add_parser("zoo", help="run the model zoo against ONNX Runtime", parents=[debug_anywhere])
     p.add_argument("--models", nargs="+", metavar="NAME", help=f"zoo models (default: all): {', '.join(ZOO)}")
     p.add_argument("--config", default="tsp", help=config_help)

@@ -91,6 +91,35 @@ def seeded_inputs(model: onnx.ModelProto, seed: int = 1) -> dict:
     return feeds
 
 
+def file_inputs(model: onnx.ModelProto, path, seed: int = 1) -> dict:
+    """The graph inputs from an ``.npz`` file (``numpy.savez``: one array per input name); the inputs it
+    leaves out are seeded (:func:`seeded_inputs`).
+
+    Raises
+    ------
+    ValueError
+        The file is not an npz of arrays, names an input the model lacks, or holds one of another shape or
+        element type than the model's.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            given = {name: archive[name] for name in archive.files}
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--inputs {path}: not an .npz of arrays (numpy.savez writes one): {err}") from None
+    feeds = seeded_inputs(model, seed)
+    unknown = sorted(set(given) - set(feeds))
+    if unknown:
+        raise ValueError(f"--inputs {path}: the model has no input {', '.join(map(repr, unknown))} "
+                         f"(its inputs: {', '.join(feeds)})")
+    for name, array in given.items():
+        want = feeds[name]
+        if array.shape != want.shape or array.dtype != want.dtype:
+            raise ValueError(f"--inputs {path}: {name!r} is {array.dtype}{list(array.shape)}, the model takes "
+                             f"{want.dtype}{list(want.shape)}")
+        feeds[name] = array
+    return feeds
+
+
 def timed(fn, repeat: int) -> float:
     """Median wall seconds of ``repeat`` calls (after one warm-up call)."""
     fn()

@@ -227,7 +227,7 @@ def test_quantize_writes_a_qdq_model_that_runs_int8_on_lpx(tmp_path, capsys):
     import lpx_tvm
 
     onnx.save(mlp_model(), tmp_path / "mlp.onnx")
-    assert main(["quantize", str(tmp_path / "mlp.onnx"), "-o", str(tmp_path / "mlp8.onnx"), "--calibration", "2"]) == 0
+    assert main(["quantize", str(tmp_path / "mlp.onnx"), "-o", str(tmp_path / "mlp8.onnx"), "--seeded", "2"]) == 0
     assert "calibrated on 2 seeded input(s)" in capsys.readouterr().out
     qdq = onnx.load(tmp_path / "mlp8.onnx")
     compiled = lpx_tvm.compile(qdq, config="tiny", dtype="int8")
@@ -240,3 +240,18 @@ def test_quantize_writes_a_qdq_model_that_runs_int8_on_lpx(tmp_path, capsys):
     assert total_offloaded_calls() > calls
     steps = np.rint(np.abs(out - ort_run(qdq, {"x": x})[0]) / output_step(qdq))
     assert steps.max() <= 1
+
+
+def test_int8_on_a_float_model_quantises_it_on_seeded_inputs_and_says_so(tmp_path, capsys):
+    """``run --dtype int8`` on an fp32 file: quantised first (a note says how, and how to calibrate better),
+    then run int8 and compared with ONNX Runtime on the same QDQ model: the output's cosine is printed."""
+    from conftest import mlp_model
+
+    onnx.save(mlp_model(), tmp_path / "mlp.onnx")
+    calls = total_offloaded_calls()
+    assert main(["run", str(tmp_path / "mlp.onnx"), "--dtype", "int8", "--config", "tiny"]) == 0
+    assert total_offloaded_calls() > calls
+    captured = capsys.readouterr()
+    assert "is a float model: quantised with ONNX Runtime's static quantiser on 4 seeded inputs" in captured.err
+    cosine = float(captured.out.rsplit("cosine ", 1)[1].split()[0])
+    assert cosine >= 0.999

@@ -39,10 +39,15 @@ def _input_shapes(values) -> dict:
     return shapes
 
 
+def _model(args):
+    """The model a command runs: the file, or the QDQ model ``--dtype int8`` made of a float one."""
+    return getattr(args, "qdq", None) or args.model
+
+
 def _compile(args):
     import lpx_tvm
 
-    return lpx_tvm.compile(args.model, config=args.config, input_shapes=_input_shapes(args.input_shape),
+    return lpx_tvm.compile(_model(args), config=args.config, input_shapes=_input_shapes(args.input_shape),
                            dtype=args.dtype, system=getattr(args, "system", None),
                            parallel=getattr(args, "parallel", None) or "pipeline", chips=getattr(args, "chips", None))
 
@@ -79,7 +84,7 @@ def cmd_run(args) -> int:
     from ..frontend import dynamic_inputs, load_onnx, pin_advice, prepare_onnx
     from .zoo import compare, constant_weights, file_inputs, seeded_inputs
 
-    model = prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape))
+    model = prepare_onnx(load_onnx(_model(args)), _input_shapes(args.input_shape))
     if dynamic_inputs(model.graph):  # seeded inputs need every size
         raise ValueError(f"{args.model}: {pin_advice(dynamic_inputs(model.graph))}")
     feeds = file_inputs(model, args.inputs) if args.inputs else seeded_inputs(model)
@@ -114,7 +119,7 @@ def cmd_profile(args) -> int:
 
         if getattr(args, "system", None):
             raise ValueError("--stream times one chip; leave out --system")
-        run = stream(args.model, args.stream, args.config, _input_shapes(args.input_shape), args.dtype)
+        run = stream(_model(args), args.stream, args.config, _input_shapes(args.input_shape), args.dtype)
         one = report["simulated_cycles"]
         print(f"stream of {run['copies']} back-to-back inferences: {run['cycles']} cycles, "
               f"{run['cycles_per_inference']:.0f} per inference = {run['inferences_per_s']:.0f} inferences/s "
@@ -144,8 +149,8 @@ def cmd_compare(args) -> int:
         from ..frontend import load_onnx, prepare_onnx
         from .zoo import file_inputs
 
-        feeds = file_inputs(prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape)), args.inputs)
-    report = compare(args.model, config=args.config or "tsp", dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
+        feeds = file_inputs(prepare_onnx(load_onnx(_model(args)), _input_shapes(args.input_shape)), args.inputs)
+    report = compare(_model(args), config=args.config or "tsp", dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
                      min_cosine=args.min_cosine, feeds=feeds)
     print(table(report))
     if args.json:
@@ -169,9 +174,9 @@ def cmd_quantize(args) -> int:
     if args.inputs:
         feeds, source = [file_inputs(model, args.inputs)], args.inputs
     else:
-        feeds = [seeded_inputs(model, seed) for seed in range(1, args.calibration + 1)]
-        source = f"{args.calibration} seeded input(s): real inputs (--inputs FILE.npz) calibrate better"
-    qdq = lpx_tvm.quantize(model, feeds, activations=args.activations)
+        feeds = [seeded_inputs(model, seed) for seed in range(1, args.seeded + 1)]
+        source = f"{args.seeded} seeded input(s): real inputs (--calibration FILE.npz) calibrate better"
+    qdq = lpx_tvm.quantize(model, feeds, per_channel=args.per_channel, activations=args.activations)
     onnx.save(qdq, args.output)
     counts = {}
     for node in qdq.graph.node:
@@ -357,10 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="an fp32 ONNX file")
     p.add_argument("-o", "--output", required=True, help="the QDQ ONNX file to write")
     p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
-    p.add_argument("--inputs", metavar="FILE.npz", help="calibrate on these inputs (" + inputs_help + ")")
-    p.add_argument("--calibration", type=_at_least(1), default=4, help="without --inputs: calibrate on this many "
-                   "seeded inputs (default 4)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--calibration", "--inputs", dest="inputs", metavar="FILE.npz",
+                       help="calibrate on these inputs (" + inputs_help + ")")
+    group.add_argument("--seeded", type=_at_least(1), default=4, help="calibrate on this many seeded inputs "
+                       "(default 4, without --calibration)")
     p.add_argument("--activations", default="int8", choices=["int8", "uint8"], help="activation type (default int8)")
+    p.add_argument("--per-channel", action=argparse.BooleanOptionalAction, default=True,
+                   help="a scale per output channel of each weight (default; lpx's int8 kernels expect it)")
     p.set_defaults(func=cmd_quantize)
     p = sub.add_parser("zoo", help="run the model zoo against ONNX Runtime", parents=[debug_anywhere])
     p.add_argument("--models", nargs="+", metavar="NAME", help=f"zoo models (default: all): {', '.join(ZOO)}")
@@ -436,6 +445,27 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 _OUTPUTS = ("output", "emit_program", "json", "trace", "plot", "out")  # the options that name a file to write
 
 
+def quantised_if_float(args) -> None:
+    """``--dtype int8`` on a float ONNX model: quantise it first, on seeded inputs, and say so (``args.qdq``
+    holds the QDQ model, which the command then runs in its place)."""
+    if getattr(args, "dtype", None) != "int8" or not str(args.model).endswith(".onnx"):
+        return
+    import lpx_tvm
+
+    from ..frontend import dynamic_inputs, load_onnx, pin_advice, prepare_onnx
+    from .zoo import seeded_inputs
+
+    model = prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape))
+    if any(node.op_type == "QuantizeLinear" for node in model.graph.node):
+        return
+    if dynamic_inputs(model.graph):
+        raise ValueError(f"{args.model}: {pin_advice(dynamic_inputs(model.graph))}")
+    print(f"lpx-tvm: note: {args.model} is a float model: quantised with ONNX Runtime's static quantiser on 4 "
+          "seeded inputs first (lpx-tvm quantize --calibration FILE.npz calibrates on real ones)",
+          file=sys.stderr)
+    args.qdq = lpx_tvm.quantize(model, [seeded_inputs(model, seed) for seed in range(1, 5)])
+
+
 def _check_before_running(args) -> None:
     """What the arguments get wrong that would only show after the work: a file to write in a folder that
     does not exist, or a multi-chip option without a system."""
@@ -462,6 +492,8 @@ def main(argv=None) -> int:
         warnings.formatwarning = _one_line_warning
     try:
         _check_before_running(args)
+        if args.command in ("compile", "run", "profile", "compare", "disasm"):
+            quantised_if_float(args)
         return args.func(args)
     except KeyboardInterrupt:
         return 130

@@ -19,10 +19,10 @@ _API = {
     "from_onnx": "frontend", "FrontendError": "frontend",
     "partition_for_lpx": "patterns", "pattern_table": "patterns",
     "lpx_pipeline": "pipeline", "NothingOffloadedWarning": "pipeline",
-    "quantize": "quantization",
+    "quantize": "quantization", "from_pytorch": "pytorch",
 }
-_SUBMODULES = ("codegen", "compiler", "frontend", "patterns", "pipeline", "quantization", "report", "runtime",
-               "runtime_sim")
+_SUBMODULES = ("codegen", "compiler", "frontend", "patterns", "pipeline", "pytorch", "quantization", "report",
+               "runtime", "runtime_sim")
 
 __all__ = sorted(_API) + ["runtime"]
 

@@ -197,12 +197,12 @@ def _to_numpy(result) -> list:
 
 def compile(model, config: str | None = None, input_shapes: dict | None = None, in_order: bool = False,
             dump_dir: str | None = None, dtype: str = "fp32", system: str | None = None,
-            parallel: str = "pipeline", chips: int | None = None, state=()) -> CompiledModel:
-    """Compile an ONNX model (or a Relax module) for lpx with host fallback.
+            parallel: str = "pipeline", chips: int | None = None, state=(), example_inputs=None) -> CompiledModel:
+    """Compile an ONNX model (or a Relax module, or a PyTorch module) for lpx with host fallback.
 
     Parameters
     ----------
-    model : str, Path, bytes, onnx.ModelProto or tvm.IRModule
+    model : str, Path, bytes, onnx.ModelProto, tvm.IRModule or torch.nn.Module
     config : str or ChipConfig, optional
         Chip preset (``"tsp"``, the default, or ``"tiny"``), path to a JSON preset, or a config (a design
         variant from ``lpx_tvm.runtime_sim.derive_config``, say). With ``system``: that system's chip.
@@ -227,6 +227,8 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
     state : sequence of str
         Model inputs that stay resident on the chips from call to call (a decoder's ``past_key_values.*``):
         never sent by the host; :meth:`CompiledModel.write_state` updates them between calls.
+    example_inputs : torch.Tensor or tuple of torch.Tensor, optional
+        For a PyTorch module: the inputs it is exported on (:func:`lpx_tvm.from_pytorch`).
 
     Returns
     -------
@@ -234,6 +236,15 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
     """
     if isinstance(state, (str, bytes)):  # (a name alone would be taken letter by letter)
         raise ValueError(f"state must be a sequence of input names, got {state!r}")
+    from .pytorch import from_pytorch, is_torch_module
+
+    if is_torch_module(model):
+        if example_inputs is None:
+            raise ValueError("a PyTorch module compiles on example inputs: compile(module, example_inputs=(x,))")
+        model = from_pytorch(model, example_inputs)
+    elif example_inputs is not None:
+        raise ValueError("example_inputs are for a PyTorch module; an ONNX model's inputs are in its graph "
+                         "(input_shapes pins a dynamic one)")
     options, mod = _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips)
     params = list(mod["main"].params)
     input_names = (mod["main"].attrs or {}).get("onnx_input_names")

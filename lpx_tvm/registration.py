@@ -57,16 +57,23 @@ class _RegisterAfterTVM(importlib.abc.MetaPathFinder):
     """Finds ``tvm`` with the other finders, and wraps its loader to register once it has run."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "tvm":
+        # a lookup alone (importlib.util.find_spec, as packages probe for optional ones) imports nothing: the
+        # hook stays until TVM really runs
+        if fullname != "tvm" or getattr(self, "_looking", False):
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self._looking = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._looking = False
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_register(module):
             exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             register_with_tvm()
         spec.loader.exec_module = exec_then_register
         return spec

@@ -205,3 +205,16 @@ def test_an_fp16_attention_mask_of_float32_lowest_saturates_instead_of_making_na
     (out,) = compiled(x, mask)
     assert np.isfinite(out).all() and not out[:, 5:].any()
     np.testing.assert_allclose(out, ort_run(model, {"x": x, "mask": mask})[0], atol=2e-3)
+
+
+def test_a_package_probing_for_tvm_before_it_loads_does_not_lose_lpx_registration():
+    """transformers looks TVM up (importlib.util.find_spec) without importing it; the hook that registers lpx
+    once TVM loads took that lookup for the import and went, so a later import of TVM had no lpx target."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, lpx_tvm; importlib.util.find_spec('tvm'); import tvm; "
+            "print(tvm.target.Target('lpx').keys)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "lpx" in done.stdout

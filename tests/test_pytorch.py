@@ -1,0 +1,81 @@
+"""PyTorch modules through ``lpx_tvm.from_pytorch`` (torch.export, then TVM's ExportedProgram importer), each
+compared with torch itself; Hugging Face models from configs with seeded random weights, nothing downloaded."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs the optional dependency torch (lpx-tvm[torch])")
+
+import lpx_tvm  # noqa: E402
+from conftest import run_on_lpx  # noqa: E402
+from lpx_tvm.runtime import total_offloaded_calls  # noqa: E402
+
+
+def _cosine(a, b) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_an_mlp_from_pytorch_runs_on_lpx_in_one_program_and_matches_torch():
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    x = torch.randn(4, 64)
+    compiled = lpx_tvm.compile(mlp, config="tiny", example_inputs=(x,))
+    (out,) = run_on_lpx(compiled, [x.numpy()], programs=1)
+    with torch.no_grad():
+        expected = mlp(x).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    assert mlp.training  # exported in eval mode, given back as it came
+
+
+class _LastHidden(torch.nn.Module):
+    """A Hugging Face model's ``last_hidden_state``: the tensor torch.export and lpx compare on."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x).last_hidden_state
+
+
+def _hf(name):
+    transformers = pytest.importorskip("transformers", reason="needs the optional dependency transformers (lpx-tvm[hf])")
+    torch.manual_seed(0)
+    if name == "bert":
+        config = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=256, vocab_size=1000, max_position_embeddings=64)
+        return _LastHidden(transformers.BertModel(config)), torch.randint(0, 1000, (1, 16))
+    config = transformers.ViTConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=256, image_size=32, patch_size=8)
+    return _LastHidden(transformers.ViTModel(config)), torch.randn(1, 3, 32, 32)
+
+
+@pytest.mark.parametrize("name", ["bert", "vit"])
+def test_hugging_face_encoders_from_pytorch_put_their_flops_on_lpx_and_match_torch(name):
+    model, x = _hf(name)
+    compiled = lpx_tvm.compile(lpx_tvm.from_pytorch(model, x), config="tsp")
+    assert compiled.report.offloaded_pct >= 99.0, compiled.report.summary()
+    calls = total_offloaded_calls()
+    out = compiled(x.numpy())
+    # every lpx program ran (a program two identical layers share runs once for each)
+    assert total_offloaded_calls() - calls >= compiled.report.lpx_functions >= 1
+    with torch.no_grad():
+        expected = model.eval()(x).numpy()
+    assert _cosine(out[0] if isinstance(out, (list, tuple)) else out, expected) >= 0.9999
+
+
+def test_what_from_pytorch_cannot_take_is_named():
+    with pytest.raises(ValueError, match="takes a torch.nn.Module, got str"):
+        lpx_tvm.from_pytorch("model.onnx", torch.zeros(1))
+    with pytest.raises(ValueError, match="example input 0 is a ndarray, not a torch.Tensor"):
+        lpx_tvm.from_pytorch(torch.nn.ReLU(), np.zeros(3))
+    with pytest.raises(ValueError, match="compiles on example inputs"):
+        lpx_tvm.compile(torch.nn.ReLU())
+
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            return x[x > 0]  # a shape that depends on the values: torch.export refuses it
+
+    with pytest.raises(ValueError, match="cannot"):
+        lpx_tvm.from_pytorch(DataDependent(), torch.randn(8))

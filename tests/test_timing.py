@@ -196,3 +196,49 @@ def test_weights_replaced_while_a_matmul_streams_through_them():
     code = [ins("INSTALL", [w], []), ins("MATMUL", [a], [out], cycle=installed),
             ins("INSTALL", [w], [], cycle=installed + 1)]
     _rejected(program(code, layout), "weights in use")
+
+
+def _timed_alone(opcode, srcs, dsts, layout, expected, **attrs):
+    """Cycles of one instruction at cycle 0, its header stating ``expected`` (the simulator refuses a header
+    that disagrees with the machine's rules)."""
+    prog = program([ins(opcode, srcs, dsts, **attrs)], layout, predicted=expected)
+    return Simulator(prog, timing_only=True).stats.cycles
+
+
+@pytest.mark.parametrize("opcode, alu_ops, attrs", [
+    ("SOFTMAX", 8, {"axis": 1}),
+    ("GELU", 12, {}),
+])
+def test_an_alu_bound_vector_op_takes_its_alu_operations_over_the_lane_alus(opcode, alu_ops, attrs):
+    """[8, 32] fp32 on tiny: 8 vectors of 32 lanes, each reading and writing 4 bytes an element (8 of a
+    direction's 8 streams: one vector a cycle at most). Each element needs ``alu_ops`` ALU operations and a
+    lane has 4 ALUs: ceil(alu_ops / 4) cycles a vector, then the vector queue's latency (4)."""
+    layout = Layout()
+    x, out = layout.const(np.ones((8, 32), np.float32)), layout.take((8, 32), F32)
+    vectors = 8 * 32 // TINY.lanes
+    expected = vectors * ceil(alu_ops / TINY.vxm_alus_per_lane) + TINY.latency_cycles["VXM"]
+    assert _timed_alone(opcode, [x], [out], layout, expected, **attrs) == expected == {8: 20, 12: 28}[alu_ops]
+
+
+def test_a_layer_norm_with_its_scale_and_shift_is_bound_by_streams_and_alus_alike():
+    """[8, 32] fp32 with a 32-wide scale and shift: 1,024 + 128 + 128 bytes in and 1,024 out are 9 bytes a
+    lane a vector, past one direction's 8 streams (2 cycles a vector), and 8 ALU operations on 4 ALUs are
+    2 cycles too: 8 vectors · 2 + latency 4."""
+    layout = Layout()
+    x, out = layout.const(np.ones((8, 32), np.float32)), layout.take((8, 32), F32)
+    gamma, beta = layout.const(np.ones(32, np.float32)), layout.const(np.zeros(32, np.float32))
+    per_vector = (8 * 32 * 4 * 2 + 2 * 32 * 4) / (8 * TINY.lanes)  # 9 byte streams
+    step = max(ceil(per_vector / TINY.streams_per_direction), ceil(8 / TINY.vxm_alus_per_lane))
+    expected = 8 * step + TINY.latency_cycles["VXM"]
+    assert _timed_alone("LAYERNORM", [x, gamma, beta], [out], layout, expected, eps=1e-5, n_axes=1) == expected == 20
+
+
+def test_a_transpose_on_the_switch_moves_its_vectors_at_the_switch_rate():
+    """[8, 32] → [32, 8] fp32: 1,024 bytes are 32 vectors of 32 bytes; the switch moves 4 a cycle (tiny's
+    rate, and half of a direction's 8 streams): 8 cycles, then its latency (4)."""
+    layout = Layout()
+    x, out = layout.const(np.ones((8, 32), np.float32)), layout.take((32, 8), F32)
+    vectors = 8 * 32 * 4 // TINY.lanes
+    rate = min(TINY.sxm_vectors_per_cycle, TINY.streams_per_direction // 2)
+    expected = ceil(vectors / rate) + TINY.latency_cycles["SXM"]
+    assert _timed_alone("TRANSPOSE", [x], [out], layout, expected, perm=(1, 0)) == expected == 12

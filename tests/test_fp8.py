@@ -6,10 +6,10 @@ import onnxruntime as ort
 import pytest
 
 import lpx_tvm
-from conftest import cnn_model
+from conftest import cnn_model, run_on_lpx
 from lpx_tvm.app.zoo import ZOO, compare
 from lpx_tvm.runtime import total_offloaded_calls
-from lpx_tvm.runtime_sim import DType, Opcode
+from lpx_tvm.runtime_sim import DType, Opcode, decode
 
 
 def test_fp8_on_a_chip_without_it_names_what_the_chip_runs():
@@ -39,15 +39,25 @@ def test_fp8_agrees_with_onnx_runtime_in_fp32(name):
 
 def test_small_weights_keep_their_precision_in_fp8(rng):
     """Weights of 1e-3 are subnormal in e4m3 (2^-9 steps): stored as they are they would lose most of their
-    digits; scaled per output column they keep fp8's 3 mantissa bits."""
+    digits; scaled per output column they keep fp8's 3 mantissa bits. The small weight is the middle of
+    three products: the first and the last stay fp16 (a lone product is both, and ran in fp16)."""
     from onnx import helper, numpy_helper
     from conftest import make_model, tensor_info
 
+    w1 = (rng.standard_normal((64, 64)) * 0.1).astype(np.float32)
+    w3 = (rng.standard_normal((32, 32)) * 0.1).astype(np.float32)
     w = (rng.standard_normal((64, 32)) * 1e-3).astype(np.float32)
-    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [8, 64])],
-                       [tensor_info("y", [8, 32])], [numpy_helper.from_array(w, "w")])
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["s"]),
+             helper.make_node("MatMul", ["s", "w3"], ["y"])]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (w, "w"), (w3, "w3"))]
+    model = make_model(nodes, [tensor_info("x", [8, 64])], [tensor_info("y", [8, 32])], inits)
     x = rng.standard_normal((8, 64)).astype(np.float32)
-    (y,) = lpx_tvm.compile(model, config="lp30", dtype="fp8")(x)
-    want = x.astype(np.float64) @ w
+    compiled = lpx_tvm.compile(model, config="lp30", dtype="fp8")
+    (y,) = run_on_lpx(compiled, [x], programs=1)
+    (program,) = (decode(blob) for blob in compiled.programs.values())
+    layers = {program.layer_names[i.layer].split("/")[-1]: i.srcs[0].dtype for i in program.instructions
+              if i.opcode == Opcode.MATMUL}
+    assert sorted(layers.values(), key=lambda d: d.value) == [DType.F16, DType.F16, DType.F8]
+    want = x.astype(np.float64) @ w1 @ w @ w3
     cosine = float((y.astype(np.float64) * want).sum() / np.linalg.norm(y) / np.linalg.norm(want))
     assert cosine > 0.998

@@ -188,3 +188,17 @@ def test_a_pipeline_takes_as_many_users_as_their_caches_leave_room_for():
     assert report["users"] < 4 and report["memory_per_chip"] <= sram < report["memory_per_chip"] + one_more
     assert report["cache_bytes"] == report["users"] * 4 * one_more
     assert report["tokens_per_s"] == pytest.approx(report["tokens_per_s_per_user"] * report["users"])
+
+
+def test_a_config_file_names_the_model_by_its_stem_or_its_hugging_face_folder(tmp_path):
+    """configs/llama-2-70b.json is "llama-2-70b" (it was planned as "configs"); Hugging Face's
+    llama-2-70b/config.json is named by its folder."""
+    config = {
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 128, "vocab_size": 256}
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny-llama.json").write_text(json.dumps(config))
+    (tmp_path / "tiny-hf").mkdir()
+    (tmp_path / "tiny-hf" / "config.json").write_text(json.dumps(config))
+    assert model_spec(str(tmp_path / "configs" / "tiny-llama.json")).name == "tiny-llama"
+    assert model_spec(str(tmp_path / "tiny-hf" / "config.json")).name == "tiny-hf"

@@ -131,7 +131,8 @@ def model_spec(model) -> ModelSpec:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as err:
             raise PlanError(f"{path}: not JSON ({err})") from None
-        name = path.parent.name or path.stem
+        # Hugging Face's layout names the folder (llama-2-70b/config.json); any other file names itself
+        name = (path.resolve().parent.name if path.name == "config.json" else path.stem) or path.stem
     unknown = sorted(set(data) - _HF_KEYS - _HF_IGNORED)
     if unknown:
         raise PlanError(f"model {name!r}: unknown config key {', '.join(unknown)} (a plan reads "

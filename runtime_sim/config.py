@@ -66,6 +66,9 @@ class ChipConfig:
         engines, vector queues, ...
     latency_cycles : dict
         Pipeline and stream-hop latency of each unit's results.
+    power_watts : int, optional
+        The chip's power at load (its TDP), where a public figure gives it: what a plan's kW counts. It
+        changes no program (it is not in the digest).
     sources : dict
         Parameter name ─► the public figure it comes from, or "assumed: ...".
     """
@@ -90,10 +93,15 @@ class ChipConfig:
     c2c_bytes_per_s_per_link: int
     unit_counts: dict
     latency_cycles: dict
+    power_watts: int | None = None
     description: str = field(default="", compare=False)
     sources: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
+        if self.power_watts is not None and (not isinstance(self.power_watts, int) or isinstance(self.power_watts, bool)
+                                             or self.power_watts <= 0):
+            raise ConfigError(f"chip config {self.name!r}: power_watts must be a positive integer, got "
+                              f"{self.power_watts!r}")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
@@ -117,7 +125,8 @@ class ChipConfig:
             if not isinstance(self.latency_cycles.get(unit), int) or self.latency_cycles[unit] < 0:
                 raise ConfigError(f"chip config {self.name!r}: latency_cycles[{unit!r}] must be an integer >= 0")
         if self.sources:
-            missing = [f.name for f in fields(self) if f.name not in _NOT_PARAMETERS and f.name not in self.sources]
+            missing = [f.name for f in fields(self) if f.name not in _NOT_PARAMETERS and f.name not in self.sources
+                       and not (f.name == "power_watts" and self.power_watts is None)]
             if missing:
                 raise ConfigError(f"chip config {self.name!r}: no source given for {', '.join(missing)}")
         # dicts are not hashable; freeze them so the config can key caches
@@ -175,7 +184,7 @@ class ChipConfig:
     @property
     def digest(self) -> bytes:
         """8-byte fingerprint of every field that changes what a program means."""
-        payload = json.dumps({k: v for k, v in asdict(self).items() if k not in ("description", "sources")},
+        payload = json.dumps({k: v for k, v in asdict(self).items() if k not in ("description", "sources", "power_watts")},
                              sort_keys=True, default=dict)
         return hashlib.blake2b(payload.encode(), digest_size=8).digest()
 

@@ -7,7 +7,7 @@ import pytest
 
 from lpx_tvm.app.cli import main
 from lpx_tvm.app.generate import generate
-from lpx_tvm.app.plan import PlanError, all_reduce_cycles, model_spec, plan
+from lpx_tvm.app.plan import PlanError, all_reduce_cycles, model_spec, plan, table
 from lpx_tvm.runtime_sim import load_config
 from lpx_tvm.runtime_sim.system import load_system
 
@@ -202,3 +202,14 @@ def test_a_config_file_names_the_model_by_its_stem_or_its_hugging_face_folder(tm
     (tmp_path / "tiny-hf" / "config.json").write_text(json.dumps(config))
     assert model_spec(str(tmp_path / "configs" / "tiny-llama.json")).name == "tiny-llama"
     assert model_spec(str(tmp_path / "tiny-hf" / "config.json")).name == "tiny-hf"
+
+
+def test_a_plan_counts_its_chips_power_at_the_preset_s_tdp():
+    """tsp's preset gives 300 W a chip (its source: TechSpot, 2019): 4 chips draw 1.2 kW, and tokens/s per
+    kW is the plan's tokens/s over that; lp30's preset gives no power, and the plan says so."""
+    planned = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, mapping=(4, 1))
+    assert load_config("tsp").power_watts == 300
+    assert planned["power_kw"] == 4 * 300 / 1000
+    assert planned["tokens_per_s_per_kw"] == pytest.approx(planned["tokens_per_s"] / 1.2)
+    assert "power: 1.2 kW for the chips at their TDP" in table(planned)
+    assert load_config("lp30").power_watts is None

@@ -488,7 +488,17 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
                         "layers_per_stage": ceil(spec.layers / chosen.stages), "experts": chosen.expert_placement,
                         "why": why},
             **best, "tokens_per_s_per_rack": best["tokens_per_s"] / max(ceil(chosen.chips / per_rack), 1),
+            **_power(system.chip, chosen.chips, best["tokens_per_s"]),
             "split_cycles": split, "bottleneck": bottleneck, "frontier": frontier, "plan_s": seconds}
+
+
+def _power(chip, chips: int, tokens_per_s: float) -> dict:
+    """The chips' power at load (the preset's TDP; no host, network or cooling) and tokens/s per kW: None
+    where the preset gives no power."""
+    if chip.power_watts is None:
+        return {"power_kw": None, "tokens_per_s_per_kw": None}
+    kw = chips * chip.power_watts / 1000
+    return {"power_kw": kw, "tokens_per_s_per_kw": tokens_per_s / kw}
 
 
 def table(report: dict) -> str:
@@ -510,6 +520,9 @@ def table(report: dict) -> str:
                if report["ttft_ms"] is not None else
                f"; no time to first token: a block's {report['prompt']}-token prefill does not fit a chip") + "\n"
             f"  per token: {split}; bound by {report['bottleneck']}\n"
+            + (f"  power: {report['power_kw']:.1f} kW for the chips at their TDP (no host, network or cooling), "
+               f"{report['tokens_per_s_per_kw']:.1f} tokens/s per kW\n" if report.get("power_kw") is not None else
+               f"  power: the {report['chip']} preset gives no chip power\n") +
             f"  memory a chip: {report['memory_per_chip'] / 2**20:.0f} MiB (weights {report['weight_bytes'] / 1e9:.1f} GB"
             f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB on the chips in all; the token embedding is looked "
             f"up on the host); planned in {report['plan_s']:.1f} s")

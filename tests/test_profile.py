@@ -31,6 +31,11 @@ def test_profile_writes_report_and_trace(tmp_path, capsys):
     (conv,) = [r for r in layers if r["layer"].startswith("conv2d")]
     assert conv["macs"] == 16 * 27 * 32 * 32
     assert all("/" not in r["layer"] for r in layers)  # short names, no function hash
+    # spans overlap; the exclusive shares and the idle cycles add up to the program exactly
+    (program,) = data["programs"].values()
+    assert sum(r["exclusive_cycles"] for r in layers) + program["idle_cycles"] == pytest.approx(
+        data["simulated_cycles"], rel=1e-12)
+    assert all(r["end"] - r["start"] == r["cycles"] for r in layers)
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["tid"] for e in events if e["ph"] == "X"} and all(
         {"ph", "ts", "dur", "pid", "tid"} <= set(e) for e in events if e["ph"] == "X")
@@ -85,3 +90,18 @@ def test_the_profile_names_each_streamed_weight_and_what_forced_it(rng):
     assert row["bytes"] == 768 * 1440 * 4 and row["layer"].startswith("matmul")
     assert "streamed 4423680 B exceed the 4194304 B of SRAM" in row["why"]
     assert f"  {row['layer']}: 4423680 B" in table(report)
+
+
+def test_exclusive_cycles_split_each_cycle_among_the_layers_busy_in_it():
+    """a busy over [0, 10), b over [5, 15), c over [20, 24): 0–5 is a's, 5–10 half each, 10–15 b's, 15–20
+    nobody's, 20–24 c's."""
+    from types import SimpleNamespace as NS
+
+    from lpx_tvm.app.profile import exclusive_cycles
+
+    program = NS(layer_names=("a", "b", "c"), instructions=[NS(cycle=0, layer=0), NS(cycle=5, layer=1),
+                                                             NS(cycle=20, layer=2)])
+    costs = [NS(finish=10), NS(finish=10), NS(finish=4)]
+    shares, idle = exclusive_cycles(program, costs)
+    assert shares == {"a": 7.5, "b": 7.5, "c": 4.0}
+    assert idle == 5

@@ -18,6 +18,36 @@ def short_name(layer: str) -> str:
     return head + ("+" + _INDEX.sub("", tail) if tail else "")
 
 
+def exclusive_cycles(program, costs) -> tuple:
+    """Each layer's exclusive share of a program's cycles, and the cycles in which nothing ran.
+
+    Layers overlap (row bands, chains), so their spans add up to more than the program; here every cycle goes
+    to the layers busy in it, split evenly among them, so the shares and the idle cycles sum to the program's
+    cycles. Returns ``({layer name: cycles (a float)}, idle cycles)``.
+    """
+    events = []
+    for ins, occ in zip(program.instructions, costs):
+        name = program.layer_names[ins.layer] if ins.layer < len(program.layer_names) else str(ins.layer)
+        if occ.finish:
+            events.append((ins.cycle, 1, name))
+            events.append((ins.cycle + occ.finish, -1, name))
+    events.sort(key=lambda e: (e[0], e[1]))
+    active, shares, idle, previous = {}, {}, 0.0, 0
+    for cycle, step, name in events:
+        if cycle > previous:
+            if active:
+                part = (cycle - previous) / len(active)
+                for layer in active:
+                    shares[layer] = shares.get(layer, 0.0) + part
+            else:
+                idle += cycle - previous
+            previous = cycle
+        active[name] = active.get(name, 0) + step
+        if not active[name]:
+            del active[name]
+    return shares, idle
+
+
 def profile(compiled) -> dict:
     """The profile of a compiled model as a dict (what ``--json`` writes).
 
@@ -53,10 +83,14 @@ def profile(compiled) -> dict:
             total = report["units"].setdefault(unit, {"busy_cycles": 0, "capacity": 0})
             total["busy_cycles"] += info["busy_cycles"]
             total["capacity"] += info["instances"] * stats.cycles
+        shares, idle = exclusive_cycles(sim.program, sim.costs)
+        report["programs"][name]["idle_cycles"] = idle
         for layer in stats.layers:
             peak = chip.mxm_peak_macs_per_cycle(compiled.dtype if compiled.dtype in chip.mxm_passes else "fp32")
             report["layers"].append({
-                "layer": short_name(layer["name"]), "program": name, "cycles": layer["cycles"],
+                "layer": short_name(layer["name"]), "relax_name": layer["name"], "program": name,
+                "start": layer["start"], "end": layer["end"], "cycles": layer["cycles"],
+                "exclusive_cycles": shares.get(layer["name"], 0.0),
                 "microseconds": 1e6 * layer["cycles"] / chip.clock_hz, "seconds": layer["cycles"] / chip.clock_hz, "macs": layer["macs"], "flops": layer["flops"],
                 "bytes": layer["bytes"], "mac_utilisation": layer["macs"] / (peak * layer["cycles"]) if layer["cycles"]
                 else 0.0, "busy": layer["busy"], "bound": layer["bound"]})
@@ -126,11 +160,14 @@ def table(report: dict, top: int | None = None) -> str:
     from tabulate import tabulate
 
     layers = report["layers"][:top] if top else report["layers"]
-    rows = [[r["layer"][:48], r["cycles"], f"{r['microseconds']:.2f}", r["macs"],
-             f"{100 * r['mac_utilisation']:.1f}" if r["macs"] else "", r["bound"],
+    rows = [[r["layer"][:48], r["start"], r["cycles"], f"{r['exclusive_cycles']:.0f}", f"{r['microseconds']:.2f}",
+             r["macs"], f"{100 * r['mac_utilisation']:.1f}" if r["macs"] else "", r["bound"],
              " ".join(f"{u}:{b}" for u, b in sorted(r["busy"].items()))] for r in layers]
-    text = tabulate(rows, headers=["layer", "cycles", "µs", "MACs", "% MAC peak", "bound", "busy cycles by unit"],
-                    tablefmt="github")
+    text = tabulate(rows, headers=["layer", "start", "span", "exclusive", "µs (span)", "MACs", "% MAC peak", "bound",
+                                   "busy cycles by unit (all instances)"], tablefmt="github")
+    text += ("\n(span: its first issue to its last result; layers overlap, so spans add up to more than the "
+             "program. exclusive: each cycle split evenly among the layers busy in it; these add up to the "
+             "program's cycles, less the cycles nothing ran)")
     if top and len(report["layers"]) > top:
         text += f"\n({len(report['layers']) - top} more layers; --top 0 shows all)"
     units = ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items() if i["busy_cycles"])

@@ -213,3 +213,24 @@ def test_a_plan_counts_its_chips_power_at_the_preset_s_tdp():
     assert planned["tokens_per_s_per_kw"] == pytest.approx(planned["tokens_per_s"] / 1.2)
     assert "power: 1.2 kW for the chips at their TDP" in table(planned)
     assert load_config("lp30").power_watts is None
+
+
+def test_users_picks_the_fewest_chips_holding_them_in_flight():
+    """llama-small on tsp-node, 8 users at a 128-position cache: a full pipeline holds stages × batch users
+    (their caches are tiny beside SRAM), so the plan takes the fewest chips with stages × batch ≥ 8; a
+    million users fit nowhere, and the error names the most that do."""
+    planned = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, batches=(1, 4), users=8)
+    assert planned["users"] == planned["mapping"]["pipeline_stages"] * planned["batch"] >= 8
+    holding = [r for r in planned["frontier"] if r["stages"] * r["batch"] >= 8]
+    assert planned["chips"] == min(r["chips"] for r in holding)
+    assert "the fewest chips holding 8 users in flight" == planned["mapping"]["why"]
+    # llama-small has 4 layers, so at most 4 stages, at batch 4 at most: 16 users
+    with pytest.raises(PlanError, match=r"holds 1000000 users in flight .*; the most is 16 \(4 stages × batch 4"):
+        plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, batches=(1, 4), users=10**6)
+
+
+def test_a_time_per_output_token_target_is_a_tokens_per_second_target(capsys):
+    """--target-tpot-ms T asks for 1000 / T tokens/s per user."""
+    assert main(["plan", "--model", "llama-small", "--system", "tsp-node", "--dtype", "fp32", "--context", "128",
+                 "--prompt", "8", "--batches", "1", "--target-tpot-ms", "0.1"]) == 0
+    assert "the fewest chips reaching 10000.0 tokens/s per user" in capsys.readouterr().out

@@ -266,9 +266,15 @@ def cmd_generate(args) -> int:
 def cmd_plan(args) -> int:
     from .plan import plan, table, write_json
 
+    target = args.target_tps_per_user
+    if args.target_tpot_ms is not None:
+        if not 0 < args.target_tpot_ms < float("inf"):
+            raise ValueError(f"--target-tpot-ms must be a positive number of milliseconds, got {args.target_tpot_ms}")
+        target = 1000 / args.target_tpot_ms
     report = plan(args.model, args.system, dtype=args.dtype, context=args.context, prompt=args.prompt,
-                  batch=args.batch, chips=args.chips, target_tps_per_user=args.target_tps_per_user,
-                  batches=args.batches, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                  batch=args.batch, chips=args.chips, target_tps_per_user=target,
+                  batches=args.batches, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                  users=args.users)
     print(table(report))
     if args.json:
         write_json(report, args.json)
@@ -413,6 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--chips", type=int, help="use at most this many chips")
     group.add_argument("--target-tps-per-user", type=float, help="the fewest chips that reach this speed")
+    group.add_argument("--target-tpot-ms", type=float, help="the fewest chips whose time per output token is at "
+                       "most this (the same as --target-tps-per-user 1000/T)")
+    p.add_argument("--users", type=_at_least(1), help="the fewest chips that hold this many users in flight, "
+                   "each one's KV cache at --context on the chips (with a target: that meet it too)")
     p.add_argument("--json", help="write the plan as JSON")
     p.add_argument("--plot", metavar="FRONTIER.png", help="draw the frontier (needs lpx-tvm[plot])")
     p.set_defaults(func=cmd_plan)

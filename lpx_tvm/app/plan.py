@@ -380,7 +380,7 @@ def _check_sizes(**sizes) -> None:
 
 def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, prompt: int = 512, batch: int = 1,
          chips: int | None = None, target_tps_per_user: float | None = None, batches=(1,),
-         mapping: tuple | None = None, progress=None) -> dict:
+         mapping: tuple | None = None, progress=None, users: int | None = None) -> dict:
     """Plan an LLM's decode on a system: the mapping, its speed, its chips and racks, and what bounds it.
 
     Parameters
@@ -405,6 +405,10 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         Batch sizes to put on the frontier (besides ``batch``).
     mapping : (int, int), optional
         Evaluate only this (pipeline stages, tensor-parallel width).
+    users : int, optional
+        Serve this many users at once: the fewest chips whose mapping holds that many in flight (stages ×
+        batch, every one's KV cache on the chips), at any batch on the frontier, and at ``target_tps_per_user``
+        where that is given too.
     """
     start = time.perf_counter()
     _check_sizes(context=context, prompt=prompt, batch=batch, chips=chips, batches=batches, mapping=mapping)
@@ -444,6 +448,15 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
                 if mapping is not None:
                     candidates.append(mapping)
     at_batch = [m for m in candidates if m.batch == batch]
+    if users is not None:
+        if not isinstance(users, int) or isinstance(users, bool) or users < 1:
+            raise PlanError(f"users must be a positive integer, got {users!r}")
+        at_batch = [m for m in candidates if m.users >= users]
+        if not at_batch:
+            most = max(candidates, key=lambda m: m.users, default=None)
+            raise PlanError(f"no mapping on {limit} chips holds {users} users in flight with a {context}-position "
+                            "cache" + (f"; the most is {most.users} ({most.stages} stages × batch {most.batch} on "
+                                       f"{most.chips} chips)" if most else ""))
     if not at_batch:
         raise PlanError(f"{spec.name} in {dtype} with a {context}-position cache does not fit {limit} chips of "
                         f"{system.name}: every shard streams weights or overflows SRAM")
@@ -454,7 +467,11 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
             raise PlanError(f"no mapping on {limit} chips reaches {target_tps_per_user} tokens/s per user; the "
                             f"fastest gives {best.tokens_per_s_per_user(chip.clock_hz):.0f} on {best.chips} chips")
         chosen = min(meets, key=lambda m: (m.chips, m.per_token_cycles))
-        why = f"the fewest chips reaching {target_tps_per_user} tokens/s per user"
+        why = f"the fewest chips reaching {target_tps_per_user} tokens/s per user" + (
+            f" with {users} users in flight" if users else "")
+    elif users is not None:
+        chosen = min(at_batch, key=lambda m: (m.chips, m.per_token_cycles))
+        why = f"the fewest chips holding {users} users in flight"
     else:
         chosen = min(at_batch, key=lambda m: (m.per_token_cycles, m.chips))
         why = f"the lowest per-token latency on at most {limit} chips"

@@ -139,6 +139,28 @@ def _conv2d(lw, call, args, layer):
                    dilation=_ints(a.dilation), groups=int(a.groups), act=Opcode.NOP, act_args=(0.0, 0.0))
 
 
+def _conv1d(lw, call, args, layer):
+    """A 1-D convolution (Whisper's, wav2vec's) is a 2-D one over a single row: [N, C, W] as [N, C, 1, W]."""
+    a = call.attrs
+    x, w = args[0], args[1]
+    n, c, width = lw.graph.tensors[x].shape
+    o, cg, k = lw.graph.tensors[w].shape
+    (left, right) = _ints(a.padding)
+    out = shape_of(call)
+    node = lw.graph.add_node("conv2d", [lw.alias(x, (n, c, 1, width)), lw.alias(w, (o, cg, 1, k))],
+                             out[:2] + (1, out[2]), dtype_of(call), layer, strides=(1, _ints(a.strides)[0]),
+                             padding=(0, left, 0, right), dilation=(1, _ints(a.dilation)[0]), groups=int(a.groups),
+                             act=Opcode.NOP, act_args=(0.0, 0.0))
+    return lw.alias(node, out)
+
+
+def _conv1d_unsupported(call):
+    a = call.attrs
+    if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCW", "OIW", "NCW"):
+        return f"layout {a.data_layout}/{a.kernel_layout}/{a.out_layout} is not NCW/OIW/NCW"
+    return _out_dtype_unsupported(call)
+
+
 def _matmul(lw, call, args, layer):
     """numpy matmul semantics: a 1-D operand gains a unit axis for the product, which is dropped after."""
     a_shape, b_shape = (lw.graph.tensors[t].shape for t in args)
@@ -452,6 +474,7 @@ RELAX_OPS = {row.op: row for row in [
     RelaxOp("nn.batch_norm", _batch_norm, 5, _batch_norm_unsupported, weights=(1, 2, 3, 4)),
     RelaxOp("matmul", _matmul, 2, _out_dtype_unsupported),
     RelaxOp("nn.conv2d", _conv2d, 2, _conv2d_unsupported, weights=(1,)),
+    RelaxOp("nn.conv1d", _conv1d, 2, _conv1d_unsupported, weights=(1,)),
 ]}
 
 

@@ -25,9 +25,8 @@ def op_flops(call) -> int | None:
         out = prod(int(d) for d in ty.shape.values)
     except TypeError:
         return None
-    if name == "relax.nn.conv2d":
-        w = [int(d) for d in call.args[1].ty.shape.values]
-        return 2 * out * w[1] * w[2] * w[3]
+    if name in ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d"):  # 2 × output × the taps of one
+        return 2 * out * prod(int(d) for d in call.args[1].ty.shape.values[1:])
     if name == "relax.matmul":
         return 2 * out * int(call.args[0].ty.shape.values[-1])
     return out

@@ -322,3 +322,24 @@ def test_every_opcode_is_tested():
     covered = _opcodes_under_test()
     assert covered == set(Opcode), f"untested opcodes: {sorted(op.name for op in set(Opcode) - covered)}"
     assert set(OP_TABLE) == set(Opcode)
+
+
+def test_a_1d_convolution_runs_on_lpx_as_a_2d_one_over_one_row(rng):
+    """Conv over [1, 4, 32] with an [8, 4, 3] kernel, stride 2, padding 1 (Whisper's front end has two): one
+    program, nothing on the host, ONNX Runtime's numbers; its FLOPs are 2 · 8·16 outputs · 4·3 taps plus the
+    ReLU's 8·16."""
+    from onnx import helper
+
+    import lpx_tvm
+    from conftest import make_model, ort_run, run_on_lpx, tensor_info, weights
+
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1], strides=[2]),
+                        helper.make_node("Relu", ["c"], ["y"])],
+                       [tensor_info("x", [1, 4, 32])], [tensor_info("y", [1, 8, 16])],
+                       [weights(rng, "w", (8, 4, 3)), weights(rng, "b", (8,))])
+    compiled = lpx_tvm.compile(model, config="tiny")
+    x = rng.standard_normal((1, 4, 32)).astype(np.float32)
+    (out,) = run_on_lpx(compiled, [x], programs=1)
+    np.testing.assert_allclose(out, ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert compiled.report.flops_host == 0
+    assert compiled.report.flops_offloaded == 2 * 8 * 16 * 4 * 3 + 8 * 16 + 8 * 16  # the conv, its bias, the ReLU

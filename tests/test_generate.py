@@ -97,3 +97,25 @@ def test_generate_of_a_folder_without_the_decoder_files_names_what_is_missing(tm
     assert main(["generate", str(tmp_path), "--tokens", "2"]) != 0
     err = capsys.readouterr().err
     assert "is not a decoder folder: it has no prefill.onnx or decode.onnx" in err and "Traceback" not in err
+
+
+def test_generate_s_tokens_are_onnx_runtime_s_own_greedy_decode(tmp_path):
+    """The reference here is ONNX Runtime alone: the decoder's two graphs from files, run greedily on the same
+    prompt with ORT's own cache, step after step; lpx's tokens (from the simulated chips) must be those."""
+    import onnxruntime as ort
+
+    config = llama.PRESETS["llama-tiny"]
+    paths = llama.save_llama(config, tmp_path, prompt_len=6)
+    report = generate(str(tmp_path), tokens=4, system="tiny-2", parallel="pipeline")
+    prefill, decode = (ort.InferenceSession(str(paths[k]), providers=["CPUExecutionProvider"])
+                       for k in ("prefill", "decode"))
+    names = llama.output_names(config)
+    outputs = dict(zip(names, prefill.run(None, llama.prefill_feeds(config, report["prompt"]))))
+    cache = llama.write_cache(llama.initial_cache(config), outputs, 0)
+    tokens = [int(np.argmax(outputs["logits"][0, -1]))]
+    for step in range(4):
+        position = 6 + step
+        outputs = dict(zip(names, decode.run(None, llama.decode_feeds(config, tokens[-1], position, cache))))
+        llama.write_cache(cache, outputs, position)
+        tokens.append(int(np.argmax(outputs["logits"][0, -1])))
+    assert report["tokens"] == tokens

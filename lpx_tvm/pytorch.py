@@ -58,7 +58,7 @@ def from_pytorch(module, example_inputs):
         if not isinstance(value, torch.Tensor):
             raise ValueError(f"from_pytorch: example input {k} is a {type(value).__name__}, not a torch.Tensor")
     training = module.training
-    module.eval()
+    module.train(False)  # eval mode
     try:
         with torch.no_grad():
             try:

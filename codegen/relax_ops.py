@@ -351,6 +351,22 @@ def _strided_slice_unsupported(call):
     return None
 
 
+def _broadcast_to(lw, call, args, layer):
+    """numpy's broadcast_to: a constant is broadcast here; a tensor becomes a ``broadcast`` node, one COPY
+    reading it with stride 0 on the axes it repeats (GQA's K/V heads for each query head, a mask for each)."""
+    out = shape_of(call)
+    value = lw.const_value(args[0])
+    if value is not None:
+        return lw.graph.constant(np.ascontiguousarray(np.broadcast_to(value, out)))
+    return lw.node("broadcast", args[:1], call, layer)
+
+
+def _broadcast_to_unsupported(call):
+    if not isinstance(call.args[1], relax.ShapeExpr) or not all(isinstance(v, IntImm) for v in call.args[1].values):
+        return "broadcast_to a shape known only at run time"
+    return None
+
+
 def _astype(lw, call, args, layer):
     value = lw.const_value(args[0])
     if value is not None:
@@ -468,6 +484,7 @@ RELAX_OPS = {row.op: row for row in [
     RelaxOp("concat", _concat),
     RelaxOp("strided_slice", _strided_slice, 5, _strided_slice_unsupported),
     RelaxOp("astype", _astype),
+    RelaxOp("broadcast_to", _broadcast_to, 2, _broadcast_to_unsupported),
     RelaxOp("quantize", _quantize, 3, _quant_unsupported, weights=(1, 2)),
     RelaxOp("dequantize", _dequantize, 3, _quant_unsupported, weights=(1, 2)),
     # last: a later single-op pattern wins, and these take their (dequantised) weights with them
@@ -548,7 +565,35 @@ def _gelu_matches(calls) -> bool:
     return len(multiplied) == 2 and np.isclose(multiplied, [0.5, 1 / np.sqrt(2.0)], rtol=1e-6).all()
 
 
+def _nan_to_num_pattern():
+    """where(isnan(x), c, x): PyTorch's safe softmax, as torch.export writes it after every softmax."""
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    x = wildcard()
+    return is_op("relax.where")(is_op("relax.isnan")(x), is_const(), x)
+
+
+def _nan_to_num_value(calls):
+    (where,) = [c for c in calls if c.op.name == "relax.where"]
+    return prim(where.args[1])
+
+
+def _nan_to_num_matches(calls) -> bool:
+    try:
+        return np.isfinite(_nan_to_num_value(calls))
+    except (LoweringError, ValueError):
+        return False
+
+
+def _nan_to_num_lower(lw, func, args, layer):
+    calls = []
+    relax.analysis.post_order_visit(func.body, lambda e: calls.append(e) if isinstance(e, relax.Call) else None)
+    return lw.graph.add_node("NAN_TO_NUM", args[:1], shape_of(func.body), dtype_of(func.body), layer,
+                             value=float(_nan_to_num_value(calls)))
+
+
 RELAX_PATTERNS = {row.name: row for row in [
     RelaxPattern("lpx.hard_swish", _hard_swish_pattern, _hard_swish_matches, _hard_swish_lower),
     RelaxPattern("lpx.gelu_erf", _gelu_pattern, _gelu_matches, _gelu_lower),
+    RelaxPattern("lpx.nan_to_num", _nan_to_num_pattern, _nan_to_num_matches, _nan_to_num_lower),
 ]}

@@ -28,7 +28,7 @@ from ..runtime_sim import ChipConfig, Opcode
 from ..runtime_sim.isa import OP_TABLE, Group, make_attrs
 from .graph import Graph, Node
 from .mxm import PlaneMapper, Product
-from .views import Operand, stream, view, whole
+from .views import Operand, dense_strides, stream, view, whole
 
 STREAM_RING = 3  # streamed weight blocks in flight: one computing, two streaming ahead
 # a network input arrives in row bands, and vector and switch work on big NCHW tensors is cut into row bands
@@ -257,6 +257,16 @@ class _Tiler:
         self._ring(node, a["tag"], lambda s: mine(rank - s + 1), lambda s: block(rank - s), add)
         self.emit(Opcode.COPY, [mine(rank + 1)], [block(rank + 1)], {}, node.layer)
         self._ring(node, a["tag"] + ranks, lambda s: block(rank - s + 2), lambda s: block(rank - s + 1))
+
+    def broadcast(self, node: Node) -> None:
+        """One COPY from a view of the input that repeats it (stride 0) along the axes it broadcasts."""
+        g = self.g
+        out = g.tensors[node.output].shape
+        shape = g.tensors[node.inputs[0]].shape
+        shape = (1,) * (len(out) - len(shape)) + tuple(shape)
+        dense = dense_strides(shape)
+        strides = tuple(0 if d == 1 and o != 1 else st for d, o, st in zip(shape, out, dense))
+        self.emit(Opcode.COPY, [Operand(node.inputs[0], out, 0, strides)], [whole(g, node.output)], {}, node.layer)
 
     def narrow(self, node: Node) -> None:
         """The leading columns (along ``axis``) of a padded tensor: an uneven split's all-gather, unpadded."""
@@ -513,6 +523,8 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
             tiler.allgather(node)
         elif node.kind == "allreduce":
             tiler.allreduce(node)
+        elif node.kind == "broadcast":
+            tiler.broadcast(node)
         elif node.kind == "narrow":
             tiler.narrow(node)
         elif node.kind in ("send", "recv"):  # a pipeline's transfer: one SEND or RECV of the whole tensor

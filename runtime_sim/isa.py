@@ -228,6 +228,7 @@ class Opcode(IntEnum):
     LEAKY_RELU = 34
     HARD_SWISH = 35
     EPILOGUE = 36
+    NAN_TO_NUM = 37
     ADD = 40
     SUB = 41
     MUL = 42
@@ -302,6 +303,8 @@ OP_TABLE = {
                         dtypes=ANY_DTYPE),
     Opcode.LEAKY_RELU: _unary("x if x ≥ 0 else alpha · x", 2, (Attr("alpha", "float", 0.01),), epilogue=True),
     Opcode.HARD_SWISH: _unary("x · min(max(x + 3, 0), 6) / 6", 4, epilogue=True),
+    # a compare and a select (assumed); PyTorch's safe softmax gives 0 where a row has no finite score
+    Opcode.NAN_TO_NUM: _unary("value where x is NaN, else x", 2, (Attr("value", "float", 0.0),)),
     Opcode.QUANTIZE: OpSpec(Unit.VXM, Group.QUANT, "saturate(rint(x / scale) + zero_point), ONNX QuantizeLinear",
                             (Attr("scale", "float", REQUIRED), Attr("zero_point", "int", 0)), 3),
     Opcode.DEQUANTIZE: OpSpec(Unit.VXM, Group.QUANT, "(x - zero_point) · scale, ONNX DequantizeLinear",

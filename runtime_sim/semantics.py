@@ -99,6 +99,7 @@ UNARY_FUNCS = {
     Opcode.NEG: lambda x, attrs: np.negative(x),
     Opcode.LEAKY_RELU: leaky_relu,
     Opcode.HARD_SWISH: hard_swish,
+    Opcode.NAN_TO_NUM: lambda x, attrs: np.where(np.isnan(x), F32(attrs["value"]), x),
 }
 
 BINARY_UFUNCS = {

@@ -71,6 +71,14 @@ def test_unary(name, dtype):
     helper_test_op(Opcode[name], [x], attrs, fn(f64(x)))
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("name", ["NAN_TO_NUM"])
+def test_nan_to_num_replaces_only_the_nans(name, dtype):
+    x = floats((3, 37), dtype)
+    x[1, ::3] = np.nan
+    helper_test_op(Opcode[name], [x], {"value": 0.25}, np.where(np.isnan(f64(x)), 0.25, f64(x)))
+
+
 def test_cast_between_every_float_type_and_fp8():
     x = floats((4, 9), DType.F32)
     for dtype in FLOATS + [DType.F8]:
@@ -343,3 +351,47 @@ def test_a_1d_convolution_runs_on_lpx_as_a_2d_one_over_one_row(rng):
     np.testing.assert_allclose(out, ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
     assert compiled.report.flops_host == 0
     assert compiled.report.flops_offloaded == 2 * 8 * 16 * 4 * 3 + 8 * 16 + 8 * 16  # the conv, its bias, the ReLU
+
+
+def test_torch_s_safe_softmax_runs_on_lpx_and_zeroes_a_row_with_no_finite_score(rng):
+    """softmax, then where(isnan(·), 0, ·), as torch.export writes every attention softmax: one program, no
+    host op; a row of -inf gives ONNX Runtime's zeros, the other rows its softmax."""
+    from onnx import TensorProto, helper
+
+    import lpx_tvm
+    from conftest import make_model, ort_run, run_on_lpx, tensor_info
+
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    model = make_model([helper.make_node("Softmax", ["x"], ["s"], axis=-1), helper.make_node("IsNaN", ["s"], ["n"]),
+                        helper.make_node("Where", ["n", "zero", "s"], ["y"])],
+                       [tensor_info("x", [4, 16])], [tensor_info("y", [4, 16])], [zero])
+    compiled = lpx_tvm.compile(model, config="tiny")
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    x[2] = -np.inf
+    (out,) = run_on_lpx(compiled, [x], programs=1)
+    want = ort_run(model, {"x": x})[0]
+    np.testing.assert_array_equal(out[2], np.zeros(16, np.float32))
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
+
+
+def test_expand_runs_on_lpx_as_one_copy_that_repeats_its_input(rng):
+    """Expand [1, 2, 1, 4, 8] ─► [1, 2, 3, 4, 8] (GQA's K/V heads for three query heads each) is one COPY
+    whose source view has stride 0 on the repeated axis; then a multiply; ONNX Runtime's numbers."""
+    from onnx import TensorProto, helper
+
+    import lpx_tvm
+    from conftest import make_model, ort_run, run_on_lpx, tensor_info
+    from lpx_tvm.runtime_sim import decode
+
+    shape = helper.make_tensor("shape", TensorProto.INT64, [5], [1, 2, 3, 4, 8])
+    model = make_model([helper.make_node("Expand", ["x", "shape"], ["e"]), helper.make_node("Mul", ["e", "y"], ["z"])],
+                       [tensor_info("x", [1, 2, 1, 4, 8]), tensor_info("y", [1, 2, 3, 4, 8])],
+                       [tensor_info("z", [1, 2, 3, 4, 8])], [shape])
+    compiled = lpx_tvm.compile(model, config="tiny")
+    x = rng.standard_normal((1, 2, 1, 4, 8)).astype(np.float32)
+    y = rng.standard_normal((1, 2, 3, 4, 8)).astype(np.float32)
+    (out,) = run_on_lpx(compiled, [x, y], programs=1)
+    np.testing.assert_array_equal(out, ort_run(model, {"x": x, "y": y})[0])
+    (program,) = (decode(blob) for blob in compiled.programs.values())
+    (copy,) = [i for i in program.instructions if i.opcode == Opcode.COPY]
+    assert copy.srcs[0].strides == (2 * 4 * 8, 4 * 8, 0, 8, 1)

@@ -79,3 +79,40 @@ def test_what_from_pytorch_cannot_take_is_named():
 
     with pytest.raises(ValueError, match="cannot"):
         lpx_tvm.from_pytorch(DataDependent(), torch.randn(8))
+
+
+def test_a_hugging_face_llama_exported_by_torch_onnx_compiles_to_one_program():
+    """LlamaForCausalLM (2 layers, GQA, random weights) through torch.onnx (dynamo): its K/V heads repeated
+    for the query heads (Expand) and PyTorch's safe softmax (where(isnan(·), 0, ·)) run on lpx, so the
+    decoder is one program; only the lookups by token id and position (take, and the index wrap of a
+    negative id) stay on the host. Logits as ORT's."""
+    transformers = pytest.importorskip("transformers", reason="needs the optional dependency transformers (lpx-tvm[hf])")
+    pytest.importorskip("onnxscript", reason="needs the optional dependency onnxscript (torch.onnx's exporter)")
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                                      max_position_embeddings=128)
+    model = transformers.LlamaForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(input_ids=ids, use_cache=False).logits
+
+    ids = torch.randint(0, 256, (1, 8))
+    onnx_model = torch.onnx.export(Logits(model).eval(), (ids,), dynamo=True, verbose=False).model_proto
+    compiled = lpx_tvm.compile(onnx_model, config="tsp")
+    assert compiled.report.lpx_functions == 1, compiled.report.summary()
+    assert set(op.removeprefix("relax.") for op in compiled.report.host_ops) <= {
+        "take", "less", "where", "add", "shape_to_tensor"}, compiled.report.summary()
+    calls = total_offloaded_calls()
+    out = compiled(ids.numpy())
+    assert total_offloaded_calls() - calls == 1
+    want = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {onnx_model.graph.input[0].name: ids.numpy()})[0]
+    np.testing.assert_allclose(out[0] if isinstance(out, (list, tuple)) else out, want, rtol=1e-4, atol=1e-5)

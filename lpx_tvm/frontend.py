@@ -366,6 +366,9 @@ def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
     names = [i.name for i in view.graph.input]
     if len(names) == len(mod["main"].params):
         mod["main"] = mod["main"].with_attr("onnx_input_names", names)
+    symbolic = {name: dims for name, dims in dynamic.items() if any(isinstance(d, str) and d != "?" for d in dims)}
+    if symbolic:  # (an empty dim is not a symbol: a model of empty tensors runs on the host as it is)
+        mod["main"] = mod["main"].with_attr("onnx_pin_advice", pin_advice(symbolic))
     return mod
 
 

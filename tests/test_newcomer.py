@@ -255,3 +255,20 @@ def test_int8_on_a_float_model_quantises_it_on_seeded_inputs_and_says_so(tmp_pat
     assert "is a float model: quantised with ONNX Runtime's static quantiser on 4 seeded inputs" in captured.err
     cosine = float(captured.out.rsplit("cosine ", 1)[1].split()[0])
     assert cosine >= 0.999
+
+
+def test_an_unpinned_model_that_would_run_wholly_on_the_host_is_an_error_naming_its_dims(rng):
+    """x [batch, 64] @ w: with batch symbolic nothing can be offloaded, and compiling it anyway gave a model that
+    ran on the host behind a warning. Now the error names the dim and the fix; pinned, it runs on lpx."""
+    import lpx_tvm
+    from conftest import run_on_lpx, weights
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y], [weights(rng, "w", (64, 10))])
+    with pytest.warns(UserWarning, match="symbolic dims"), pytest.raises(
+            lpx_tvm.FrontendError, match=r"nothing can run on lpx until the shapes are pinned: input 'x' has "
+                                         r"symbolic dims \['batch'\] \(add --input-shape x=batch,64"):
+        lpx_tvm.compile(model, config="tiny")
+    compiled = lpx_tvm.compile(model, config="tiny", input_shapes={"x": [4, 64]})
+    run_on_lpx(compiled, [np.ones((4, 64), np.float32)], programs=1)

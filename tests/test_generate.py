@@ -119,3 +119,70 @@ def test_generate_s_tokens_are_onnx_runtime_s_own_greedy_decode(tmp_path):
         llama.write_cache(cache, outputs, position)
         tokens.append(int(np.argmax(outputs["logits"][0, -1])))
     assert report["tokens"] == tokens
+
+
+def test_choosing_a_token_greedy_or_by_a_draw_from_the_top_k():
+    """logits [1, 3, 2]: greedy picks 1. At temperature 1 from the top 2, the probabilities of tokens 1 and 2
+    are e³/(e³+e²) = 0.731 and 0.269: a draw of 0.5 falls in token 1's share, 0.8 in token 2's."""
+    from lpx_tvm.app.generate import _choose
+
+    logits = np.array([1.0, 3.0, 2.0])
+    assert _choose(logits, None, 0.0, None) == 1
+    share = np.exp(3) / (np.exp(3) + np.exp(2))
+    assert share == pytest.approx(0.731, abs=1e-3)
+    assert _choose(logits, 0.5, 1.0, 2) == 1
+    assert _choose(logits, 0.8, 1.0, 2) == 2
+    assert _choose(logits, 0.99, 1.0, 2) == 2  # never token 0: it is outside the top 2
+
+
+def test_a_text_prompt_goes_through_the_folder_s_tokenizer_and_the_text_comes_back(tmp_path):
+    """A word-level tokenizer.json (the tokenizers package, written here: nothing downloaded) beside the saved
+    decoder: --prompt's words become its ids, and the generated ids come back as its words."""
+    tokenizers = pytest.importorskip("tokenizers", reason="needs the optional dependency tokenizers")
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    config = llama.PRESETS["llama-tiny"]
+    llama.save_llama(config, tmp_path, prompt_len=3)
+    vocab = {f"w{i}": i for i in range(config.vocab_size)}
+    tokenizer = tokenizers.Tokenizer(WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    report = generate(str(tmp_path), tokens=2, prompt="w5 w17 w42")
+    assert report["prompt"] == [5, 17, 42]
+    assert report["text"] == " ".join(f"w{t}" for t in report["tokens"])
+    with pytest.raises(ValueError, match="takes 3 prompt tokens, the prompt has 2"):
+        generate(str(tmp_path), tokens=1, prompt="w5 w17")
+    with pytest.raises(ValueError, match=r"prompt ids must be tokens of the vocabulary \(0 to 255\), got \[256\]"):
+        generate("llama-tiny", tokens=1, prompt_ids=[3, 256])
+    with pytest.raises(ValueError, match="needs a tokenizer.json"):
+        generate("llama-tiny", tokens=1, prompt="hello")
+
+
+def test_sampled_tokens_are_onnx_runtime_s_under_the_same_draws(tmp_path):
+    """At temperature 0.8 from the top 20, each step's one seeded uniform draw picks lpx's token; ONNX Runtime
+    alone, run here on the saved graphs with the same draws (numpy's generator at the seed + 2, as generate
+    documents), picks the same tokens."""
+    import onnxruntime as ort
+
+    config = llama.PRESETS["llama-tiny"]
+    paths = llama.save_llama(config, tmp_path, prompt_len=4)
+    report = generate(str(tmp_path), tokens=3, prompt_ids=[9, 8, 7, 6], temperature=0.8, top_k=20)
+    prefill, decode = (ort.InferenceSession(str(paths[k]), providers=["CPUExecutionProvider"])
+                       for k in ("prefill", "decode"))
+    draws = np.random.default_rng(0 + 2)
+
+    def sample(logits):
+        top = np.argsort(-logits.astype(np.float64), kind="stable")[:20]
+        p = np.exp((logits[top] - logits[top].max()) / 0.8)
+        return int(top[min(np.searchsorted(np.cumsum(p / p.sum()), draws.random(), side="right"), 19)])
+    names = llama.output_names(config)
+    out = dict(zip(names, prefill.run(None, llama.prefill_feeds(config, [9, 8, 7, 6]))))
+    cache = llama.write_cache(llama.initial_cache(config), out, 0)
+    tokens = [sample(out["logits"][0, -1])]
+    for step in range(3):
+        out = dict(zip(names, decode.run(None, llama.decode_feeds(config, tokens[-1], 4 + step, cache))))
+        llama.write_cache(cache, out, 4 + step)
+        tokens.append(sample(out["logits"][0, -1]))
+    assert report["tokens"] == tokens
+    assert report["sampling"] == {"temperature": 0.8, "top_k": 20}

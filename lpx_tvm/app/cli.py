@@ -253,9 +253,16 @@ def cmd_sweep(args) -> int:
 def cmd_generate(args) -> int:
     from .generate import generate, table, write_json
 
+    prompt_ids = None
+    if args.prompt_ids is not None:
+        try:
+            prompt_ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+        except ValueError:
+            raise ValueError(f"--prompt-ids {args.prompt_ids!r}: expected token ids, as 1,2,3") from None
     report = generate(args.model, tokens=args.tokens, system=args.system, parallel=args.parallel or "pipeline",
                       config=args.config, chips=args.chips, dtype=args.dtype, prompt_len=args.prompt_len,
-                      progress=lambda text: print(text, file=sys.stderr, flush=True))
+                      progress=lambda text: print(text, file=sys.stderr, flush=True), prompt_ids=prompt_ids,
+                      prompt=args.prompt, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     print(table(report))
     if args.json:
         write_json(report, args.json)
@@ -396,7 +403,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help=f"a preset ({', '.join(LLAMA_PRESETS)}) or a directory of prefill.onnx and "
                    "decode.onnx (lpx_tvm.app.llama.save_llama)")
     p.add_argument("--tokens", type=int, default=16, help="decode steps after the prefill (default 16)")
-    p.add_argument("--prompt-len", type=int, default=8, help="prompt tokens for a preset (default 8)")
+    p.add_argument("--prompt-len", type=int, default=8, help="seeded prompt tokens for a preset (default 8)")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt-ids", metavar="1,2,3", help="the prompt's token ids")
+    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text (a folder with a tokenizer.json; "
+                        "needs the tokenizers package); the generated text comes back too")
+    p.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (default 0: greedy); "
+                   "each step's one seeded draw picks lpx's token and ORT's alike")
+    p.add_argument("--top-k", type=_at_least(1), help="sample from the k most likely tokens only")
+    p.add_argument("--seed", type=int, default=0, help="the seeded weights', prompt's and draws' seed (default 0)")
     system_args(p)
     p.add_argument("--config", help=config_help)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="storage type on the chips")

@@ -1,4 +1,4 @@
-"""``lpx-tvm generate``: a Llama-style decoder's prefill and greedy decode steps on a system of chips, each
+"""``lpx-tvm generate``: a Llama-style decoder's prefill and decode steps (greedy, or sampled) on a system of chips, each
 step compared with ONNX Runtime running the same graphs.
 
 The decode program keeps every layer's KV cache resident in the SRAM of the chips that hold the layer
@@ -22,6 +22,55 @@ from pathlib import Path
 import numpy as np
 
 from . import llama
+
+
+def _choose(logits: np.ndarray, draw: float | None, temperature: float, top_k: int | None) -> int:
+    """The token: the largest logit (greedy, ``temperature`` 0), else the one the uniform ``draw`` picks from
+    the softmax of the ``top_k`` largest logits over ``temperature`` (inverse CDF, so the same draw applied
+    to two sets of logits picks the same token where they agree)."""
+    logits = np.asarray(logits, np.float64)
+    if not temperature:
+        return int(np.argmax(logits))
+    order = np.argsort(-logits, kind="stable")[:top_k] if top_k else np.argsort(-logits, kind="stable")
+    scaled = logits[order] / temperature
+    probs = np.exp(scaled - scaled.max())
+    cdf = np.cumsum(probs / probs.sum())
+    return int(order[min(int(np.searchsorted(cdf, draw, side="right")), len(order) - 1)])
+
+
+def _tokenizer(model):
+    """The ``tokenizers`` Tokenizer of a decoder folder's ``tokenizer.json``, or None."""
+    path = Path(str(model)) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ImportError(f"{path} needs the tokenizers package: pip install tokenizers") from None
+    return Tokenizer.from_file(str(path))
+
+
+def _prompt_ids(model, prompt_ids, text, vocab: int) -> list | None:
+    """The prompt as token ids: given, or ``text`` encoded by the folder's tokenizer; checked against the
+    vocabulary."""
+    if text is not None:
+        if prompt_ids is not None:
+            raise ValueError("give the prompt as text or as ids, not both")
+        tokenizer = _tokenizer(model)
+        if tokenizer is None:
+            raise ValueError(f"a text prompt needs a tokenizer.json in the decoder's folder; {model} has none "
+                             "(give --prompt-ids instead)")
+        prompt_ids = tokenizer.encode(text).ids
+        if not prompt_ids:
+            raise ValueError(f"the prompt {text!r} encodes to no tokens")
+    if prompt_ids is None:
+        return None
+    ids = [int(i) for i in prompt_ids]
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if not ids or bad:
+        raise ValueError(f"prompt ids must be tokens of the vocabulary (0 to {vocab - 1}), got "
+                         f"{bad or 'none'}")
+    return ids
 
 
 def _models(model, prompt_len: int, seed: int):
@@ -77,8 +126,9 @@ def _cycles(compiled) -> int:
 
 def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, parallel: str = "pipeline",
              config: str | None = None, chips: int | None = None, dtype: str = "fp32", prompt_len: int = 8,
-             seed: int = 0, progress=None) -> dict:
-    """Prefill a seeded prompt, then ``tokens`` greedy decode steps on lpx, each checked against ONNX Runtime.
+             seed: int = 0, progress=None, prompt_ids=None, prompt: str | None = None, temperature: float = 0.0,
+             top_k: int | None = None) -> dict:
+    """Prefill a prompt, then ``tokens`` decode steps on lpx, each checked against ONNX Runtime.
 
     Parameters
     ----------
@@ -89,7 +139,15 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     system, parallel, config, chips, dtype
         As for :func:`lpx_tvm.compile` (``dtype`` is the storage type on the chips; the graphs are fp32).
     prompt_len : int
-        Prompt tokens (seeded, in the vocabulary) for a preset.
+        Prompt tokens (seeded, in the vocabulary) for a preset, where no prompt is given.
+    prompt_ids : sequence of int, optional
+        The prompt's tokens (a folder's prefill graph takes as many as it was saved for).
+    prompt : str, optional
+        The prompt as text, encoded by the folder's ``tokenizer.json`` (the ``tokenizers`` package); the
+        tokens come back as ``text`` too.
+    temperature, top_k : optional
+        Greedy at temperature 0 (the default); else each step samples from the ``top_k`` largest logits at
+        ``temperature``, with one seeded uniform draw a step applied to lpx's logits and to ORT's alike.
 
     Returns
     -------
@@ -102,7 +160,18 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
 
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:  # (prompt_len: llama checks it)
         raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
-    cfg, prefill_graph, decode_graph, prompt_len = _models(model, prompt_len, seed)
+    if not (isinstance(temperature, (int, float)) and 0 <= temperature < float("inf")):
+        raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    vocab = llama.get_config(model).vocab_size if not Path(str(model)).is_dir() else None
+    given = _prompt_ids(model, prompt_ids, prompt, vocab) if vocab is not None else None
+    cfg, prefill_graph, decode_graph, prompt_len = _models(model, len(given) if given else prompt_len, seed)
+    if vocab is None:
+        given = _prompt_ids(model, prompt_ids, prompt, cfg.vocab_size)
+        if given is not None and len(given) != prompt_len:
+            raise ValueError(f"{model}'s prefill graph takes {prompt_len} prompt tokens, the prompt has {len(given)} "
+                             f"(save it again with lpx_tvm.app.llama.save_llama for {len(given)})")
     if prompt_len + tokens > cfg.max_context:
         raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the model's context of "
                          f"{cfg.max_context}")
@@ -117,7 +186,13 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     compile_s = time.perf_counter() - start
     ort_prefill, ort_decode = llama.ort_session(prefill_graph), llama.ort_session(decode_graph)
     del prefill_graph, decode_graph
-    prompt = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, prompt_len).astype(np.int64)
+    prompt = (np.asarray(given, np.int64) if given is not None
+              else np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, prompt_len).astype(np.int64))
+    draws = np.random.default_rng(seed + 2)  # one uniform a step, for lpx's choice and ORT's alike
+
+    def compare(got_logits, want_logits):
+        draw = float(draws.random()) if temperature else None
+        return _compare(got_logits, want_logits, lambda x: _choose(x, draw, temperature, top_k))
 
     feeds = llama.prefill_feeds(cfg, prompt)
     got = dict(zip(llama.output_names(cfg), prefill(**feeds)))
@@ -128,8 +203,8 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
                                                                          slice(0, prompt_len)))
               for cache_name, present in zip(names, presents)}
     ttft_cycles = _cycles(prefill) + _write_back_cycles(decode, names, nbytes)
-    steps = [_compare(got["logits"][0, -1], want["logits"][0, -1])]
-    token = int(np.argmax(got["logits"][0, -1]))
+    steps = [compare(got["logits"][0, -1], want["logits"][0, -1])]
+    token = steps[-1]["token"]
     chosen = [token]
     blank = {n: np.zeros_like(cache[n]) for n in names}  # resident on the chips: the host sends nothing
     for step in range(tokens):
@@ -142,8 +217,8 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         nbytes = {cache_name: decode.write_state(cache_name, got[present], slot)
                   for cache_name, present in zip(names, presents)}
         llama.write_cache(cache, want, position)
-        steps.append(_compare(got["logits"][0, -1], want["logits"][0, -1]))
-        token = int(np.argmax(got["logits"][0, -1]))
+        steps.append(compare(got["logits"][0, -1], want["logits"][0, -1]))
+        token = steps[-1]["token"]
         chosen.append(token)
     chip = _chip_of(decode)
     write_cycles = _write_back_cycles(decode, names, nbytes) if tokens else 0  # a step writes one slot a cache
@@ -151,6 +226,7 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     report = {"model": str(model), "system": system or chip.name, "parallel": parallel if system else "single chip",
               "dtype": dtype, "prompt_len": prompt_len, "new_tokens": tokens, "prompt": prompt.tolist(),
               "tokens": chosen, "reference_tokens": [s["reference_token"] for s in steps],
+              "sampling": {"temperature": temperature, "top_k": top_k} if temperature else "greedy",
               "agree": all(s["token"] == s["reference_token"] for s in steps), "steps": steps,
               "ttft_cycles": ttft_cycles, "ttft_us": 1e6 * ttft_cycles / chip.clock_hz,
               "decode_cycles": _cycles(decode), "kv_write_cycles": write_cycles, "per_token_cycles": step_cycles,
@@ -159,13 +235,16 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
               "weight_bytes": cfg.weight_bytes(), "cache_bytes": cfg.cache_bytes(),
               "kv_write_bytes_per_chip": kv_bytes_per_chip(decode, names, nbytes)}
     report.update(_system_figures(decode))
+    tokenizer = _tokenizer(model) if Path(str(model)).is_dir() else None
+    if tokenizer is not None:
+        report["text"] = tokenizer.decode(chosen)
     return report
 
 
-def _compare(got: np.ndarray, want: np.ndarray) -> dict:
+def _compare(got: np.ndarray, want: np.ndarray, choose=lambda x: int(np.argmax(x))) -> dict:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     cosine = float(got @ want / max(np.linalg.norm(got) * np.linalg.norm(want), 1e-300))
-    token, reference = int(np.argmax(got)), int(np.argmax(want))
+    token, reference = choose(got), choose(want)
     # where the choices differ: how far apart ORT's own logits put the two tokens (a near-tie, or not)
     return {"token": token, "reference_token": reference, "cosine": cosine,
             "max_abs_err": float(np.abs(got - want).max()), "reference_margin": float(want[reference] - want[token])}
@@ -199,7 +278,13 @@ def table(report: dict) -> str:
              f"{report['per_token_us']:.1f} µs a token ({report['decode_cycles']} cycles decoding + "
              f"{report['kv_write_cycles']} writing the new K/V into the resident cache) = "
              f"{report['tokens_per_s_per_user']:.0f} tokens/s per user; "
-             f"{'every token equal to ONNX Runtime' if report['agree'] else 'TOKENS DIFFER from ONNX Runtime'}")
+             f"{'every token equal to ONNX Runtime' if report['agree'] else 'TOKENS DIFFER from ONNX Runtime'}"
+             + ("" if report.get("sampling", "greedy") == "greedy" else
+                f" (sampled at temperature {report['sampling']['temperature']}, top-k "
+                f"{report['sampling']['top_k'] or 'all'}, one draw a step for both)"))
+    text += f"\nprompt ids {report['prompt']}; generated ids {report['tokens']}"
+    if "text" in report:
+        text += f"\ntext: {report['text']!r}"
     return text
 
 

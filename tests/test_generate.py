@@ -186,3 +186,20 @@ def test_sampled_tokens_are_onnx_runtime_s_under_the_same_draws(tmp_path):
         tokens.append(sample(out["logits"][0, -1]))
     assert report["tokens"] == tokens
     assert report["sampling"] == {"temperature": 0.8, "top_k": 20}
+
+
+def test_the_prefill_and_decode_sessions_hold_each_weight_once_and_answer_as_plain_sessions():
+    """ORT sessions of both graphs feed their large weights from one array per weight (each session copied
+    them before); their logits are a plain session's to fp32 rounding (ORT packs weights it holds as
+    initializers for its kernels, and sums them in another order)."""
+    config = llama.PRESETS["llama-tiny"]
+    prefill, decode = llama.build_prefill(config, 6), llama.build_decode(config)
+    shared_prefill, shared_decode = llama.ort_sessions(prefill, decode)
+    common = set(shared_prefill.weights) & set(shared_decode.weights)
+    assert common and all(shared_prefill.weights[n] is shared_decode.weights[n] for n in common)
+    feeds = llama.prefill_feeds(config, [1, 2, 3, 4, 5, 6])
+    np.testing.assert_allclose(shared_prefill.run(None, feeds)[0], llama.ort_session(prefill).run(None, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
+    step = llama.decode_feeds(config, 7, 6, llama.initial_cache(config))
+    np.testing.assert_allclose(shared_decode.run(None, step)[0], llama.ort_session(decode).run(None, step)[0],
+                               rtol=1e-5, atol=1e-6)

@@ -184,7 +184,7 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     say("compiling the decode graph (KV cache resident) ...")
     decode = lpx_tvm.compile(decode_graph, state=names, **options)
     compile_s = time.perf_counter() - start
-    ort_prefill, ort_decode = llama.ort_session(prefill_graph), llama.ort_session(decode_graph)
+    ort_prefill, ort_decode = llama.ort_sessions(prefill_graph, decode_graph)  # the weights held once
     del prefill_graph, decode_graph
     prompt = (np.asarray(given, np.int64) if given is not None
               else np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, prompt_len).astype(np.int64))

@@ -567,6 +567,49 @@ def ort_session(model: onnx.ModelProto):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+class _SharedWeightSession:
+    """An ONNX Runtime session whose large weights are graph inputs fed from arrays it shares with others."""
+
+    def __init__(self, session, weights: dict):
+        self.session, self.weights = session, weights
+
+    def run(self, output_names, feeds: dict) -> list:
+        return self.session.run(output_names, {**feeds, **self.weights})
+
+
+def ort_sessions(*models, min_bytes: int = 1 << 16) -> list:
+    """ONNX Runtime CPU sessions of graphs that share their weights (a decoder's prefill and decode graphs):
+    every initializer of ``min_bytes`` or more becomes a graph input, fed at each run from one numpy array
+    per name and content, which ORT reads in place. The weights are held once for all the sessions, where
+    each session copied them (and serialising a model for ORT copied them once more)."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    arrays, sessions = {}, []
+    for model in models:
+        slim = onnx.ModelProto()
+        slim.CopyFrom(onnx.ModelProto(ir_version=max(model.ir_version, 4), opset_import=model.opset_import,
+                                      producer_name=model.producer_name))
+        graph = onnx.GraphProto(name=model.graph.name, node=model.graph.node, input=model.graph.input,
+                                output=model.graph.output, value_info=model.graph.value_info)
+        fed = {}
+        for init in model.graph.initializer:
+            if len(init.raw_data) < min_bytes:
+                graph.initializer.append(init)
+                continue
+            key = (init.name, hash(init.raw_data))
+            if key not in arrays:
+                arrays[key] = numpy_helper.to_array(init)
+            fed[init.name] = arrays[key]
+            graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+        slim.graph.CopyFrom(graph)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = ort.InferenceSession(slim.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        sessions.append(_SharedWeightSession(session, fed))
+    return sessions
+
+
 def generate_reference(config, prompt_ids, new_tokens: int, seed: int = 0,
                        session_factory: Callable | None = None) -> dict:
     """Greedy generation: one prefill, then ``new_tokens`` decode steps over the static numpy cache.

@@ -167,7 +167,9 @@ def table(report: dict, top: int | None = None) -> str:
                                    "busy cycles by unit (all instances)"], tablefmt="github")
     text += ("\n(span: its first issue to its last result; layers overlap, so spans add up to more than the "
              "program. exclusive: each cycle split evenly among the layers busy in it; these add up to the "
-             "program's cycles, less the cycles nothing ran)")
+             "program's cycles, less the cycles nothing ran. bound: the unit busy at least half the span "
+             "(matrix, vector, switch, host link, link; SRAM bandwidth where the vector work waited on streams), "
+             "else latency: nothing was busy enough, so the layer waited on its inputs or its units' pipelines)")
     if top and len(report["layers"]) > top:
         text += f"\n({len(report['layers']) - top} more layers; --top 0 shows all)"
     units = ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items() if i["busy_cycles"])

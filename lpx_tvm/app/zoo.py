@@ -8,8 +8,10 @@ TVM-llvm-only time, plus the predicted LPX latency on the chosen chip.
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,29 +228,57 @@ def summary(records: list) -> str:
     """The line under the table: how many passed, and the process's peak memory over the run."""
     passed = sum(bool(r["ok"]) for r in records)
     peaks = [r["peak_rss_mb"] for r in records if r.get("peak_rss_mb")]
-    memory = f"; peak memory {max(peaks):.0f} MB (model {max(records, key=lambda r: r.get('peak_rss_mb') or 0)['model']})" \
-        if peaks else ""
+    largest = max(records, key=lambda r: r.get("peak_rss_mb") or 0)["model"] if peaks else None
+    memory = f"; peak memory {process_peak_rss_mb():.0f} MB over the run" + (
+        f" (the largest model's: {max(peaks):.0f} MB, {largest})" if peaks else "")
     return f"{passed}/{len(records)} ok{memory}"
 
 
-def _reset_peak_rss() -> None:
-    """Start the process's peak-RSS count afresh (Linux; elsewhere the peak is the process's so far)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        pass
+class _PeakRss:
+    """The largest resident set seen while a model runs: sampled from ``/proc/self/statm`` every 2 ms by a
+    thread (Linux), so the kernel's high-water mark, which ``/usr/bin/time`` and the summary report, is left
+    as it is. ``peak_mb`` is None where there is no ``/proc``."""
+
+    def __init__(self):
+        self.peak_mb, self._stop = None, threading.Event()
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def _sample(self) -> float | None:
+        try:
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[1]) * self._page / 2**20
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _run(self) -> None:
+        while True:
+            value = self._sample()
+            if value is None:
+                return
+            self.peak_mb = max(self.peak_mb or 0.0, value)
+            if self._stop.wait(0.002):
+                return
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        last = self._sample()
+        if last is not None:
+            self.peak_mb = max(self.peak_mb or 0.0, last)
+        return False
 
 
-def _peak_rss_mb() -> float | None:
-    try:
-        with open("/proc/self/status") as fh:
-            return next(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM"))
-    except (OSError, StopIteration):
-        import resource
+def process_peak_rss_mb() -> float:
+    """The process's peak resident set so far (the kernel's high-water mark, what ``/usr/bin/time`` reports)."""
+    import resource
 
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
 
 
 def constant_weights(model: onnx.ModelProto) -> bool:
@@ -368,13 +398,14 @@ def run_zoo(names=None, config: str = "tsp", llvm: bool = True, progress=None, d
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] {name} ...", file=progress, flush=True)
         start = time.perf_counter()
-        _reset_peak_rss()
-        try:
-            record = run_model(ZOO[name], config, llvm, dtype=dtype)
-        except Exception as err:  # one model's failure must not stop the sweep
-            record = {"model": name, "family": ZOO[name].family, "ok": False, "config": config, "dtype": dtype,
-                      "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"}
-        record["peak_rss_mb"] = _peak_rss_mb()
+        with _PeakRss() as peak:
+            try:
+                record = run_model(ZOO[name], config, llvm, dtype=dtype)
+            except Exception as err:  # one model's failure must not stop the sweep
+                record = {"model": name, "family": ZOO[name].family, "ok": False, "config": config, "dtype": dtype,
+                          "error": f"{type(err).__name__}: "
+                                   f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}"}
+        record["peak_rss_mb"] = peak.peak_mb
         print(f"[{i}/{len(names)}] {name}: {'ok' if record['ok'] else 'FAILED'} "
               f"({time.perf_counter() - start:.1f} s)", file=progress, flush=True)
         records.append(record)

@@ -88,3 +88,24 @@ def test_int8_a_constant_multiply_after_a_dequantise_is_the_dequantise_s_scale(r
     (out,) = run_on_lpx(compiled, [x])
     steps = np.rint(np.abs(out - ort_run(qdq, {"x": x})[0]) / output_step(qdq))
     assert steps.max() <= 1 and np.mean(steps == 0) >= 0.99
+
+
+def test_the_chain_s_figures_are_its_units_busy_cycles_over_the_makespan():
+    """The erf ─► multiply chain above: both vector queues are busy its pace (18 cycles each) of a 26-cycle
+    program, 36 of the 4 queues' 104 cycles (a share of 9/26); nothing else runs. 8 vectors of 32 elements
+    take 8 ALU operations each for the erf and 1 for the multiply: 2,304 FLOPs."""
+    layout = Layout()
+    x = layout.const(np.ones((8, 32), np.float32))
+    y = layout.const(np.ones((8, 32), np.float32))
+    out = layout.take((8, 32), DType.F32)
+    latency = TINY.latency_cycles["VXM"]
+    code = [ins("ERF", [x], [_stream(1, (8, 32))], cycle=0, unit_index=0),
+            ins("MUL", [_stream(1, (8, 32)), y], [out], cycle=latency, unit_index=1)]
+    stats = Simulator(program(code, layout, predicted=26), timing_only=True).stats
+    pace = 18
+    assert stats.unit_busy["VXM"] == 2 * pace
+    assert stats.utilisation["VXM"] == pytest.approx(2 * pace / (TINY.unit_counts["VXM"] * 26))
+    assert sum(v for u, v in stats.unit_busy.items() if u != "VXM") == 0
+    assert stats.flops == 8 * 32 * (ERF_OPS + MUL_OPS)
+    assert stats.macs == 0
+    assert stats.mac_utilisation == 0.0

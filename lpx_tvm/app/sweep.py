@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import os
 import sys
 import time
@@ -406,8 +407,10 @@ def _run_on_ray(tasks, workers, address, finished) -> None:
         if address:
             ray.init(address=address, runtime_env={"env_vars": ONE_THREAD}, log_to_driver=False)
         else:
+            # a Ray of our own on this machine: its start-up notes (its auth token among them) are not the
+            # user's to act on; a cluster joined by --address keeps Ray's own logging
             ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": ONE_THREAD})
+                     runtime_env={"env_vars": ONE_THREAD}, logging_level=logging.ERROR)
     remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
     limit = workers or int(ray.cluster_resources().get("CPU", 1))
     pending, queue = [], list(tasks)

@@ -274,11 +274,16 @@ class _PeakRss:
 
 
 def process_peak_rss_mb() -> float:
-    """The process's peak resident set so far (the kernel's high-water mark, what ``/usr/bin/time`` reports)."""
-    import resource
+    """The process's peak resident set so far (the kernel's high-water mark, what ``/usr/bin/time`` reports):
+    VmHWM where there is ``/proc`` (getrusage's counts the memory of a process this one was forked from)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM"))
+    except (OSError, StopIteration, ValueError):
+        import resource
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
 
 
 def constant_weights(model: onnx.ModelProto) -> bool:

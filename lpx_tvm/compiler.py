@@ -13,7 +13,7 @@ from tvm.ir.prim.expr import IntImm
 
 from .codegen import CodegenOptions
 from .diagnostics import native_output_to_log
-from .frontend import from_onnx
+from .frontend import FrontendError, from_onnx
 from .patterns import partition_for_lpx
 from .pipeline import lower_lpx_calls, lpx_functions
 from .report import OffloadReport, offload_report
@@ -254,22 +254,13 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         partitioned = partition_for_lpx(mod, options.config, dtype)
         del mod  # once lowering drops the lpx functions, their weights live only in the programs
         report = offload_report(partitioned)
-        if not report.lpx_functions:
-            _refuse_unpinned(advice)
+        if advice and not report.lpx_functions:  # that is why nothing runs on lpx: say so, not a host-only model
+            raise FrontendError(f"nothing can run on lpx until the shapes are pinned: {advice} (or "
+                                "input_shapes={name: dims} in Python)")
         programs = {}
         lowered, _, state_where = lower_lpx_calls(partitioned, options, programs_out=programs, state=tuple(state))
         executable = tvm.compile(lowered, target="lpx", relax_pipeline=relax.pipeline.default_build_pipeline())
     return CompiledModel(executable, report, programs, params, dtype, input_names, state_where)
-
-
-def _refuse_unpinned(advice) -> None:
-    """Nothing was offloaded and an ONNX input has symbolic dims: that is why, so say so, instead of compiling
-    a model that runs on the host alone behind a warning."""
-    from .frontend import FrontendError
-
-    if advice:
-        raise FrontendError(f"nothing can run on lpx until the shapes are pinned: {advice} (or "
-                            "input_shapes={name: dims} in Python)")
 
 
 def compile_programs(model, config: str | None = "tsp", input_shapes: dict | None = None,

@@ -59,14 +59,11 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
     instructions = program.instructions
     if not instructions:  # (validation bounds each instruction's cycles: int64 sums cannot overflow)
         return None
-    chained = np.unique(columns.owner[columns.operand[:, _IN_SRAM] == 0])
+    chained, walk, occupancies, busy = paced_chains(columns)
     try:
-        occupancies = _follow_chains(columns, chained)
+        _follow_chains(columns, walk, occupancies)
     except ScheduleError:
         return None
-    busy = columns.busy.copy()
-    for index in chained.tolist():  # a chain's stretched members keep their latency
-        busy[index] = occupancies[index].busy
     finish = busy + columns.latency
     makespan = int((columns.cycle + finish).max())
     if makespan != program.predicted_cycles:
@@ -78,17 +75,26 @@ def proven_timeline(columns: ProgramColumns, constants=(), sram_size: int | None
     return Timeline(tuple(occupancies), tuple(columns.order.tolist()), makespan, busy)
 
 
-def _follow_chains(columns, chained) -> list:
-    """Chained producers and consumers in issue order (few: walked one by one). Returns every instruction's
-    occupancy, each chain's members stretched to its pace."""
-    instructions, streams = columns.program.instructions, _Streams()
+def paced_chains(columns) -> tuple:
+    """``(chained, walk, occupancies, busy)``: the instructions with an operand on a stream, the same in issue
+    order, every instruction's occupancy with each chain's members stretched to its pace
+    (:func:`.timing.paced`), and their busy cycles (a stretched member keeps its latency). Chained instructions
+    are few: they are walked one by one."""
+    chained = np.unique(columns.owner[columns.operand[:, _IN_SRAM] == 0])
     walk = chained[np.argsort(columns.position[chained])].tolist()
-    occupancies = paced(list(columns.occupancies), stream_links(instructions, walk), columns.chip)
+    occupancies = paced(list(columns.occupancies), stream_links(columns.program.instructions, walk), columns.chip)
+    busy = columns.busy.copy()
+    busy[chained] = [occupancies[i].busy for i in chained.tolist()]
+    return chained, walk, occupancies, busy
+
+
+def _follow_chains(columns, walk, occupancies) -> None:
+    """Check the chained producers and consumers, in issue order (``walk``)."""
+    instructions, streams = columns.program.instructions, _Streams()
     for index in walk:
         ins = instructions[index]
         streams.consumed_by(index, ins, ins.cycle)
         streams.passed_on(index, ins, ins.cycle, occupancies[index])
-    return occupancies
 
 
 def _buffers_ready(columns, busy, finish) -> bool:

@@ -18,14 +18,13 @@ from collections import defaultdict
 import numpy as np
 
 from .check import ScheduleError, Timeline
-from .check_batch import checked_timeline
+from .check_batch import checked_timeline, paced_chains
 from .columns import _END, _IN_SRAM, ProgramColumns
 from .config import ChipConfig
 from .isa import DType, HostTensor, Opcode, Space
 from .program import Program, aligned_array, decoded_columns, validated_columns
 from .semantics import SEMANTICS, WeightBuffer, host_convert, host_widen
 from .stats import RunStats, run_stats
-from .timing import paced, stream_links
 
 __all__ = ["Simulator", "RunStats", "ScheduleError", "CallError", "OverflowWarning"]
 
@@ -349,8 +348,6 @@ def _stable_installs(program, order) -> set:
 def _measure_unchecked(columns: ProgramColumns) -> Timeline:
     """The timeline without enforcing the rules (each instruction timed by the machine's rules, a chain's
     members at its pace)."""
-    order = columns.order.tolist()
-    occupancies = paced(list(columns.occupancies), stream_links(columns.program.instructions, order), columns.chip)
-    busy = np.fromiter((o.busy for o in occupancies), np.int64, len(occupancies))
+    _, _, occupancies, busy = paced_chains(columns)
     makespan = int((columns.cycle + busy + columns.latency).max(initial=0))
-    return Timeline(tuple(occupancies), tuple(order), makespan, busy)
+    return Timeline(tuple(occupancies), tuple(columns.order.tolist()), makespan, busy)

@@ -183,15 +183,6 @@ def occupancy(ins: Instruction, config: ChipConfig) -> Occupancy:
     return RULES[ins.spec.group](ins, config)
 
 
-def stretched(occ: Occupancy, busy: int, rates: tuple | None = None) -> Occupancy:
-    """``occ`` run over ``busy`` cycles instead (a chain's pace): its rates spread accordingly, proportionally
-    fewer streams, SRAM bandwidth and ALUs (``rates``, in that order, where given); its latency is its own."""
-    if rates is None:
-        scale = occ.busy / busy if busy else 1.0
-        rates = tuple(ceil(getattr(occ, name) * scale) if getattr(occ, name) else 0 for name in _SHARED_RATES)
-    return occ._replace(busy=busy, **dict(zip(_SHARED_RATES, rates)))
-
-
 _SHARED_RATES = ("streams", "sram_read", "sram_write", "alus")
 
 
@@ -248,8 +239,8 @@ def paced(occupancies: list, links, config: ChipConfig) -> list:
         occs = [occupancies[i] for i in members]
         pace = chain_pace(occs, config)
         rates = [_apportioned([getattr(o, name) * o.busy for o in occs], pace) for name in _SHARED_RATES]
-        for k, i in enumerate(members):
-            out[i] = stretched(occs[k], pace, tuple(r[k] for r in rates))
+        for k, i in enumerate(members):  # each runs over the pace, at its share of the chain's rates
+            out[i] = occs[k]._replace(busy=pace, **{name: r[k] for name, r in zip(_SHARED_RATES, rates)})
     return out
 
 

@@ -44,6 +44,29 @@ def _model(args):
     return getattr(args, "qdq", None) or args.model
 
 
+def _pinned(args, model=None):
+    """``model`` (default: the command's) loaded with the ``--input-shape`` pins."""
+    from ..frontend import load_onnx, prepare_onnx
+
+    return prepare_onnx(load_onnx(model if model is not None else _model(args)), _input_shapes(args.input_shape))
+
+
+def _static(args, proto):
+    """``proto``, whose every input has a size (seeded or calibration inputs need them); else an error naming
+    the symbolic dims and the pin to add."""
+    from ..frontend import dynamic_inputs, pin_advice
+
+    if dynamic_inputs(proto.graph):
+        raise ValueError(f"{args.model}: {pin_advice(dynamic_inputs(proto.graph))}")
+    return proto
+
+
+def _seeded_calibration(model, count: int) -> list:
+    from .zoo import seeded_inputs
+
+    return [seeded_inputs(model, seed) for seed in range(1, count + 1)]
+
+
 def _compile(args):
     import lpx_tvm
 
@@ -81,12 +104,9 @@ def emit_programs(compiled, path) -> list:
 
 
 def cmd_run(args) -> int:
-    from ..frontend import dynamic_inputs, load_onnx, pin_advice, prepare_onnx
     from .zoo import compare, constant_weights, file_inputs, seeded_inputs
 
-    model = prepare_onnx(load_onnx(_model(args)), _input_shapes(args.input_shape))
-    if dynamic_inputs(model.graph):  # seeded inputs need every size
-        raise ValueError(f"{args.model}: {pin_advice(dynamic_inputs(model.graph))}")
+    model = _static(args, _pinned(args))
     feeds = file_inputs(model, args.inputs) if args.inputs else seeded_inputs(model)
     if constant_weights(model):
         warnings.warn(f"{args.model}: every weight is one constant value, so agreeing with ONNX Runtime proves "
@@ -146,10 +166,9 @@ def cmd_compare(args) -> int:
 
     feeds = None
     if args.inputs:
-        from ..frontend import load_onnx, prepare_onnx
         from .zoo import file_inputs
 
-        feeds = file_inputs(prepare_onnx(load_onnx(_model(args)), _input_shapes(args.input_shape)), args.inputs)
+        feeds = file_inputs(_static(args, _pinned(args)), args.inputs)
     report = compare(_model(args), config=args.config or "tsp", dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
                      min_cosine=args.min_cosine, feeds=feeds)
     print(table(report))
@@ -161,26 +180,23 @@ def cmd_compare(args) -> int:
 
 
 def cmd_quantize(args) -> int:
+    from collections import Counter
+
     import onnx
 
     import lpx_tvm
 
-    from ..frontend import dynamic_inputs, load_onnx, pin_advice, prepare_onnx
-    from .zoo import file_inputs, seeded_inputs
+    from .zoo import file_inputs
 
-    model = prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape))
-    if dynamic_inputs(model.graph):  # calibration inputs need every size
-        raise ValueError(f"{args.model}: {pin_advice(dynamic_inputs(model.graph))}")
+    model = _static(args, _pinned(args))
     if args.inputs:
         feeds, source = [file_inputs(model, args.inputs)], args.inputs
     else:
-        feeds = [seeded_inputs(model, seed) for seed in range(1, args.seeded + 1)]
+        feeds = _seeded_calibration(model, args.seeded)
         source = f"{args.seeded} seeded input(s): real inputs (--calibration FILE.npz) calibrate better"
     qdq = lpx_tvm.quantize(model, feeds, per_channel=args.per_channel, activations=args.activations)
     onnx.save(qdq, args.output)
-    counts = {}
-    for node in qdq.graph.node:
-        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    counts = Counter(node.op_type for node in qdq.graph.node)
     print(f"wrote {args.output}: {counts.get('QuantizeLinear', 0)} QuantizeLinear, "
           f"{counts.get('DequantizeLinear', 0)} DequantizeLinear, calibrated on {source}; run it with "
           f"--dtype int8")
@@ -481,18 +497,14 @@ def quantised_if_float(args) -> None:
         return
     import lpx_tvm
 
-    from ..frontend import dynamic_inputs, load_onnx, pin_advice, prepare_onnx
-    from .zoo import seeded_inputs
-
-    model = prepare_onnx(load_onnx(args.model), _input_shapes(args.input_shape))
+    model = _pinned(args, args.model)
     if any(node.op_type == "QuantizeLinear" for node in model.graph.node):
         return
-    if dynamic_inputs(model.graph):
-        raise ValueError(f"{args.model}: {pin_advice(dynamic_inputs(model.graph))}")
+    _static(args, model)
     print(f"lpx-tvm: note: {args.model} is a float model: quantised with ONNX Runtime's static quantiser on 4 "
           "seeded inputs first (lpx-tvm quantize --calibration FILE.npz calibrates on real ones)",
           file=sys.stderr)
-    args.qdq = lpx_tvm.quantize(model, [seeded_inputs(model, seed) for seed in range(1, 5)])
+    args.qdq = lpx_tvm.quantize(model, _seeded_calibration(model, 4))
 
 
 def _check_before_running(args) -> None:

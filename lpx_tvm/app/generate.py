@@ -50,13 +50,12 @@ def _tokenizer(model):
     return Tokenizer.from_file(str(path))
 
 
-def _prompt_ids(model, prompt_ids, text, vocab: int) -> list | None:
+def _prompt_ids(model, tokenizer, prompt_ids, text, vocab: int) -> list | None:
     """The prompt as token ids: given, or ``text`` encoded by the folder's tokenizer; checked against the
     vocabulary."""
     if text is not None:
         if prompt_ids is not None:
             raise ValueError("give the prompt as text or as ids, not both")
-        tokenizer = _tokenizer(model)
         if tokenizer is None:
             raise ValueError(f"a text prompt needs a tokenizer.json in the decoder's folder; {model} has none "
                              "(give --prompt-ids instead)")
@@ -164,14 +163,17 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
-    vocab = llama.get_config(model).vocab_size if not Path(str(model)).is_dir() else None
-    given = _prompt_ids(model, prompt_ids, prompt, vocab) if vocab is not None else None
-    cfg, prefill_graph, decode_graph, prompt_len = _models(model, len(given) if given else prompt_len, seed)
-    if vocab is None:
-        given = _prompt_ids(model, prompt_ids, prompt, cfg.vocab_size)
+    folder = Path(str(model)).is_dir()
+    tokenizer = _tokenizer(model) if folder else None
+    if folder:  # its prefill graph was saved for a prompt length
+        cfg, prefill_graph, decode_graph, prompt_len = _models(model, prompt_len, seed)
+        given = _prompt_ids(model, tokenizer, prompt_ids, prompt, cfg.vocab_size)
         if given is not None and len(given) != prompt_len:
             raise ValueError(f"{model}'s prefill graph takes {prompt_len} prompt tokens, the prompt has {len(given)} "
                              f"(save it again with lpx_tvm.app.llama.save_llama for {len(given)})")
+    else:  # a preset's prefill graph is built for the prompt
+        given = _prompt_ids(model, None, prompt_ids, prompt, llama.get_config(model).vocab_size)
+        cfg, prefill_graph, decode_graph, prompt_len = _models(model, len(given) if given else prompt_len, seed)
     if prompt_len + tokens > cfg.max_context:
         raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the model's context of "
                          f"{cfg.max_context}")
@@ -235,7 +237,6 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
               "weight_bytes": cfg.weight_bytes(), "cache_bytes": cfg.cache_bytes(),
               "kv_write_bytes_per_chip": kv_bytes_per_chip(decode, names, nbytes)}
     report.update(_system_figures(decode))
-    tokenizer = _tokenizer(model) if Path(str(model)).is_dir() else None
     if tokenizer is not None:
         report["text"] = tokenizer.decode(chosen)
     return report

@@ -587,9 +587,7 @@ def ort_sessions(*models, min_bytes: int = 1 << 16) -> list:
 
     arrays, sessions = {}, []
     for model in models:
-        slim = onnx.ModelProto()
-        slim.CopyFrom(onnx.ModelProto(ir_version=max(model.ir_version, 4), opset_import=model.opset_import,
-                                      producer_name=model.producer_name))
+        # the graph without its large initializers: its nodes, inputs and outputs are small to copy
         graph = onnx.GraphProto(name=model.graph.name, node=model.graph.node, input=model.graph.input,
                                 output=model.graph.output, value_info=model.graph.value_info)
         fed = {}
@@ -602,7 +600,7 @@ def ort_sessions(*models, min_bytes: int = 1 << 16) -> list:
                 arrays[key] = numpy_helper.to_array(init)
             fed[init.name] = arrays[key]
             graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-        slim.graph.CopyFrom(graph)
+        slim = onnx.ModelProto(ir_version=max(model.ir_version, 4), opset_import=model.opset_import, graph=graph)
         options = ort.SessionOptions()
         options.log_severity_level = 3
         session = ort.InferenceSession(slim.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -363,10 +363,10 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
 
 
 def _check_sizes(**sizes) -> None:
-    """Each of ``sizes`` a positive integer (``batches`` and ``mapping``: sequences of them; ``chips`` and
-    ``mapping`` may be None), else a :class:`PlanError` naming it."""
+    """Each of ``sizes`` a positive integer (``batches`` and ``mapping``: sequences of them; ``chips``,
+    ``mapping`` and ``users`` may be None), else a :class:`PlanError` naming it."""
     for name, value in sizes.items():
-        if value is None and name in ("chips", "mapping"):
+        if value is None and name in ("chips", "mapping", "users"):
             continue
         wanted = {"batches": "positive integers", "mapping": "two positive integers"}.get(name, "a positive integer")
         try:
@@ -411,7 +411,8 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         where that is given too.
     """
     start = time.perf_counter()
-    _check_sizes(context=context, prompt=prompt, batch=batch, chips=chips, batches=batches, mapping=mapping)
+    _check_sizes(context=context, prompt=prompt, batch=batch, chips=chips, batches=batches, mapping=mapping,
+                 users=users)
     if target_tps_per_user is not None and not (isinstance(target_tps_per_user, Real)
                                                 and 0 < target_tps_per_user < inf):
         raise PlanError(f"the target tokens/s per user must be a positive number, got {target_tps_per_user!r}")
@@ -449,8 +450,6 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
                     candidates.append(mapping)
     at_batch = [m for m in candidates if m.batch == batch]
     if users is not None:
-        if not isinstance(users, int) or isinstance(users, bool) or users < 1:
-            raise PlanError(f"users must be a positive integer, got {users!r}")
         at_batch = [m for m in candidates if m.users >= users]
         if not at_batch:
             most = max(candidates, key=lambda m: m.users, default=None)

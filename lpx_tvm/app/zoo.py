@@ -229,7 +229,7 @@ def summary(records: list) -> str:
     passed = sum(bool(r["ok"]) for r in records)
     peaks = [r["peak_rss_mb"] for r in records if r.get("peak_rss_mb")]
     largest = max(records, key=lambda r: r.get("peak_rss_mb") or 0)["model"] if peaks else None
-    memory = f"; peak memory {process_peak_rss_mb():.0f} MB over the run" + (
+    memory = f"; peak memory {_process_peak_rss_mb():.0f} MB over the run" + (
         f" (the largest model's: {max(peaks):.0f} MB, {largest})" if peaks else "")
     return f"{passed}/{len(records)} ok{memory}"
 
@@ -273,7 +273,7 @@ class _PeakRss:
         return False
 
 
-def process_peak_rss_mb() -> float:
+def _process_peak_rss_mb() -> float:
     """The process's peak resident set so far (the kernel's high-water mark, what ``/usr/bin/time`` reports):
     VmHWM where there is ``/proc`` (getrusage's counts the memory of a process this one was forked from)."""
     try:

@@ -463,6 +463,8 @@ RELAX_OPS = {row.op: row for row in [
     RelaxOp("exp", elementwise(Opcode.EXP, np.exp)),
     RelaxOp("erf", elementwise(Opcode.ERF)),
     RelaxOp("tanh", elementwise(Opcode.TANH, np.tanh)),
+    RelaxOp("sin", elementwise(Opcode.SIN, np.sin)),
+    RelaxOp("cos", elementwise(Opcode.COS, np.cos)),
     RelaxOp("sigmoid", elementwise(Opcode.SIGMOID)),
     RelaxOp("sqrt", elementwise(Opcode.SQRT, np.sqrt)),
     RelaxOp("rsqrt", elementwise(Opcode.RSQRT, lambda x: 1 / np.sqrt(x))),

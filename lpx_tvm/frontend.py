@@ -22,6 +22,7 @@ from onnx import helper
 
 import tvm
 from tvm import relax
+from tvm.ir.prim.expr import IntImm
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .diagnostics import native_output_to_log
@@ -237,7 +238,8 @@ class _FoldConstantShapes(PyExprMutator):
     - quantize of a constant ─► integers (a QDQ weight stored as Q(float));
     - dequantize of a constant vector or scalar ─► floats (biases, layer-norm scales; weights keep theirs);
     - ``call_tir(maximum|minimum, x, scalar)`` (Clip, which the importer emits as TE
-      functions) ─► ``relax.maximum|minimum``, and ``minimum(maximum(x, lo), hi)`` ─► ``clip``.
+      functions) ─► ``relax.maximum|minimum``, and ``minimum(maximum(x, lo), hi)`` ─► ``clip``;
+    - ``split`` of a static shape ─► a tuple of ``strided_slice`` (GPT-2's fused QKV), which lpx runs.
     """
 
     def _constant(self, expr):
@@ -254,6 +256,8 @@ class _FoldConstantShapes(PyExprMutator):
             return self._te_min_max(call)
         if name == "relax.minimum":
             return self._clip(call)
+        if name == "relax.split":
+            return self._split(call)
         consts = [self._constant(a) for a in call.args]
         if consts[0] is None:
             return call
@@ -294,6 +298,18 @@ class _FoldConstantShapes(PyExprMutator):
         if match.group(1) == "maximum":
             return relax.op.maximum(args.fields[0], bound)
         return self._clip(relax.op.minimum(args.fields[0], bound))
+
+    def _split(self, call):
+        shape, axis = call.args[0].ty.shape, int(call.attrs.axis)
+        if shape is None or not isinstance(call.ty, relax.TupleType):
+            return call
+        sizes = [f.shape.values[axis] for f in call.ty.fields]
+        if not all(isinstance(d, IntImm) for d in sizes):
+            return call
+        ends = np.cumsum([int(d) for d in sizes])
+        return relax.Tuple([self.builder_.emit(relax.op.strided_slice(call.args[0], axes=[axis],
+                                                                      begin=[int(end - int(d))], end=[int(end)], strides=[1]))
+                            for d, end in zip(sizes, ends)])
 
     def _clip(self, call):
         inner = call.args[0]

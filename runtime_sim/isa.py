@@ -229,6 +229,8 @@ class Opcode(IntEnum):
     HARD_SWISH = 35
     EPILOGUE = 36
     NAN_TO_NUM = 37
+    SIN = 38
+    COS = 39
     ADD = 40
     SUB = 41
     MUL = 42
@@ -305,6 +307,9 @@ OP_TABLE = {
     Opcode.HARD_SWISH: _unary("x · min(max(x + 3, 0), 6) / 6", 4, epilogue=True),
     # a compare and a select (assumed); PyTorch's safe softmax gives 0 where a row has no finite score
     Opcode.NAN_TO_NUM: _unary("value where x is NaN, else x", 2, (Attr("value", "float", 0.0),)),
+    # a range reduction and a polynomial, as ERF's (assumed): rotary tables from positions (Hugging Face's)
+    Opcode.SIN: _unary("sin(x)", 8),
+    Opcode.COS: _unary("cos(x)", 8),
     Opcode.QUANTIZE: OpSpec(Unit.VXM, Group.QUANT, "saturate(rint(x / scale) + zero_point), ONNX QuantizeLinear",
                             (Attr("scale", "float", REQUIRED), Attr("zero_point", "int", 0)), 3),
     Opcode.DEQUANTIZE: OpSpec(Unit.VXM, Group.QUANT, "(x - zero_point) · scale, ONNX DequantizeLinear",

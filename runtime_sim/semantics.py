@@ -100,6 +100,8 @@ UNARY_FUNCS = {
     Opcode.LEAKY_RELU: leaky_relu,
     Opcode.HARD_SWISH: hard_swish,
     Opcode.NAN_TO_NUM: lambda x, attrs: np.where(np.isnan(x), F32(attrs["value"]), x),
+    Opcode.SIN: lambda x, attrs: np.sin(x),
+    Opcode.COS: lambda x, attrs: np.cos(x),
 }
 
 BINARY_UFUNCS = {

@@ -56,7 +56,7 @@ UNARY = {
     "TANH": (np.tanh, {}), "SIGMOID": (lambda x: 1 / (1 + np.exp(-x)), {}),
     "SQRT": (lambda x: np.sqrt(np.abs(x)), {}), "RSQRT": (lambda x: 1 / np.sqrt(np.abs(x) + 0.5), {}),
     "NEG": (np.negative, {}), "LEAKY_RELU": (lambda x: np.where(x >= 0, x, 0.2 * x), {"alpha": 0.2}),
-    "HARD_SWISH": (lambda x: x * np.clip(x + 3, 0, 6) / 6, {}),
+    "HARD_SWISH": (lambda x: x * np.clip(x + 3, 0, 6) / 6, {}), "SIN": (np.sin, {}), "COS": (np.cos, {}),
 }
 
 

@@ -278,7 +278,8 @@ def cmd_generate(args) -> int:
     report = generate(args.model, tokens=args.tokens, system=args.system, parallel=args.parallel or "pipeline",
                       config=args.config, chips=args.chips, dtype=args.dtype, prompt_len=args.prompt_len,
                       progress=lambda text: print(text, file=sys.stderr, flush=True), prompt_ids=prompt_ids,
-                      prompt=args.prompt, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+                      prompt=args.prompt, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
+                      context=args.context)
     print(table(report))
     if args.json:
         write_json(report, args.json)
@@ -418,12 +419,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_zoo)
     from .llama import PRESETS as LLAMA_PRESETS
 
-    p = sub.add_parser("generate", help="a Llama-style decoder: prefill and greedy decode steps, each checked "
-                       "against ONNX Runtime", parents=[debug_anywhere])
-    p.add_argument("model", help=f"a preset ({', '.join(LLAMA_PRESETS)}) or a directory of prefill.onnx and "
-                   "decode.onnx (lpx_tvm.app.llama.save_llama)")
+    p = sub.add_parser("generate", help="a decoder LLM: prefill and greedy decode steps, each checked against "
+                       "ONNX Runtime", parents=[debug_anywhere])
+    p.add_argument("model", help=f"a preset ({', '.join(LLAMA_PRESETS)}), a directory of prefill.onnx and "
+                   "decode.onnx (lpx_tvm.app.llama.save_llama), or a decoder in Hugging Face form: an .onnx graph "
+                   "with past_key_values.N inputs and present.N outputs, or an optimum export folder")
     p.add_argument("--tokens", type=int, default=16, help="decode steps after the prefill (default 16)")
-    p.add_argument("--prompt-len", type=int, default=8, help="seeded prompt tokens for a preset (default 8)")
+    p.add_argument("--prompt-len", type=int, default=8, help="seeded prompt tokens, where no prompt is given "
+                   "(default 8)")
+    p.add_argument("--context", type=_at_least(1), help="cache slots on the chips (default: a preset's context; "
+                   "a Hugging Face graph's prompt and new tokens)")
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt-ids", metavar="1,2,3", help="the prompt's token ids")
     prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text (a folder with a tokenizer.json; "

@@ -1,5 +1,6 @@
-"""``lpx-tvm generate``: a Llama-style decoder's prefill and decode steps (greedy, or sampled) on a system of chips, each
-step compared with ONNX Runtime running the same graphs.
+"""``lpx-tvm generate``: a decoder LLM's prefill and decode steps (greedy, or sampled) on a system of chips, each
+step compared with ONNX Runtime running the same graphs. The decoder is the project's own Llama-style graphs
+(a preset, or a ``save_llama`` folder) or a graph in Hugging Face form (:mod:`.hf_decoder`).
 
 The decode program keeps every layer's KV cache resident in the SRAM of the chips that hold the layer
 (``state``): a step sends only its token, its rotary tables and the mask, and its new K/V come back and
@@ -38,10 +39,9 @@ def _choose(logits: np.ndarray, draw: float | None, temperature: float, top_k: i
     return int(order[min(int(np.searchsorted(cdf, draw, side="right")), len(order) - 1)])
 
 
-def _tokenizer(model):
-    """The ``tokenizers`` Tokenizer of a decoder folder's ``tokenizer.json``, or None."""
-    path = Path(str(model)) / "tokenizer.json"
-    if not path.is_file():
+def _tokenizer(path):
+    """The ``tokenizers`` Tokenizer of a ``tokenizer.json``, or None where there is none."""
+    if path is None or not Path(path).is_file():
         return None
     try:
         from tokenizers import Tokenizer
@@ -72,24 +72,103 @@ def _prompt_ids(model, tokenizer, prompt_ids, text, vocab: int) -> list | None:
     return ids
 
 
-def _models(model, prompt_len: int, seed: int):
-    """(config, prefill graph, decode graph) from a preset name or a ``save_llama`` directory."""
-    path = Path(str(model))
-    if path.is_dir():
-        import onnx
+class _BuiltDecoder:
+    """The project's own decoder graphs (a preset, or a ``save_llama`` folder): a prefill graph for the prompt
+    and a decode graph over ``config.max_context`` slots, both returning only the new K/V."""
 
-        missing = [f for f in ("prefill.onnx", "decode.onnx") if not (path / f).is_file()]
-        if missing:
-            raise ValueError(f"{path} is not a decoder folder: it has no {' or '.join(missing)} (write one with "
-                             f"lpx_tvm.app.llama.save_llama, or give a preset: {', '.join(llama.PRESETS)})")
-        prefill, decode = onnx.load(str(path / "prefill.onnx")), onnx.load(str(path / "decode.onnx"))
-        config = llama.config_of(decode)
-        length = prefill.graph.input[0].type.tensor_type.shape.dim[1].dim_value
-        return config, prefill, decode, length
+    def __init__(self, config, prefill, decode, prompt_len: int):
+        self.config, self.prefill_graph, self.decode_graph, self.prompt_len = config, prefill, decode, prompt_len
+        self.cache_names, self.new_kv_names = llama.cache_names(config), llama.present_names(config)
+        self.outputs = llama.output_names(config)
+        self.vocab_size, self.max_context = config.vocab_size, config.max_context
+        self.weight_bytes, self.tokenizer, self.kv_dtype = config.weight_bytes(), None, config.np_dtype
+
+    def cache_bytes(self, context: int) -> int:
+        return self.config.cache_bytes()
+
+    def cache_shape(self, context: int) -> tuple:
+        c = self.config
+        return (1, c.num_kv_heads, c.max_context, c.head_dim)
+
+    def graphs(self, prompt_len: int, context: int) -> tuple:
+        """((prefill graph, its input shapes), (decode graph, its input shapes)) for lpx."""
+        return (self.prefill_graph, None), (self.decode_graph, None)
+
+    def prefill_feeds(self, prompt) -> dict:
+        return llama.prefill_feeds(self.config, prompt)
+
+    def decode_feeds(self, token: int, position: int, context: int) -> dict:
+        return llama.decode_feeds(self.config, token, position, {})
+
+    def reference(self) -> "_BuiltReference":
+        return _BuiltReference(self.config, *llama.ort_sessions(self.prefill_graph, self.decode_graph))
+
+    def drop_graphs(self) -> None:
+        self.prefill_graph = self.decode_graph = None
+
+
+class _BuiltReference:
+    """ORT on the same two graphs, its static cache on the host."""
+
+    def __init__(self, config, prefill, decode):
+        self.config, self.sessions, self.position = config, (prefill, decode), 0
+        self.cache = llama.initial_cache(config)
+
+    def prefill(self, prompt) -> np.ndarray:
+        want = self.sessions[0].run(None, llama.prefill_feeds(self.config, prompt))
+        llama.write_cache(self.cache, want[1:], 0)
+        self.position = len(prompt)
+        return want[0][0, -1]
+
+    def step(self, token: int) -> np.ndarray:
+        want = self.sessions[1].run(None, llama.decode_feeds(self.config, token, self.position, self.cache))
+        llama.write_cache(self.cache, want[1:], self.position)
+        self.position += 1
+        return want[0][0, -1]
+
+
+def _open_decoder(model, prompt_len: int, seed: int, context: int | None):
+    """The decoder a ``generate`` MODEL names: a preset, a ``save_llama`` folder, or a graph in Hugging Face
+    form (an ``.onnx`` file or an optimum folder)."""
+    from .hf_decoder import HFDecoder, graph_file
+
+    path = Path(str(model))
+    own = [f for f in ("prefill.onnx", "decode.onnx") if (path / f).is_file()] if path.is_dir() else []
+    if not own and graph_file(path) is not None:
+        decoder = HFDecoder(path)
+        decoder.tokenizer = _tokenizer(decoder.tokenizer_path())
+        return decoder
+    if path.is_dir() or path.suffix == ".onnx":
+        if len(own) == 2:
+            import onnx
+
+            prefill, decode = onnx.load(str(path / "prefill.onnx")), onnx.load(str(path / "decode.onnx"))
+            config = llama.config_of(decode)
+            if context is not None and context != config.max_context:
+                raise ValueError(f"{path}'s decode graph was saved for a context of {config.max_context}, not "
+                                 f"{context} (save it again, or leave --context out)")
+            length = prefill.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+            decoder = _BuiltDecoder(config, prefill, decode, length)
+            decoder.tokenizer = _tokenizer(path / "tokenizer.json")
+            return decoder
+        missing = [f for f in ("prefill.onnx", "decode.onnx") if f not in own]
+        raise ValueError(f"{path} is not a decoder folder: it has no {' or '.join(missing)} (write one with "
+                         "lpx_tvm.app.llama.save_llama), nor a graph in Hugging Face form (past_key_values.N "
+                         f"inputs, present.N outputs: an .onnx file, or an optimum folder with "
+                         f"{' or '.join(_hf_files())}); or give a preset: {', '.join(llama.PRESETS)}")
     config = llama.get_config(model)
     if config.dtype != "fp32":  # lpx stores the graph's tensors in the dtype asked for; the graph stays fp32
         config = config.replace(dtype="fp32")
-    return config, llama.build_prefill(config, prompt_len, seed), llama.build_decode(config, seed), prompt_len
+    if context is not None:
+        config = config.replace(max_context=context)
+    return _BuiltDecoder(config, llama.build_prefill(config, prompt_len, seed), llama.build_decode(config, seed),
+                         prompt_len)
+
+
+def _hf_files() -> tuple:
+    from .hf_decoder import GRAPH_FILES
+
+    return GRAPH_FILES
 
 
 def kv_bytes_per_chip(compiled, names: list, nbytes: dict) -> dict:
@@ -126,13 +205,15 @@ def _cycles(compiled) -> int:
 def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, parallel: str = "pipeline",
              config: str | None = None, chips: int | None = None, dtype: str = "fp32", prompt_len: int = 8,
              seed: int = 0, progress=None, prompt_ids=None, prompt: str | None = None, temperature: float = 0.0,
-             top_k: int | None = None) -> dict:
+             top_k: int | None = None, context: int | None = None) -> dict:
     """Prefill a prompt, then ``tokens`` decode steps on lpx, each checked against ONNX Runtime.
 
     Parameters
     ----------
     model : str or Path
-        A Llama preset (``llama-tiny``, ``llama-small``, ``llama-gpt2s``) or a ``save_llama`` directory.
+        A Llama preset (``llama-tiny``, ``llama-small``, ``llama-gpt2s``), a ``save_llama`` directory, or a
+        decoder in Hugging Face form: an ``.onnx`` graph with ``past_key_values.N`` inputs and
+        ``present.N`` outputs, or an optimum export folder (with its ``tokenizer.json`` where there is one).
     tokens : int
         Decode steps after the prefill.
     system, parallel, config, chips, dtype
@@ -147,6 +228,9 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     temperature, top_k : optional
         Greedy at temperature 0 (the default); else each step samples from the ``top_k`` largest logits at
         ``temperature``, with one seeded uniform draw a step applied to lpx's logits and to ORT's alike.
+    context : int, optional
+        Cache slots on the chips: a preset's ``max_context`` by default, and for a Hugging Face graph the
+        prompt and the new tokens.
 
     Returns
     -------
@@ -163,82 +247,86 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
-    folder = Path(str(model)).is_dir()
-    tokenizer = _tokenizer(model) if folder else None
-    if folder:  # its prefill graph was saved for a prompt length
-        cfg, prefill_graph, decode_graph, prompt_len = _models(model, prompt_len, seed)
-        given = _prompt_ids(model, tokenizer, prompt_ids, prompt, cfg.vocab_size)
-        if given is not None and len(given) != prompt_len:
-            raise ValueError(f"{model}'s prefill graph takes {prompt_len} prompt tokens, the prompt has {len(given)} "
-                             f"(save it again with lpx_tvm.app.llama.save_llama for {len(given)})")
-    else:  # a preset's prefill graph is built for the prompt
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+        raise ValueError(f"context must be a positive integer, got {context!r}")
+    if not Path(str(model)).exists():  # a preset: its prefill graph is built for the prompt
         given = _prompt_ids(model, None, prompt_ids, prompt, llama.get_config(model).vocab_size)
-        cfg, prefill_graph, decode_graph, prompt_len = _models(model, len(given) if given else prompt_len, seed)
-    if prompt_len + tokens > cfg.max_context:
-        raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the model's context of "
-                         f"{cfg.max_context}")
+        decoder = _open_decoder(model, len(given) if given else prompt_len, seed, context)
+    else:
+        decoder = _open_decoder(model, prompt_len, seed, context)
+        given = _prompt_ids(model, decoder.tokenizer, prompt_ids, prompt, decoder.vocab_size)
+        if isinstance(decoder, _BuiltDecoder):  # its prefill graph was saved for a prompt length
+            if given is not None and len(given) != decoder.prompt_len:
+                raise ValueError(f"{model}'s prefill graph takes {decoder.prompt_len} prompt tokens, the prompt has "
+                                 f"{len(given)} (save it again with lpx_tvm.app.llama.save_llama for {len(given)})")
+        else:
+            decoder.prompt_len = len(given) if given else prompt_len
+    prompt_len = decoder.prompt_len
+    if isinstance(decoder, _BuiltDecoder):
+        context = decoder.max_context
+    else:
+        context = context or prompt_len + tokens
+    if prompt_len + tokens > context:
+        raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the cache's context of {context}")
+    if decoder.max_context and context > decoder.max_context:
+        raise ValueError(f"a context of {context} exceeds the model's {decoder.max_context} positions")
     say = progress or (lambda text: None)
-    names = llama.cache_names(cfg)
+    names, new_names = decoder.cache_names, decoder.new_kv_names
     options = dict(config=config, system=system, parallel=parallel, chips=chips, dtype=dtype)
+    reference = decoder.reference()  # ORT on the graphs as they came, before lpx pins and edits them
+    (prefill_graph, prefill_shapes), (decode_graph, decode_shapes) = decoder.graphs(prompt_len, context)
     start = time.perf_counter()
     say("compiling the prefill graph ...")
-    prefill = lpx_tvm.compile(prefill_graph, **options)
+    prefill = lpx_tvm.compile(prefill_graph, input_shapes=prefill_shapes, **options)
     say("compiling the decode graph (KV cache resident) ...")
-    decode = lpx_tvm.compile(decode_graph, state=names, **options)
+    decode = lpx_tvm.compile(decode_graph, input_shapes=decode_shapes, state=names, **options)
     compile_s = time.perf_counter() - start
-    ort_prefill, ort_decode = llama.ort_sessions(prefill_graph, decode_graph)  # the weights held once
     del prefill_graph, decode_graph
+    decoder.drop_graphs()  # compiled, and ORT holds its own: their weights need not stay
     prompt = (np.asarray(given, np.int64) if given is not None
-              else np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, prompt_len).astype(np.int64))
+              else np.random.default_rng(seed + 1).integers(0, decoder.vocab_size, prompt_len).astype(np.int64))
     draws = np.random.default_rng(seed + 2)  # one uniform a step, for lpx's choice and ORT's alike
 
     def compare(got_logits, want_logits):
         draw = float(draws.random()) if temperature else None
         return _compare(got_logits, want_logits, lambda x: _choose(x, draw, temperature, top_k))
 
-    feeds = llama.prefill_feeds(cfg, prompt)
-    got = dict(zip(llama.output_names(cfg), prefill(**feeds)))
-    want = dict(zip(llama.output_names(cfg), ort_prefill.run(None, feeds)))
-    cache = llama.write_cache(llama.initial_cache(cfg), want, 0)  # ORT's, on the host
-    presents = llama.present_names(cfg)
-    nbytes = {cache_name: decode.write_state(cache_name, got[present], (slice(None), slice(None),
-                                                                         slice(0, prompt_len)))
-              for cache_name, present in zip(names, presents)}
+    got = dict(zip(decoder.outputs, prefill(**decoder.prefill_feeds(prompt))))
+    nbytes = {name: decode.write_state(name, got[new], (slice(None), slice(None), slice(0, prompt_len)))
+              for name, new in zip(names, new_names)}
     ttft_cycles = _cycles(prefill) + _write_back_cycles(decode, names, nbytes)
-    steps = [compare(got["logits"][0, -1], want["logits"][0, -1])]
+    steps = [compare(got["logits"][0, -1], reference.prefill(prompt))]
     token = steps[-1]["token"]
     chosen = [token]
-    blank = {n: np.zeros_like(cache[n]) for n in names}  # resident on the chips: the host sends nothing
+    # resident on the chips: the host sends nothing
+    blank = {n: np.zeros(decoder.cache_shape(context), decoder.kv_dtype) for n in names}
     for step in range(tokens):
         position = prompt_len + step
         say(f"decode step {step + 1}/{tokens} (position {position})")
-        step_feeds = llama.decode_feeds(cfg, token, position, cache)
-        got = dict(zip(llama.output_names(cfg), decode(**{**step_feeds, **blank})))
-        want = dict(zip(llama.output_names(cfg), ort_decode.run(None, step_feeds)))
+        got = dict(zip(decoder.outputs, decode(**decoder.decode_feeds(token, position, context), **blank)))
         slot = (slice(None), slice(None), slice(position, position + 1))
-        nbytes = {cache_name: decode.write_state(cache_name, got[present], slot)
-                  for cache_name, present in zip(names, presents)}
-        llama.write_cache(cache, want, position)
-        steps.append(compare(got["logits"][0, -1], want["logits"][0, -1]))
+        nbytes = {name: decode.write_state(name, got[new], slot) for name, new in zip(names, new_names)}
+        steps.append(compare(got["logits"][0, -1], reference.step(token)))
         token = steps[-1]["token"]
         chosen.append(token)
     chip = _chip_of(decode)
     write_cycles = _write_back_cycles(decode, names, nbytes) if tokens else 0  # a step writes one slot a cache
     step_cycles = _cycles(decode) + write_cycles
     report = {"model": str(model), "system": system or chip.name, "parallel": parallel if system else "single chip",
-              "dtype": dtype, "prompt_len": prompt_len, "new_tokens": tokens, "prompt": prompt.tolist(),
-              "tokens": chosen, "reference_tokens": [s["reference_token"] for s in steps],
+              "dtype": dtype, "prompt_len": prompt_len, "context": context, "new_tokens": tokens,
+              "prompt": prompt.tolist(), "tokens": chosen, "reference_tokens": [s["reference_token"] for s in steps],
               "sampling": {"temperature": temperature, "top_k": top_k} if temperature else "greedy",
               "agree": all(s["token"] == s["reference_token"] for s in steps), "steps": steps,
               "ttft_cycles": ttft_cycles, "ttft_us": 1e6 * ttft_cycles / chip.clock_hz,
               "decode_cycles": _cycles(decode), "kv_write_cycles": write_cycles, "per_token_cycles": step_cycles,
               "per_token_us": 1e6 * step_cycles / chip.clock_hz,
               "tokens_per_s_per_user": chip.clock_hz / step_cycles, "compile_s": compile_s,
-              "weight_bytes": cfg.weight_bytes(), "cache_bytes": cfg.cache_bytes(),
+              "programs": {"prefill": prefill.report.lpx_functions, "decode": decode.report.lpx_functions},
+              "weight_bytes": decoder.weight_bytes, "cache_bytes": decoder.cache_bytes(context),
               "kv_write_bytes_per_chip": kv_bytes_per_chip(decode, names, nbytes)}
     report.update(_system_figures(decode))
-    if tokenizer is not None:
-        report["text"] = tokenizer.decode(chosen)
+    if decoder.tokenizer is not None:
+        report["text"] = decoder.tokenizer.decode(chosen)
     return report
 
 

@@ -1,0 +1,298 @@
+"""Decoders in Hugging Face form for ``lpx-tvm generate``: an ONNX graph whose inputs are ``input_ids``,
+``attention_mask``, ``position_ids`` and ``past_key_values.N.key|value``, and whose outputs are ``logits``
+and ``present.N.key|value`` (optimum's names and torch.onnx's, with symbolic sequence dimensions).
+
+On lpx the cache is static and resident (see :mod:`.generate`): the decode graph is pinned to one token over
+``context`` cache slots, of which the attention mask marks the filled ones. The graph's ``present`` is the
+past concatenated with the new K/V; lpx returns only the new positions (a slice after the concatenation),
+so a step sends back one slot a cache, not the whole cache. The prefill is pinned to the prompt over one
+empty, masked slot (the frontend takes no empty dims): the empty slot's probability is exactly 0, so the
+logits are those of a prefill with no past.
+
+ONNX Runtime runs the graph as it came, as transformers does: a prefill with no past, then a growing cache
+and a mask of ones.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from . import llama
+
+_PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
+GRAPH_FILES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx")
+
+
+def graph_file(path) -> Path | None:
+    """The decoder graph a path names, if it is one in Hugging Face form: an ``.onnx`` file, or a folder (an
+    optimum export) holding one of :data:`GRAPH_FILES`; else None."""
+    path = Path(str(path))
+    candidates = [path] if path.is_file() else [path / name for name in GRAPH_FILES] if path.is_dir() else []
+    for candidate in candidates:
+        if candidate.suffix == ".onnx" and candidate.is_file() and _has_past(candidate):
+            return candidate
+    return None
+
+
+def _has_past(path: Path) -> bool:
+    model = onnx.load(str(path), load_external_data=False)
+    return any(_PAST.match(i.name) for i in model.graph.input)
+
+
+def _dims(value_info) -> list:
+    return [d.dim_value if d.HasField("dim_value") else None for d in value_info.type.tensor_type.shape.dim]
+
+
+class HFDecoder:
+    """A Hugging Face-form decoder graph, pinned for lpx's prefill and decode and run by ORT as it came.
+
+    Parameters
+    ----------
+    path : str or Path
+        The ``.onnx`` file, or an optimum export folder (its ``config.json`` and ``tokenizer.json`` are read
+        when there).
+    """
+
+    def __init__(self, path):
+        found = graph_file(path)
+        if found is None:
+            raise ValueError(f"{path} is not a decoder in Hugging Face form: no .onnx graph with "
+                             "past_key_values.N.key/value inputs")
+        self.path, self.folder = found, found.parent
+        self.graph = onnx.load(str(found))
+        inputs = {i.name: i for i in self.graph.graph.input}
+        outputs = [o.name for o in self.graph.graph.output]
+        if "use_cache_branch" in inputs:
+            raise ValueError(f"{found} is optimum's merged decoder (an If on use_cache_branch), which lpx does not "
+                             "take; export with past inputs and no merge (optimum-cli ... --no-post-process), "
+                             "or give decoder_with_past_model.onnx")
+        if "input_ids" not in inputs or "logits" not in outputs:
+            raise ValueError(f"{found} has past_key_values inputs but no input_ids input or logits output")
+        layers = sorted({int(_PAST.match(n).group(1)) for n in inputs if _PAST.match(n)})
+        if layers != list(range(len(layers))):
+            raise ValueError(f"{found}'s past_key_values layers are {layers}, not 0 .. {len(layers) - 1}")
+        self.cache_names = [f"past_key_values.{i}.{kind}" for i in range(len(layers)) for kind in ("key", "value")]
+        missing = [n for n in self.cache_names if n not in inputs] + [
+            n.replace("past_key_values.", "present.") for n in self.cache_names
+            if n.replace("past_key_values.", "present.") not in outputs]
+        if missing:
+            raise ValueError(f"{found} lacks {missing}: each past_key_values.N.key/value needs its present.N output")
+        shape = _dims(inputs[self.cache_names[0]])
+        if len(shape) != 4 or shape[1] is None or shape[3] is None:
+            raise ValueError(f"{found}'s past_key_values.0.key is {shape}; lpx needs [batch, kv_heads, past, "
+                             "head_dim] with kv_heads and head_dim fixed")
+        self.kv_heads, self.head_dim = shape[1], shape[3]
+        self.vocab_size = _dims(next(o for o in self.graph.graph.output if o.name == "logits"))[-1]
+        self.inputs = list(inputs)
+        self.config = self._config_json()
+        self.max_context = self.config.get("max_position_embeddings") or self.config.get("n_positions")
+        self.kv_dtype = np.float16 if inputs[self.cache_names[0]].type.tensor_type.elem_type == TensorProto.FLOAT16 \
+            else np.float32
+        self.new_kv_names = [n.replace("past_key_values.", "new.") for n in self.cache_names]
+        self.outputs = ["logits", *self.new_kv_names]
+        self.prompt_len, self.tokenizer = None, None
+        self.weight_bytes = sum(len(init.raw_data) for init in self.graph.graph.initializer)
+
+    def _config_json(self) -> dict:
+        path = self.folder / "config.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def tokenizer_path(self) -> Path | None:
+        path = self.folder / "tokenizer.json"
+        return path if path.is_file() else None
+
+    def cache_shape(self, context: int) -> tuple:
+        return (1, self.kv_heads, context, self.head_dim)
+
+    def cache_bytes(self, context: int) -> int:
+        return len(self.cache_names) * self.kv_heads * context * self.head_dim * np.dtype(self.kv_dtype).itemsize
+
+    # ---- lpx: the graph with new-K/V outputs, pinned -------------------------------------------------
+    def graphs(self, prompt_len: int, context: int) -> tuple:
+        """((prefill graph, its input shapes), (decode graph, its input shapes)) for lpx: one edited graph,
+        pinned twice."""
+        graph = self.lpx_graph()
+        return (graph, self.shapes(prompt_len, 1)), (graph, self.shapes(1, context))
+
+    def lpx_graph(self) -> onnx.ModelProto:
+        """The graph with each ``present.N.*`` output replaced by ``new.N.*``: its positions after the past's
+        (edited in place: ORT's session must be made first, :meth:`reference`)."""
+        graph = self.graph.graph
+        for past, new in zip(self.cache_names, self.new_kv_names):
+            present = past.replace("past_key_values.", "present.")
+            shape = f"{new}.past_len"
+            graph.node.extend([
+                helper.make_node("Shape", [past], [shape], start=2, end=3),
+                helper.make_node("Slice", [present, shape, f"{new}.end", f"{new}.axis"], [new])])
+            graph.initializer.extend([onnx.numpy_helper.from_array(np.array([2 ** 62], np.int64), f"{new}.end"),
+                                      onnx.numpy_helper.from_array(np.array([2], np.int64), f"{new}.axis")])
+        kept = [o for o in graph.output if not o.name.startswith("present.")]
+        del graph.output[:]
+        elem = TensorProto.FLOAT16 if self.kv_dtype == np.float16 else TensorProto.FLOAT
+        graph.output.extend(kept + [helper.make_tensor_value_info(n, elem, None) for n in self.new_kv_names])
+        return self.graph
+
+    def shapes(self, seq: int, past: int) -> dict:
+        """Input shapes for ``seq`` new tokens over ``past`` cache slots (batch 1)."""
+        kv = [1, self.kv_heads, past, self.head_dim]
+        shapes = {"input_ids": [1, seq], "attention_mask": [1, past + seq], "position_ids": [1, seq]}
+        shapes = {k: v for k, v in shapes.items() if k in self.inputs}
+        return {**shapes, **{n: kv for n in self.cache_names}}
+
+    def prefill_feeds(self, prompt) -> dict:
+        """lpx's prefill: the prompt over one empty slot, masked (0), positions from 0."""
+        ids = np.asarray(prompt, np.int64).reshape(1, -1)
+        mask = np.ones((1, 1 + ids.shape[1]), np.int64)
+        mask[0, 0] = 0
+        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": np.arange(ids.shape[1])[None]}
+        blank = np.zeros((1, self.kv_heads, 1, self.head_dim), self.kv_dtype)
+        return {**{k: v for k, v in feeds.items() if k in self.inputs}, **{n: blank for n in self.cache_names}}
+
+    def decode_feeds(self, token: int, position: int, context: int) -> dict:
+        """lpx's decode step (without the resident cache): slots ``0 .. position-1`` filled, then the token."""
+        mask = np.zeros((1, context + 1), np.int64)
+        mask[0, :position] = 1
+        mask[0, -1] = 1
+        feeds = {"input_ids": np.array([[token]], np.int64), "attention_mask": mask,
+                 "position_ids": np.array([[position]], np.int64)}
+        return {k: v for k, v in feeds.items() if k in self.inputs}
+
+    # ---- ORT: the graph as it came --------------------------------------------------------------------
+    def reference(self) -> "_Reference":
+        """ONNX Runtime on the unedited graph, as transformers runs it (make it before :meth:`lpx_graph`)."""
+        (session,) = llama.ort_sessions(self.graph)
+        return _Reference(self, session)
+
+
+    def drop_graphs(self) -> None:
+        self.graph = None
+
+
+class _Reference:
+    """ORT's own decode: a prefill with no past, then one token a step over a cache that grows."""
+
+    def __init__(self, decoder: HFDecoder, session):
+        self.decoder, self.session = decoder, session
+        self.outputs = [o.name for o in decoder.graph.graph.output]
+        self.cache = {n: np.zeros((1, decoder.kv_heads, 0, decoder.head_dim), decoder.kv_dtype)
+                      for n in decoder.cache_names}
+
+    def _run(self, ids: np.ndarray) -> np.ndarray:
+        past = self.cache[self.decoder.cache_names[0]].shape[2]
+        feeds = {"input_ids": ids, "attention_mask": np.ones((1, past + ids.shape[1]), np.int64),
+                 "position_ids": np.arange(past, past + ids.shape[1])[None]}
+        feeds = {k: v for k, v in feeds.items() if k in self.decoder.inputs}
+        got = dict(zip(self.outputs, self.session.run(None, {**feeds, **self.cache})))
+        self.cache = {n: got[n.replace("past_key_values.", "present.")] for n in self.decoder.cache_names}
+        return got["logits"][0, -1]
+
+    def prefill(self, prompt) -> np.ndarray:
+        """The last position's logits for the prompt."""
+        return self._run(np.asarray(prompt, np.int64).reshape(1, -1))
+
+    def step(self, token: int) -> np.ndarray:
+        """The logits after ``token``, appended to the cache."""
+        return self._run(np.array([[token]], np.int64))
+
+
+ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
+
+
+def random_causal_lm(arch: str = "llama", layers: int = 4, seed: int = 0):
+    """A small transformers causal LM of ``arch`` (:data:`ARCHITECTURES`) with seeded random weights: hidden
+    64, 4 heads (2 K/V heads where the architecture groups them), vocabulary 256, 128 positions."""
+    import torch
+    import transformers
+
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
+    torch.manual_seed(seed)
+    if arch == "gpt2":  # (its default init, std 0.02, makes a tied-embedding model repeat its last token)
+        config = transformers.GPT2Config(n_embd=64, n_layer=layers, n_head=4, vocab_size=256, n_positions=128,
+                                         initializer_range=0.2)
+        return transformers.GPT2LMHeadModel(config).eval()
+    kinds = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+             "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}
+    config_class, model_class = kinds[arch]
+    config = config_class(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                          intermediate_size=128, vocab_size=256, max_position_embeddings=128)
+    return model_class(config).eval()
+
+
+def word_tokenizer(vocab_size: int, path) -> Path:
+    """A word-level ``tokenizer.json`` (the ``tokenizers`` package) over ``vocab_size`` words: some English
+    ones, then ``w<i>``; split on whitespace, joined by spaces."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    words = ("the a an of to and in is it that on was for with as at by this be from or are not have one all "
+             "they we you he she cat dog sat ran mat hat red blue big small over under up down").split()
+    words = [*dict.fromkeys(words)][:vocab_size]
+    vocab = {w: i for i, w in enumerate(words + [f"w{i}" for i in range(len(words), vocab_size)])}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token=words[0]))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(path))
+    return Path(path)
+
+
+def export_decoder(model, directory, example_len: int = 4) -> Path:
+    """Write a transformers causal LM as optimum lays a decoder out: ``model.onnx`` in Hugging Face form
+    (``torch.onnx``, dynamo, symbolic sequence and past lengths) and its ``config.json``.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A causal LM (Llama, Qwen2, Mistral, GPT-2, ...), in eval mode.
+    directory : str or Path
+    example_len : int
+        The sequence and past lengths traced (the graph takes any).
+
+    Returns
+    -------
+    Path
+        The ``model.onnx`` written.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    config = model.config
+    layers = config.num_hidden_layers
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+    class WithCache(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids, attention_mask, position_ids, past):
+            cache = DynamicCache(config=self.lm.config)
+            for layer in range(layers):
+                cache.update(past[2 * layer], past[2 * layer + 1], layer)
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=cache, use_cache=True)
+            return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
+
+    n = example_len
+    past = [torch.zeros(1, kv_heads, n, head_dim) for _ in range(2 * layers)]
+    args = (torch.zeros(1, n, dtype=torch.int64), torch.ones(1, 2 * n, dtype=torch.int64),
+            torch.arange(n, 2 * n)[None], past)
+    caches = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    auto = torch.export.Dim.AUTO
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    program = torch.onnx.export(
+        WithCache(model).eval(), args, input_names=["input_ids", "attention_mask", "position_ids", *caches],
+        output_names=["logits", *[c.replace("past_key_values.", "present.") for c in caches]],
+        dynamic_shapes=({1: auto}, {1: auto}, {1: auto}, [{2: auto}] * len(caches)), dynamo=True, verbose=False)
+    program.save(str(out / "model.onnx"))
+    config.to_json_file(str(out / "config.json"))
+    return out / "model.onnx"

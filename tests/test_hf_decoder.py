@@ -1,0 +1,125 @@
+"""Decoders in Hugging Face form through ``generate``: random-weight transformers models (nothing downloaded),
+exported by torch.onnx with their KV cache as inputs and outputs (optimum's names), each run on lpx with the
+cache resident and checked against transformers' own greedy ``generate``."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs the optional dependency torch (lpx-tvm[hf])")
+pytest.importorskip("transformers", reason="needs the optional dependency transformers (lpx-tvm[hf])")
+pytest.importorskip("onnxscript", reason="needs the optional dependency onnxscript (torch.onnx's exporter)")
+
+from lpx_tvm.app.cli import main  # noqa: E402
+from lpx_tvm.app.generate import generate  # noqa: E402
+from lpx_tvm.app.hf_decoder import HFDecoder, export_decoder, random_causal_lm  # noqa: E402
+from lpx_tvm.runtime import total_offloaded_calls  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = [5, 17, 99, 3, 42, 7]
+TOKENS = 16
+pytestmark = pytest.mark.slow
+
+
+def _transformers_greedy(model, prompt, new_tokens: int) -> list:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """arch ─► (its transformers model, the folder torch.onnx's export went to), made once."""
+    made = {}
+
+    def get(arch):
+        if arch not in made:
+            model = random_causal_lm(arch, layers=4)
+            folder = tmp_path_factory.mktemp(arch)
+            export_decoder(model, folder)
+            made[arch] = model, folder
+        return made[arch]
+    return get
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2"])
+def test_a_hugging_face_decoder_generates_transformers_own_greedy_tokens_in_one_program(exported, arch):
+    """One chip, 16 tokens after a 6-token prompt. 4 layers, of which TVM merges the 3 identical ones into one
+    function: each cache still gets its own resident slot (it did not, silently, before)."""
+    model, folder = exported(arch)
+    calls = total_offloaded_calls()
+    report = generate(folder, tokens=TOKENS, prompt_ids=PROMPT)
+    assert report["tokens"] == _transformers_greedy(model, PROMPT, TOKENS + 1)
+    assert report["agree"] and min(s["cosine"] for s in report["steps"]) > 0.99999
+    assert report["programs"] == {"prefill": 1, "decode": 1}
+    assert total_offloaded_calls() - calls == 1 + TOKENS  # the prefill, then each step: all on lpx
+    assert report["context"] == len(PROMPT) + TOKENS
+
+
+def test_a_hugging_face_decoder_on_a_tsp_node_pipeline_gives_the_same_tokens(exported):
+    model, folder = exported("llama")
+    report = generate(folder, tokens=TOKENS, prompt_ids=PROMPT, system="tsp-node", parallel="pipeline")
+    assert report["tokens"] == _transformers_greedy(model, PROMPT, TOKENS + 1)
+    assert len(report["chips"]) == 7  # a stage a chip, the LM head's chip included
+
+
+def test_a_hugging_face_decoder_in_fp16_keeps_transformers_tokens_or_names_a_near_tie(exported):
+    """fp16 storage on the chips against the fp32 graph in ORT: a token may differ only where ORT's own logits
+    put the two tokens within fp16's rounding of each other (the report's reference_margin)."""
+    model, folder = exported("qwen2")
+    report = generate(folder, tokens=TOKENS, prompt_ids=PROMPT, dtype="fp16")
+    want = _transformers_greedy(model, PROMPT, TOKENS + 1)
+    first_miss = next((k for k, (a, b) in enumerate(zip(report["tokens"], want)) if a != b), None)
+    if first_miss is not None:  # after a miss, the histories differ: only the miss itself is judged
+        assert report["steps"][first_miss]["reference_margin"] < 1e-2, report["steps"][first_miss]
+    assert min(s["cosine"] for s in report["steps"]) > 0.999
+
+
+def test_the_lpx_graph_returns_only_the_new_positions_of_each_cache(exported):
+    """A step sends back one slot a cache, not the concatenated past (25 slots here)."""
+    _, folder = exported("llama")
+    decoder = HFDecoder(folder)
+    (graph, _), (_, decode_shapes) = decoder.graphs(prompt_len=6, context=24)
+    assert [o.name for o in graph.graph.output] == ["logits", *[f"new.{i}.{k}" for i in range(4)
+                                                                for k in ("key", "value")]]
+    assert decode_shapes["attention_mask"] == [1, 25] and decode_shapes["past_key_values.3.value"] == [1, 2, 24, 16]
+
+
+def test_the_readme_s_hugging_face_commands_run(tmp_path):
+    """The README's lines: write a decoder as optimum lays one out, then generate from it with no flags (one
+    chip), from its .onnx file, and from a text prompt through its tokenizer.json."""
+    tokenizers = pytest.importorskip("tokenizers", reason="needs the optional dependency tokenizers")
+    folder = tmp_path / "hf-llama"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "hf_decoder.py"), "llama", str(folder)], check=True,
+                   capture_output=True)
+    assert {p.name for p in folder.iterdir()} >= {"model.onnx", "config.json", "tokenizer.json"}
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 4
+    assert main(["generate", str(folder), "--tokens", "4", "--json", str(tmp_path / "a.json")]) == 0
+    one_chip = json.loads((tmp_path / "a.json").read_text())
+    assert one_chip["parallel"] == "single chip" and len(one_chip["tokens"]) == 5
+    assert main(["generate", str(folder / "model.onnx"), "--tokens", "4", "--json", str(tmp_path / "b.json")]) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["tokens"] == one_chip["tokens"]  # the same seeded prompt
+    assert main(["generate", str(folder), "--prompt", "the cat sat on the mat", "--tokens", "4",
+                 "--json", str(tmp_path / "c.json")]) == 0
+    text = json.loads((tmp_path / "c.json").read_text())
+    tokenizer = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert text["prompt"] == [tokenizer.token_to_id(w) for w in "the cat sat on the mat".split()]
+    assert text["text"] == " ".join(tokenizer.id_to_token(t) for t in text["tokens"])
+
+
+def test_what_a_hugging_face_decoder_cannot_be_is_named(tmp_path, exported):
+    _, folder = exported("llama")
+    with pytest.raises(ValueError, match="exceed the cache's context of 8"):
+        generate(folder, tokens=4, prompt_ids=PROMPT, context=8)
+    with pytest.raises(ValueError, match="exceeds the model's 128 positions"):
+        generate(folder, tokens=4, prompt_ids=PROMPT, context=200)
+    with pytest.raises(ValueError, match=r"prompt ids must be tokens of the vocabulary \(0 to 255\), got \[300\]"):
+        generate(folder, tokens=4, prompt_ids=[300])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="nor a graph in Hugging Face form"):
+        generate(empty, tokens=2)

@@ -67,7 +67,10 @@ def prim(expr) -> float:
     if isinstance(expr, PRIM_TYPES):
         return float(expr.value)
     if isinstance(expr, Constant):
-        return float(constant_value(expr))
+        value = constant_value(expr)
+        if value.size != 1:
+            raise LoweringError(f"expected a constant scalar, got a constant of shape {list(value.shape)}")
+        return float(value.reshape(()))
     raise LoweringError(f"expected a constant scalar, got {type(expr).__name__}")
 
 

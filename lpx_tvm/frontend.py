@@ -80,6 +80,7 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
       list them, and the importer would then duplicate the weights);
     - ``Sum`` becomes a chain of ``Add`` (the importer's stack+sum hides the adds);
     - ``Dropout`` becomes ``Identity`` (inference);
+    - ``ConstantOfShape`` of a constant shape becomes a ``Constant`` (weights built so are weights);
     - ``input_shapes`` (name -> dims) pins dynamic input dimensions;
     - with every input static, shape computations are folded to constants.
 
@@ -133,9 +134,13 @@ def _prepared_inputs(graph, input_shapes: dict | None) -> list:
 
 
 def _prepared_nodes(graph) -> list:
-    nodes = []
+    nodes, constants = [], {i.name: i for i in graph.initializer}
     for node in graph.node:
-        if node.op_type == "Dropout":  # identity at inference; its mask output is never used by a model
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+        if node.op_type == "ConstantOfShape" and node.input and node.input[0] in constants:
+            nodes.append(_constant_of_shape(node, constants[node.input[0]]))
+        elif node.op_type == "Dropout":  # identity at inference; its mask output is never used by a model
             nodes.append(helper.make_node("Identity", node.input[:1], node.output[:1], name=node.name))
         elif node.op_type == "Sum" and len(node.input) >= 2:
             acc = node.input[0]
@@ -146,6 +151,16 @@ def _prepared_nodes(graph) -> list:
         else:
             nodes.append(node)
     return nodes
+
+
+def _constant_of_shape(node, shape) -> onnx.NodeProto:
+    """ConstantOfShape of a constant shape as the Constant it is (the onnx package's light models build every
+    weight so; TVM's importer makes it a broadcast, and a convolution's weight then is not a constant)."""
+    from onnx import numpy_helper
+
+    fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), np.zeros(1, np.float32))
+    value = np.full([int(d) for d in numpy_helper.to_array(shape)], fill.reshape(()), fill.dtype)
+    return helper.make_node("Constant", [], list(node.output), name=node.name, value=numpy_helper.from_array(value))
 
 
 def _needs_shape_folding(graph) -> bool:

@@ -26,6 +26,7 @@ from tvm.ir.prim.expr import IntImm
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .diagnostics import native_output_to_log
+from .recurrent import RecurrentError, has_recurrent, unroll_recurrent
 from .runtime_sim.program import aligned_array
 from .codegen.relax_ops import PRIM_TYPES, Constant, axis_params, constant_value, quantize_array
 
@@ -82,7 +83,8 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
     - ``Dropout`` becomes ``Identity`` (inference);
     - ``ConstantOfShape`` of a constant shape becomes a ``Constant`` (weights built so are weights);
     - ``input_shapes`` (name -> dims) pins dynamic input dimensions;
-    - with every input static, shape computations are folded to constants.
+    - with every input static, shape computations are folded to constants;
+    - LSTM and GRU are unrolled over their sequence (:mod:`.recurrent`).
 
     Batch norm is folded into the convolution before it once, in the codegen
     (lowering makes it a per-channel scale and shift, ``fuse`` folds those).
@@ -96,6 +98,11 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
     model.ir_version = max(model.ir_version, 4)
     if _needs_shape_folding(model.graph):
         model = _fold_shape_computations(model)
+    if has_recurrent(model.graph):
+        try:
+            model = unroll_recurrent(model)
+        except RecurrentError as err:
+            raise FrontendError(str(err)) from None
     return model
 
 
@@ -184,7 +191,7 @@ def _import_view(model: onnx.ModelProto, input_shapes: dict | None):
     """What TVM's importer needs of ``model`` after :func:`prepare_onnx`, without copying the weights
     (shape folding runs ONNX Runtime on a serialised copy, so it takes the copying route)."""
     view = _GraphView(model.graph, input_shapes)
-    if _needs_shape_folding(view):
+    if _needs_shape_folding(view) or has_recurrent(view):
         return prepare_onnx(model, input_shapes)
     return _ModelView(graph=view, opset_import=model.opset_import, ir_version=max(model.ir_version, 4))
 

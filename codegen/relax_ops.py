@@ -571,11 +571,11 @@ def _gelu_matches(calls) -> bool:
 
 
 def _nan_to_num_pattern():
-    """where(isnan(x), c, x): PyTorch's safe softmax, as torch.export writes it after every softmax."""
+    """where(isnan(x), c, y): PyTorch's safe softmax, as torch.export writes it after every softmax (y is x; in
+    a QDQ model, y is x quantised and dequantised)."""
     from tvm.relax.dpl import is_const, is_op, wildcard
 
-    x = wildcard()
-    return is_op("relax.where")(is_op("relax.isnan")(x), is_const(), x)
+    return is_op("relax.where")(is_op("relax.isnan")(wildcard()), is_const(), wildcard())
 
 
 def _nan_to_num_value(calls):
@@ -593,8 +593,15 @@ def _nan_to_num_matches(calls) -> bool:
 def _nan_to_num_lower(lw, func, args, layer):
     calls = []
     relax.analysis.post_order_visit(func.body, lambda e: calls.append(e) if isinstance(e, relax.Call) else None)
-    return lw.graph.add_node("NAN_TO_NUM", args[:1], shape_of(func.body), dtype_of(func.body), layer,
-                             value=float(_nan_to_num_value(calls)))
+    where = next(c for c in calls if c.op.name == "relax.where")
+    isnan = next(c for c in calls if c.op.name == "relax.isnan")
+    params = list(func.params)
+    tested, chosen = (args[params.index(v)] for v in (isnan.args[0], where.args[2]))
+    value = float(_nan_to_num_value(calls))
+    if tested == chosen:
+        return lw.graph.add_node("NAN_TO_NUM", [tested], shape_of(func.body), dtype_of(func.body), layer, value=value)
+    return lw.graph.add_node("NAN_SELECT", [tested, chosen], shape_of(func.body), dtype_of(func.body), layer,
+                             value=value)
 
 
 RELAX_PATTERNS = {row.name: row for row in [

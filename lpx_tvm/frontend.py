@@ -157,7 +157,42 @@ def _prepared_nodes(graph) -> list:
                 acc = out
         else:
             nodes.append(node)
-    return nodes
+    return _one_dequantize_per_reader(nodes, constants, {o.name for o in graph.output})
+
+
+def _one_dequantize_per_reader(nodes: list, constants: dict, outputs: set) -> list:
+    """A DequantizeLinear of a constant read by several nodes becomes one copy per reader, as ONNX Runtime's
+    QDQ passes do (a node unit owns its DQ): TVM's FuseOpsByPattern loses the binding of a dequantised weight
+    that two matched products share (a decoder's rotate-half matrix, read by every rotary embedding), and the
+    module then fails to build."""
+    readers = {}
+    for node in nodes:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    shared = {n.output[0]: n for n in nodes if n.op_type == "DequantizeLinear" and n.input[0] in constants
+              and readers.get(n.output[0], 0) > 1}
+    if not shared:
+        return nodes
+    out, uses = [], {}
+    for node in nodes:
+        if node.op_type == "DequantizeLinear" and node.output[0] in shared and node.output[0] not in outputs:
+            continue  # emitted before each reader instead
+        inputs = list(node.input)
+        for k, name in enumerate(inputs):
+            if name in shared:
+                uses[name] = uses.get(name, 0) + 1
+                copy_name = f"{name}__reader{uses[name]}"
+                dq = shared[name]
+                out.append(helper.make_node("DequantizeLinear", list(dq.input), [copy_name],
+                                            name=f"{dq.name}__reader{uses[name]}",
+                                            **{a.name: helper.get_attribute_value(a) for a in dq.attribute}))
+                inputs[k] = copy_name
+        if inputs != list(node.input):
+            node = copy.deepcopy(node)
+            del node.input[:]
+            node.input.extend(inputs)
+        out.append(node)
+    return out
 
 
 def _constant_of_shape(node, shape) -> onnx.NodeProto:

@@ -239,6 +239,7 @@ class Opcode(IntEnum):
     MINIMUM = 45
     POW = 46
     QADD = 47
+    NAN_SELECT = 48
     REDUCE_SUM = 50
     REDUCE_MEAN = 51
     REDUCE_MAX = 52
@@ -322,6 +323,9 @@ OP_TABLE = {
     Opcode.MAXIMUM: _binary("max(a, b)"),
     Opcode.MINIMUM: _binary("min(a, b)"),
     Opcode.POW: _binary("a ^ b", 8),
+    # a compare and a select (assumed), as NAN_TO_NUM's: PyTorch's safe softmax in a QDQ model tests the
+    # softmax for NaN and selects from its quantise-dequantised copy
+    Opcode.NAN_SELECT: OpSpec(Unit.VXM, Group.BINARY, "value where a is NaN, else b", (Attr("value", "float", 0.0),), 2),
     Opcode.QADD: OpSpec(
         Unit.VXM, Group.QBINARY,
         "saturate(rint((scale_a·(a - zp_a) + scale_b·(b - zp_b)) / scale_out) + zp_out), ONNX Runtime's QLinearAdd",

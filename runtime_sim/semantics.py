@@ -125,12 +125,14 @@ def _unary(op):
 
 
 def _binary(op):
-    ufunc = BINARY_UFUNCS[op]
+    ufunc = BINARY_UFUNCS.get(op)
 
     def run(outs, ins, attrs):
         a, b = ins
         out = outs[0]
-        if a.dtype == b.dtype == out.dtype == F32:
+        if op == Opcode.NAN_SELECT:
+            _store(out, np.where(np.isnan(_f32(a)), F32(attrs["value"]), _f32(b)))
+        elif a.dtype == b.dtype == out.dtype == F32:
             ufunc(a, b, out=out)
         else:
             _store(out, ufunc(_f32(a), _f32(b)))
@@ -160,11 +162,15 @@ def dequantize_linear(x: np.ndarray, scale: float, zero_point: int) -> np.ndarra
 
 def host_convert(x: np.ndarray, scale: float, zero_point: int, dtype) -> np.ndarray:
     """What the host does to an fp32 input before the link: QuantizeLinear into an integer type, or rounding
-    to nearest into a narrow float type (as a CAST into it rounds)."""
+    to nearest into a narrow float type as a CAST into it rounds: past fp16's range to ±inf (IEEE's overflow, as
+    a mask of float32's lowest does), past fp8's ±448 saturating (e4m3 has no infinity)."""
     dtype = np.dtype(dtype)
     if dtype in _INT_RANGES:
         return quantize_linear(x, scale, zero_point, dtype)
-    return _f32(x).astype(dtype)
+    if dtype == _F8:
+        return np.clip(_f32(x), -_F8_MAX, _F8_MAX).astype(dtype)
+    with np.errstate(over="ignore"):
+        return _f32(x).astype(dtype)
 
 
 def host_widen(out: np.ndarray, x: np.ndarray, scale: float, zero_point: int) -> None:

@@ -55,13 +55,13 @@ def cnn_model(seed=0):
     return make_model(nodes, [tensor_info("x", [1, 3, 32, 32])], [tensor_info("y", [1, 10])], inits)
 
 
-def sin_between_model(seed=0):
-    """conv+relu ─► Sin (host) ─► matmul+relu: two offloadable regions around a host op."""
+def host_op_between_model(seed=0):
+    """conv+relu ─► Floor (host: lpx has no floor) ─► matmul+relu: two offloadable regions around a host op."""
     rng = np.random.default_rng(seed)
     inits = [weights(rng, "w", (8, 3, 3, 3)), weights(rng, "b", (8,)), weights(rng, "m", (16, 16))]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("Sin", ["r"], ["s"]),
+             helper.make_node("Floor", ["r"], ["s"]),
              helper.make_node("MatMul", ["s", "m"], ["mm"]),
              helper.make_node("Relu", ["mm"], ["y"])]
     return make_model(nodes, [tensor_info("x", [1, 3, 16, 16])], [tensor_info("y", [1, 8, 16, 16])], inits)

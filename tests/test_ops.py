@@ -79,6 +79,14 @@ def test_nan_to_num_replaces_only_the_nans(name, dtype):
     helper_test_op(Opcode[name], [x], {"value": 0.25}, np.where(np.isnan(f64(x)), 0.25, f64(x)))
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: d.short)
+def test_nan_select_takes_the_value_where_a_is_nan_and_b_elsewhere(dtype):
+    a, b = floats((3, 37), dtype), floats((3, 37), dtype)
+    a[1, ::3] = np.nan
+    b[2, ::5] = np.nan  # b's own NaNs pass through: only a is tested
+    helper_test_op(Opcode.NAN_SELECT, [a, b], {"value": -0.5}, np.where(np.isnan(f64(a)), -0.5, f64(b)))
+
+
 def test_cast_between_every_float_type_and_fp8():
     x = floats((4, 9), DType.F32)
     for dtype in FLOATS + [DType.F8]:

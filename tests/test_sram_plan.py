@@ -8,12 +8,12 @@ import pytest
 import lpx_tvm
 from lpx_tvm.runtime_sim import ProgramFormatError, ScheduleError, Simulator, TensorRef, decode
 from lpx_tvm.runtime_sim.chip import Chip
-from conftest import assert_close, ort_run, sin_between_model
+from conftest import assert_close, ort_run, host_op_between_model
 
 
 @pytest.fixture(scope="module")
 def programs():
-    compiled = lpx_tvm.compile(sin_between_model(), config="tiny")
+    compiled = lpx_tvm.compile(host_op_between_model(), config="tiny")
     return compiled, [decode(blob) for blob in compiled.programs.values()]
 
 
@@ -27,7 +27,7 @@ def test_programs_of_one_model_share_a_plan_with_disjoint_weights(programs):
         assert all(r.addr >= p.plan.activation_base for i in p.instructions for r in i.srcs + i.dsts
                    if r.in_sram and not any(c.ref.addr <= r.addr < c.ref.end for c in p.constants))
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
-    assert_close(compiled(x)[0], ort_run(sin_between_model(), {"x": x})[0], 1e-5)
+    assert_close(compiled(x)[0], ort_run(host_op_between_model(), {"x": x})[0], 1e-5)
 
 
 def test_a_program_writing_over_its_siblings_weights_is_rejected(programs):

@@ -439,7 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the seeded weights', prompt's and draws' seed (default 0)")
     system_args(p)
     p.add_argument("--config", help=config_help)
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="storage type on the chips")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16", "int8", "fp8"],
+                   help="storage type on the chips (int8: a float decoder is quantised with ONNX Runtime's static "
+                   "quantiser first, on seeded steps, and ORT runs the same QDQ graphs; fp8 needs an fp8 chip: "
+                   "--config lp30)")
     p.add_argument("--json", help="write the run as JSON")
     p.set_defaults(func=cmd_generate)
     from .plan import PRESETS as PLAN_PRESETS

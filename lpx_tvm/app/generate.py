@@ -106,6 +106,26 @@ class _BuiltDecoder:
     def drop_graphs(self) -> None:
         self.prefill_graph = self.decode_graph = None
 
+    def quantize(self, seed: int = 0, steps: int = 4) -> str:
+        """Replace both graphs by their QDQ int8 forms (ONNX Runtime's static quantiser), calibrated on ORT's run
+        of a seeded prompt and ``steps`` decode steps after it; returns how, in words."""
+        import lpx_tvm
+
+        reference, rng = self.reference(), np.random.default_rng(seed + 3)
+        prompt = rng.integers(0, self.vocab_size, self.prompt_len)
+        prefill_feeds = [llama.prefill_feeds(self.config, prompt)]
+        reference.prefill(prompt)
+        decode_feeds = []
+        for _ in range(min(steps, self.max_context - self.prompt_len)):
+            token = int(rng.integers(0, self.vocab_size))
+            cache = {name: array.copy() for name, array in reference.cache.items()}
+            decode_feeds.append(llama.decode_feeds(self.config, token, reference.position, cache))
+            reference.step(token)
+        self.prefill_graph = lpx_tvm.quantize(self.prefill_graph, prefill_feeds)
+        self.decode_graph = lpx_tvm.quantize(self.decode_graph, decode_feeds)
+        return (f"quantised by ONNX Runtime's static quantiser, calibrated on a seeded {self.prompt_len}-token prompt "
+                f"and {len(decode_feeds)} decode steps")
+
 
 class _BuiltReference:
     """ORT on the same two graphs, its static cache on the host."""
@@ -247,6 +267,7 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    say = progress or (lambda text: None)
     if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
         raise ValueError(f"context must be a positive integer, got {context!r}")
     if not Path(str(model)).exists():  # a preset: its prefill graph is built for the prompt
@@ -270,9 +291,12 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the cache's context of {context}")
     if decoder.max_context and context > decoder.max_context:
         raise ValueError(f"a context of {context} exceeds the model's {decoder.max_context} positions")
-    say = progress or (lambda text: None)
     names, new_names = decoder.cache_names, decoder.new_kv_names
     options = dict(config=config, system=system, parallel=parallel, chips=chips, dtype=dtype)
+    quantised = None
+    if dtype == "int8":  # both run the QDQ graphs: lpx as int8 kernels, ORT as it defines QDQ
+        say("quantising the decoder (int8) ...")
+        quantised = decoder.quantize(seed)
     reference = decoder.reference()  # ORT on the graphs as they came, before lpx pins and edits them
     (prefill_graph, prefill_shapes), (decode_graph, decode_shapes) = decoder.graphs(prompt_len, context)
     start = time.perf_counter()
@@ -324,6 +348,8 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
               "programs": {"prefill": prefill.report.lpx_functions, "decode": decode.report.lpx_functions},
               "weight_bytes": decoder.weight_bytes, "cache_bytes": decoder.cache_bytes(context),
               "kv_write_bytes_per_chip": kv_bytes_per_chip(decode, names, nbytes)}
+    if quantised:
+        report["quantised"] = quantised
     report.update(_system_figures(decode))
     if decoder.tokenizer is not None:
         report["text"] = decoder.tokenizer.decode(chosen)
@@ -371,6 +397,8 @@ def table(report: dict) -> str:
              + ("" if report.get("sampling", "greedy") == "greedy" else
                 f" (sampled at temperature {report['sampling']['temperature']}, top-k "
                 f"{report['sampling']['top_k'] or 'all'}, one draw a step for both)"))
+    if "quantised" in report:
+        text += f"\nint8: {report['quantised']}; ONNX Runtime runs the same QDQ graphs"
     text += f"\nprompt ids {report['prompt']}; generated ids {report['tokens']}"
     if "text" in report:
         text += f"\ntext: {report['text']!r}"

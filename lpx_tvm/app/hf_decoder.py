@@ -173,6 +173,25 @@ class HFDecoder:
     def drop_graphs(self) -> None:
         self.graph = None
 
+    def quantize(self, seed: int = 0, prompt_len: int = 8, steps: int = 4) -> str:
+        """Replace the graph by its QDQ int8 form (ONNX Runtime's static quantiser), calibrated on ORT's own run
+        of a seeded prompt and ``steps`` decode steps after it; returns how, in words. A graph that is QDQ
+        already is kept."""
+        import lpx_tvm
+
+        if any(n.op_type == "QuantizeLinear" for n in self.graph.graph.node):
+            return "QDQ as given"
+        reference = self.reference()
+        rng = np.random.default_rng(seed + 3)
+        feeds = []
+        for ids in [rng.integers(0, self.vocab_size, (1, prompt_len))] + [
+                rng.integers(0, self.vocab_size, (1, 1)) for _ in range(steps)]:
+            feeds.append(reference.feeds(ids))
+            reference.run(ids)
+        self.graph = lpx_tvm.quantize(self.graph, feeds)
+        return (f"quantised by ONNX Runtime's static quantiser, calibrated on a seeded {prompt_len}-token prompt and "
+                f"{steps} decode steps")
+
 
 class _Reference:
     """ORT's own decode: a prefill with no past, then one token a step over a cache that grows."""
@@ -183,22 +202,26 @@ class _Reference:
         self.cache = {n: np.zeros((1, decoder.kv_heads, 0, decoder.head_dim), decoder.kv_dtype)
                       for n in decoder.cache_names}
 
-    def _run(self, ids: np.ndarray) -> np.ndarray:
+    def feeds(self, ids: np.ndarray) -> dict:
+        """The graph's inputs for ``ids`` after the cache held: a mask of ones, positions after the past."""
         past = self.cache[self.decoder.cache_names[0]].shape[2]
         feeds = {"input_ids": ids, "attention_mask": np.ones((1, past + ids.shape[1]), np.int64),
                  "position_ids": np.arange(past, past + ids.shape[1])[None]}
-        feeds = {k: v for k, v in feeds.items() if k in self.decoder.inputs}
-        got = dict(zip(self.outputs, self.session.run(None, {**feeds, **self.cache})))
+        return {**{k: v for k, v in feeds.items() if k in self.decoder.inputs}, **self.cache}
+
+    def run(self, ids: np.ndarray) -> np.ndarray:
+        """The last position's logits for ``ids``, their K/V appended to the cache."""
+        got = dict(zip(self.outputs, self.session.run(None, self.feeds(ids))))
         self.cache = {n: got[n.replace("past_key_values.", "present.")] for n in self.decoder.cache_names}
         return got["logits"][0, -1]
 
     def prefill(self, prompt) -> np.ndarray:
         """The last position's logits for the prompt."""
-        return self._run(np.asarray(prompt, np.int64).reshape(1, -1))
+        return self.run(np.asarray(prompt, np.int64).reshape(1, -1))
 
     def step(self, token: int) -> np.ndarray:
         """The logits after ``token``, appended to the cache."""
-        return self._run(np.array([[token]], np.int64))
+        return self.run(np.array([[token]], np.int64))
 
 
 ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")

@@ -242,3 +242,22 @@ def test_a_transpose_on_the_switch_moves_its_vectors_at_the_switch_rate():
     rate = min(TINY.sxm_vectors_per_cycle, TINY.streams_per_direction // 2)
     expected = ceil(vectors / rate) + TINY.latency_cycles["SXM"]
     assert _timed_alone("TRANSPOSE", [x], [out], layout, expected, perm=(1, 0)) == expected == 12
+
+
+def test_a_lone_int8_epilogue_takes_its_four_alu_operations_an_element():
+    """acc int32 [8, 32], bias int32 [32], requant fp32 [32] ─► int8 [8, 32] on tiny: 256 elements = 8 vectors of
+    32 lanes. ALU operations an element: the epilogue's 3 (bias, activation, store) + 1 for an int8 destination
+    (the requantising multiply, zero point and saturation) = 4, on tiny's 4 ALUs a lane: a vector a cycle.
+    Streams: (1,024 + 128 + 128 + 256) bytes / (8 vectors · 32 bytes) = 6 a vector, within a direction's 8.
+    8 cycles busy + VXM latency 4 = 12; FLOPs 256 · 4 = 1,024. (No test caught the int8 op's cost moved by
+    one, the mutation check found; the FLOPs catch it where the cycles, on 4 ALUs, cannot.)"""
+    layout = Layout()
+    acc = layout.const(np.ones((8, 32), np.int32))
+    bias = layout.const(np.zeros(32, np.int32))
+    requant = layout.const(np.full(32, 0.5, np.float32))
+    out = layout.take((8, 32), DType.I8)
+    assert (TINY.lanes, TINY.vxm_alus_per_lane, TINY.latency_cycles["VXM"]) == (32, 4, 4)
+    stats = Simulator(program([ins("EPILOGUE", [acc, bias, requant], [out], zp_out=0)], layout, predicted=12),
+                      timing_only=True).stats
+    assert stats.cycles == 12
+    assert stats.flops == 1024

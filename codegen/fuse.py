@@ -58,11 +58,15 @@ def _try_fold(g: Graph, node: Node, consumer: Node) -> bool:
         return False
     if consumer.kind == "DIV":
         vec = (np.float32(1) / vec).astype(np.float32)
+    if len(node.inputs) > 3:
+        # the epilogue is (acc + bias) · scale already: a bias added after the scale would have to be divided
+        # by it (a mask of float32's lowest over 1/√d overflows), so it stays an op of its own
+        return False
     bias = (g.tensors[g.base(node.inputs[2])].data.reshape(-1) if len(node.inputs) > 2
             else np.zeros_like(vec))
     if consumer.kind != "ADD" and not g.is_constant(node.inputs[1]):
         # a product of two activations (attention's scores scaled by 1/√d): the epilogue's scale operand
-        if node.kind != "matmul" or len(node.inputs) > 3:
+        if node.kind != "matmul":
             return False
         node.inputs[2:] = [g.constant(bias.astype(np.float32)), g.constant(vec)]
         return True

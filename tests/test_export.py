@@ -7,12 +7,12 @@ import textwrap
 import numpy as np
 
 import lpx_tvm
-from conftest import sin_between_model
+from conftest import host_op_between_model
 
 
 def test_export_and_reload_in_fresh_process(tmp_path, rng):
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
-    compiled = lpx_tvm.compile(sin_between_model(), config="tiny")
+    compiled = lpx_tvm.compile(host_op_between_model(), config="tiny")
     expected = compiled(x)[0]
     lib = tmp_path / "model.so"
     compiled.export_library(lib)

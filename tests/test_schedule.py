@@ -5,10 +5,10 @@ import pytest
 
 import lpx_tvm
 from lpx_tvm.runtime_sim import Opcode, decode
-from conftest import cnn_model, mlp_model, sin_between_model
+from conftest import cnn_model, mlp_model, host_op_between_model
 
 
-@pytest.mark.parametrize("make", [mlp_model, cnn_model, sin_between_model])
+@pytest.mark.parametrize("make", [mlp_model, cnn_model, host_op_between_model])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_simulated_cycles_equal_predicted(make, dtype):
     """The scheduler plans with its own calendars; the simulator re-checks every rule and measures."""

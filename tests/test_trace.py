@@ -6,7 +6,7 @@ import json
 import numpy as np
 
 import lpx_tvm
-from conftest import sin_between_model
+from conftest import host_op_between_model
 from lpx_tvm.runtime_sim.trace import write_trace
 
 
@@ -50,7 +50,7 @@ def test_a_chips_trace_nests_exactly_with_the_install_port_on_its_own_track(tmp_
 
 def test_programs_follow_one_another_and_are_named_by_their_place(tmp_path):
     """sin between two products: two lpx programs and the sin on the host between them."""
-    compiled = lpx_tvm.compile(sin_between_model(), config="tiny")
+    compiled = lpx_tvm.compile(host_op_between_model(), config="tiny")
     assert compiled.report.lpx_functions == 2
     write_trace(tmp_path / "t.json", list(compiled.simulators.items()))
     tracks, _, processes = _slices(tmp_path / "t.json")

@@ -9,7 +9,7 @@ from lpx_tvm.codegen import CodegenOptions, compile_graph
 from lpx_tvm.codegen.emit import emit, resolve
 from lpx_tvm.codegen.graph import Graph
 from lpx_tvm.codegen.tile import TileOp
-from lpx_tvm.codegen.views import Operand, stream, view, whole
+from lpx_tvm.codegen.views import stream, view, whole
 from lpx_tvm.runtime_sim import DType, Instruction, Opcode, Simulator, Space, TensorRef, load_config
 from lpx_tvm.runtime_sim.isa import HostTensor
 

@@ -6,7 +6,6 @@ cycle), MXM latency 8.
 ``PlaneMapper.map`` cuts the product into K tiles (the array's 32 rows) and column tiles (its 32 columns),
 spreads the jobs over the planes and emits INSTALL / MATMUL / EPILOGUE per tile."""
 
-from math import ceil
 
 import numpy as np
 import pytest

@@ -234,3 +234,19 @@ def test_a_time_per_output_token_target_is_a_tokens_per_second_target(capsys):
     assert main(["plan", "--model", "llama-small", "--system", "tsp-node", "--dtype", "fp32", "--context", "128",
                  "--prompt", "8", "--batches", "1", "--target-tpot-ms", "0.1"]) == 0
     assert "the fewest chips reaching 10000.0 tokens/s per user" in capsys.readouterr().out
+
+
+def test_a_first_token_target_takes_the_fewest_chips_that_meet_it_or_names_the_quickest():
+    """llama-small on tsp-node, a 64-token prompt: its time to first token on one chip is under 1 ms, so that
+    target takes one chip; a target below every mapping's is an error naming the quickest, which is the one
+    chip's (the figures the plan printed for the chip it chose)."""
+    args = dict(dtype="fp32", context=128, prompt=64, batches=(1,))
+    easy = plan("llama-small", "tsp-node", target_ttft_ms=1.0, **args)
+    assert (easy["chips"], easy["mapping"]["why"]) == (1, "the fewest chips, with a first token within 1.0 ms")
+    assert easy["ttft_ms"] <= 1.0
+    quickest = f"{easy['ttft_ms']:.3g}"
+    with pytest.raises(PlanError, match=rf"no mapping on 8 chips gives a first token within 1e-06 ms for a "
+                                        rf"64-token prompt; the quickest is {quickest} ms, on 1 chip$"):
+        plan("llama-small", "tsp-node", target_ttft_ms=1e-6, **args)
+    assert easy["not_static"] == ["host-side sampling of each token",
+                                  "the host link's transfers outside the chips' schedule"]

@@ -298,7 +298,7 @@ def cmd_plan(args) -> int:
     report = plan(args.model, args.system, dtype=args.dtype, context=args.context, prompt=args.prompt,
                   batch=args.batch, chips=args.chips, target_tps_per_user=target,
                   batches=args.batches, progress=lambda line: print(line, file=sys.stderr, flush=True),
-                  users=args.users)
+                  users=args.users, target_ttft_ms=args.target_ttft_ms)
     print(table(report))
     if args.json:
         write_json(report, args.json)
@@ -464,6 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--target-tps-per-user", type=float, help="the fewest chips that reach this speed")
     group.add_argument("--target-tpot-ms", type=float, help="the fewest chips whose time per output token is at "
                        "most this (the same as --target-tps-per-user 1000/T)")
+    p.add_argument("--target-ttft-ms", type=float, help="the time to first token (--prompt tokens through every "
+                   "stage) must be at most this: the cheapest mapping that meets it and the other targets")
     p.add_argument("--users", type=_at_least(1), help="the fewest chips that hold this many users in flight, "
                    "each one's KV cache at --context on the chips (with a target: that meet it too)")
     p.add_argument("--json", help="write the plan as JSON")

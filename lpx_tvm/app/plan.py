@@ -380,7 +380,8 @@ def _check_sizes(**sizes) -> None:
 
 def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, prompt: int = 512, batch: int = 1,
          chips: int | None = None, target_tps_per_user: float | None = None, batches=(1,),
-         mapping: tuple | None = None, progress=None, users: int | None = None) -> dict:
+         mapping: tuple | None = None, progress=None, users: int | None = None,
+         target_ttft_ms: float | None = None) -> dict:
     """Plan an LLM's decode on a system: the mapping, its speed, its chips and racks, and what bounds it.
 
     Parameters
@@ -409,6 +410,9 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         Serve this many users at once: the fewest chips whose mapping holds that many in flight (stages ×
         batch, every one's KV cache on the chips), at any batch on the frontier, and at ``target_tps_per_user``
         where that is given too.
+    target_ttft_ms : float, optional
+        The time to first token (the prompt's prefill through every stage) must be at most this: of the
+        mappings the other targets leave, the cheapest that meets it.
     """
     start = time.perf_counter()
     _check_sizes(context=context, prompt=prompt, batch=batch, chips=chips, batches=batches, mapping=mapping,
@@ -416,6 +420,8 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     if target_tps_per_user is not None and not (isinstance(target_tps_per_user, Real)
                                                 and 0 < target_tps_per_user < inf):
         raise PlanError(f"the target tokens/s per user must be a positive number, got {target_tps_per_user!r}")
+    if target_ttft_ms is not None and not (isinstance(target_ttft_ms, Real) and 0 < target_ttft_ms < inf):
+        raise PlanError(f"the target time to first token must be a positive number of ms, got {target_ttft_ms!r}")
     if prompt > context:
         raise PlanError(f"a prompt of {prompt} tokens does not fit a cache of {context} positions")
     spec = model_spec(model)
@@ -459,24 +465,45 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     if not at_batch:
         raise PlanError(f"{spec.name} in {dtype} with a {context}-position cache does not fit {limit} chips of "
                         f"{system.name}: every shard streams weights or overflows SRAM")
+    pool, key = at_batch, lambda m: (m.per_token_cycles, m.chips)
+    why = f"the lowest per-token latency on at most {limit} chips"
     if target_tps_per_user:
-        meets = [m for m in at_batch if m.tokens_per_s_per_user(chip.clock_hz) >= target_tps_per_user]
-        if not meets:
+        pool = [m for m in at_batch if m.tokens_per_s_per_user(chip.clock_hz) >= target_tps_per_user]
+        if not pool:
             best = max(at_batch, key=lambda m: m.tokens_per_s_per_user(chip.clock_hz))
             raise PlanError(f"no mapping on {limit} chips reaches {target_tps_per_user} tokens/s per user; the "
                             f"fastest gives {best.tokens_per_s_per_user(chip.clock_hz):.0f} on {best.chips} chips")
-        chosen = min(meets, key=lambda m: (m.chips, m.per_token_cycles))
+        key = lambda m: (m.chips, m.per_token_cycles)  # noqa: E731
         why = f"the fewest chips reaching {target_tps_per_user} tokens/s per user" + (
             f" with {users} users in flight" if users else "")
     elif users is not None:
-        chosen = min(at_batch, key=lambda m: (m.chips, m.per_token_cycles))
+        key = lambda m: (m.chips, m.per_token_cycles)  # noqa: E731
         why = f"the fewest chips holding {users} users in flight"
-    else:
-        chosen = min(at_batch, key=lambda m: (m.per_token_cycles, m.chips))
-        why = f"the lowest per-token latency on at most {limit} chips"
-    # the time to first token of the chosen mapping only: a prefill block is the largest to compile
-    with_ttft = evaluate(spec, system, dtype, chosen.stages, chosen.width, chosen.batch, context, prompt)
-    candidates[candidates.index(chosen)] = chosen = with_ttft
+    elif target_ttft_ms:
+        key = lambda m: (m.chips, m.per_token_cycles)  # noqa: E731
+        why = "the fewest chips"
+    # the time to first token is measured for the mapping chosen only (a prefill block is the largest to
+    # compile); under a target, for each in order until one meets it
+    chosen = None
+    for mapping in sorted(pool, key=key) if target_ttft_ms else [min(pool, key=key)]:
+        if progress is not None and target_ttft_ms:
+            progress(f"plan: the time to first token of {mapping.stages} stages × {mapping.width} chips "
+                     f"({time.perf_counter() - start:.0f} s)")
+        with_ttft = evaluate(spec, system, dtype, mapping.stages, mapping.width, mapping.batch, context, prompt)
+        candidates[candidates.index(mapping)] = with_ttft
+        ttft_ms = None if with_ttft.ttft_cycles is None else 1e3 * with_ttft.ttft_cycles / chip.clock_hz
+        if not target_ttft_ms or (ttft_ms is not None and ttft_ms <= target_ttft_ms):
+            chosen = with_ttft
+            break
+    if chosen is None:
+        timed = [m for m in candidates if m.ttft_cycles is not None]
+        best = min(timed, key=lambda m: m.ttft_cycles, default=None)
+        raise PlanError(f"no mapping on {limit} chips gives a first token within {target_ttft_ms} ms for a "
+                        f"{prompt}-token prompt" + (f"; the quickest is {1e3 * best.ttft_cycles / chip.clock_hz:.3g} "
+                                                   f"ms, on {best.chips} chip{'s' if best.chips > 1 else ''}"
+                                                   if best else ""))
+    if target_ttft_ms:
+        why += f", with a first token within {target_ttft_ms} ms"
     return _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights,
                    time.perf_counter() - start)
 
@@ -505,7 +532,12 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
                         "why": why},
             **best, "tokens_per_s_per_rack": best["tokens_per_s"] / max(ceil(chosen.chips / per_rack), 1),
             **_power(system.chip, chosen.chips, best["tokens_per_s"]),
-            "split_cycles": split, "bottleneck": bottleneck, "frontier": frontier, "plan_s": seconds}
+            "split_cycles": split, "bottleneck": bottleneck, "frontier": frontier, "plan_s": seconds,
+            "not_static": NOT_STATIC}
+
+
+# the schedule on the chips is static, so a token's time is the same every time (p50 = p99); these are not
+NOT_STATIC = ["host-side sampling of each token", "the host link's transfers outside the chips' schedule"]
 
 
 def _power(chip, chips: int, tokens_per_s: float) -> dict:
@@ -539,6 +571,7 @@ def table(report: dict) -> str:
             + (f"  power: {report['power_kw']:.1f} kW for the chips at their TDP (no host, network or cooling), "
                f"{report['tokens_per_s_per_kw']:.1f} tokens/s per kW\n" if report.get("power_kw") is not None else
                f"  power: the {report['chip']} preset gives no chip power\n") +
+            f"  latency: the chips' schedule is static (p50 = p99); not in it: {'; '.join(report['not_static'])}\n"
             f"  memory a chip: {report['memory_per_chip'] / 2**20:.0f} MiB (weights {report['weight_bytes'] / 1e9:.1f} GB"
             f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB on the chips in all; the token embedding is looked "
             f"up on the host); planned in {report['plan_s']:.1f} s")

@@ -250,3 +250,31 @@ def test_a_first_token_target_takes_the_fewest_chips_that_meet_it_or_names_the_q
         plan("llama-small", "tsp-node", target_ttft_ms=1e-6, **args)
     assert easy["not_static"] == ["host-side sampling of each token",
                                   "the host link's transfers outside the chips' schedule"]
+
+
+def test_speculative_decoding_is_the_hand_worked_rate_over_the_measured_steps():
+    """A round: k draft steps on the draft's own chip, then one target step verifying k + 1 rows; it yields
+    1 + a + … + a^k tokens (Leviathan et al.). Tokens/s per user = clock · (1 - a^(k+1)) / (1 - a) /
+    (k · draft + verify), over the cycles the compiler measured: the draft's step is its own plan's, the
+    one-row step is the target's plain one. Without k, the plan takes the best k: each neighbour is slower."""
+    args = dict(dtype="fp32", context=128, prompt=8, batches=(1,))
+    target = plan("llama-small", "tsp-node", chips=4, **args)
+    draft = plan("llama-tiny", "tsp-node", chips=8 - target["chips"], **args)
+    clock = load_system("tsp-node").chip.clock_hz
+    planned = plan("llama-small", "tsp-node", chips=4, draft="llama-tiny", accept_rate=0.8, **args)
+    s = planned["speculative"]
+    k, a = s["draft_tokens"], 0.8
+    assert s["draft_cycles"] == round(draft["per_token_us"] * clock / 1e6)
+    assert s["one_row_cycles"] == round(target["per_token_us"] * clock / 1e6)
+    assert s["verify_cycles"] > s["one_row_cycles"]  # k + 1 rows cost more than one, if little
+    assert s["expected_tokens"] == pytest.approx(sum(a ** j for j in range(k + 1)))
+    rate = clock * (1 - a ** (k + 1)) / (1 - a) / (k * s["draft_cycles"] + s["verify_cycles"])
+    assert s["tokens_per_s_per_user"] == pytest.approx(rate, rel=1e-12)
+    assert s["chips"] == planned["chips"] + draft["chips"]
+    for other in (k - 1, k + 1):
+        if other >= 1:
+            fixed = plan("llama-small", "tsp-node", chips=4, draft="llama-tiny", accept_rate=0.8, draft_tokens=other,
+                         **args)["speculative"]
+            assert fixed["tokens_per_s_per_user"] <= s["tokens_per_s_per_user"]
+    with pytest.raises(PlanError, match=r"the acceptance rate must be a probability in \[0, 1\], got 1.5"):
+        plan("llama-small", "tsp-node", chips=4, draft="llama-tiny", accept_rate=1.5, **args)

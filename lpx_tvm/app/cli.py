@@ -298,7 +298,8 @@ def cmd_plan(args) -> int:
     report = plan(args.model, args.system, dtype=args.dtype, context=args.context, prompt=args.prompt,
                   batch=args.batch, chips=args.chips, target_tps_per_user=target,
                   batches=args.batches, progress=lambda line: print(line, file=sys.stderr, flush=True),
-                  users=args.users, target_ttft_ms=args.target_ttft_ms)
+                  users=args.users, target_ttft_ms=args.target_ttft_ms, draft=args.draft,
+                  draft_tokens=args.draft_tokens, accept_rate=args.accept_rate)
     print(table(report))
     if args.json:
         write_json(report, args.json)
@@ -468,6 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "stage) must be at most this: the cheapest mapping that meets it and the other targets")
     p.add_argument("--users", type=_at_least(1), help="the fewest chips that hold this many users in flight, "
                    "each one's KV cache at --context on the chips (with a target: that meet it too)")
+    p.add_argument("--draft", metavar="MODEL", help="speculative decoding: this draft model (a preset or a config "
+                   "file) on the chips the target leaves; the target verifies its tokens in one step")
+    p.add_argument("--draft-tokens", type=_at_least(1), metavar="K", help="tokens the draft proposes a round "
+                   "(default: the k that serves a user fastest)")
+    p.add_argument("--accept-rate", type=float, metavar="A", help="the chance the target accepts a draft token "
+                   "(default 0.7)")
     p.add_argument("--json", help="write the plan as JSON")
     p.add_argument("--plot", metavar="FRONTIER.png", help="draw the frontier (needs lpx-tvm[plot])")
     p.set_defaults(func=cmd_plan)

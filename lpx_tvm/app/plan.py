@@ -281,8 +281,9 @@ def _widths(spec: ModelSpec, chips: int) -> list:
 
 
 def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, width: int, batch: int,
-             context: int, prompt: int, ttft: bool = True) -> Mapping | None:
-    """The figures of one mapping, or None when a shard does not fit its chip."""
+             context: int, prompt: int, ttft: bool = True, rows: int = 1) -> Mapping | None:
+    """The figures of one mapping, or None when a shard does not fit its chip. A step decodes ``rows`` tokens a
+    sequence (more than one: a speculative step verifying draft tokens)."""
     chip, hop = system.chip, system.hop_cycles
     item = DType.from_name(dtype).itemsize
     if stages > spec.layers:
@@ -297,7 +298,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     else:
         experts_per_chip, ffn_shard, placement = 1, spec.ffn // width, ""
     shape = BlockShape(spec.hidden, spec.heads // width, max(spec.kv_heads // width, 1), spec.head_dim, ffn_shard,
-                       1, context, batch, spec.experts)
+                       rows, context, batch, spec.experts)
     block = block_cost(chip, shape, dtype)
     if block is None or block.streamed:
         return None
@@ -306,7 +307,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     else:
         extra = 0
     per_stage = ceil(spec.layers / stages)
-    head = head_cost(chip, spec.hidden, ceil(spec.vocab / width), batch, dtype)
+    head = head_cost(chip, spec.hidden, ceil(spec.vocab / width), batch * rows, dtype)
     if head is None or head.streamed:
         return None
     # every stage holds its layers' weights and caches; the last one the LM head as well, so it may take fewer.
@@ -324,7 +325,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
         return None
     memory = min(per_stage, regular) * per_block + chip.sram_bytes - room
     memory = max(memory, min(last, spec.layers) * per_block + head.resident_bytes + chip.sram_bytes - room)
-    hidden_bytes = batch * spec.hidden * item
+    hidden_bytes = batch * rows * spec.hidden * item
     hops = stage_hops(system, stages, width)
     blocks = spec.layers  # one token passes every layer once, stage after stage
     # per block: the attention's all-reduce, and the MLP's (a mixture of experts: a dispatch and a combine)
@@ -335,7 +336,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
                        + mlp_steps * ceil(mlp_bytes / chip.c2c_bytes_per_cycle)) \
         + (stages - 1) * ceil(hidden_bytes / chip.c2c_bytes_per_cycle)
     network = hop_steps * hop + serial
-    kv_bytes = per_stage * 2 * batch * max(spec.kv_heads // width, 1) * spec.head_dim * 4  # fp32 from the host
+    kv_bytes = per_stage * 2 * batch * rows * max(spec.kv_heads // width, 1) * spec.head_dim * 4  # fp32 from the host
     kv_write = ceil(kv_bytes / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
     compute = blocks * block.cycles + head.cycles
     per_token = compute + network + kv_write
@@ -381,7 +382,8 @@ def _check_sizes(**sizes) -> None:
 def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, prompt: int = 512, batch: int = 1,
          chips: int | None = None, target_tps_per_user: float | None = None, batches=(1,),
          mapping: tuple | None = None, progress=None, users: int | None = None,
-         target_ttft_ms: float | None = None) -> dict:
+         target_ttft_ms: float | None = None, draft=None, draft_tokens: int | None = None,
+         accept_rate: float | None = None) -> dict:
     """Plan an LLM's decode on a system: the mapping, its speed, its chips and racks, and what bounds it.
 
     Parameters
@@ -413,6 +415,10 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     target_ttft_ms : float, optional
         The time to first token (the prompt's prefill through every stage) must be at most this: of the
         mappings the other targets leave, the cheapest that meets it.
+    draft, draft_tokens, accept_rate : optional
+        Speculative decoding (:mod:`.speculative`): a draft model (as ``model``) planned on the chips the
+        target leaves, proposing ``draft_tokens`` (default: the best k) that the target accepts each with
+        probability ``accept_rate`` (default 0.7), verified in one step of k + 1 rows.
     """
     start = time.perf_counter()
     _check_sizes(context=context, prompt=prompt, batch=batch, chips=chips, batches=batches, mapping=mapping,
@@ -422,6 +428,8 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         raise PlanError(f"the target tokens/s per user must be a positive number, got {target_tps_per_user!r}")
     if target_ttft_ms is not None and not (isinstance(target_ttft_ms, Real) and 0 < target_ttft_ms < inf):
         raise PlanError(f"the target time to first token must be a positive number of ms, got {target_ttft_ms!r}")
+    if accept_rate is not None and not (isinstance(accept_rate, Real) and 0 <= accept_rate <= 1):
+        raise PlanError(f"the acceptance rate must be a probability in [0, 1], got {accept_rate!r}")
     if prompt > context:
         raise PlanError(f"a prompt of {prompt} tokens does not fit a cache of {context} positions")
     spec = model_spec(model)
@@ -504,8 +512,22 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
                                                    if best else ""))
     if target_ttft_ms:
         why += f", with a first token within {target_ttft_ms} ms"
-    return _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights,
-                   time.perf_counter() - start)
+    report = _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights,
+                     time.perf_counter() - start)
+    if draft is not None:
+        from .speculative import speculate
+
+        left = limit - chosen.chips
+        if left < 1:
+            raise PlanError(f"the target takes all {limit} chips: none is left for the draft model (give --chips "
+                            "for the target, or a larger system)")
+        if progress is not None:
+            progress(f"plan: the draft model on the {left} chips left")
+        drafted = plan(draft, system, dtype, context=context, prompt=prompt, chips=left, batches=(1,))
+        report["speculative"] = speculate(spec, system, dtype, chosen, drafted,
+                                          0.7 if accept_rate is None else accept_rate, context, prompt, draft_tokens)
+        report["plan_s"] = time.perf_counter() - start
+    return report
 
 
 def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights, seconds) -> dict:
@@ -575,6 +597,10 @@ def table(report: dict) -> str:
             f"  memory a chip: {report['memory_per_chip'] / 2**20:.0f} MiB (weights {report['weight_bytes'] / 1e9:.1f} GB"
             f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB on the chips in all; the token embedding is looked "
             f"up on the host); planned in {report['plan_s']:.1f} s")
+    if "speculative" in report:
+        from .speculative import describe
+
+        head += "\n" + describe(report["speculative"])
     rows = [[r["chips"], f"{r['stages']}×{r['width']}", r["batch"], r["users"], f"{r['per_token_us']:.1f}",
              f"{r['tokens_per_s_per_user']:.0f}", f"{r['tokens_per_s_per_chip']:.2f}"] for r in report["frontier"]]
     return head + "\n\n" + tabulate(rows, headers=["chips", "stages×TP", "batch", "users", "µs a token", "tokens/s per user",

@@ -79,9 +79,11 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
     g.inputs = [x, cos, sin]
     keys = s.context + s.tokens if s.context else s.tokens
     if s.context:
-        mask = g.add_tensor((1, 1, 1, s.context), b.dtype)
+        # the cache's mask from the host; several new tokens (a speculative step's) mask each other causally
+        rows = 1 if s.tokens == 1 else rep * s.tokens
+        mask = g.add_tensor((1, 1, rows, s.context), b.dtype)
         g.inputs.append(mask)
-        full_mask = b.node("CONCAT", [mask, b.weight(1, 1, 1, s.tokens)], (1, 1, 1, keys), axis=3)
+        full_mask = b.node("CONCAT", [mask, b.weight(1, 1, rows, s.tokens)], (1, 1, rows, keys), axis=3)
     else:
         # the causal mask is a constant of a prefill graph, one row per stacked query row
         full_mask = b.weight(1, 1, max(qh // kvh, 1) * s.tokens, s.tokens)

@@ -27,7 +27,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..runtime_sim import ChipConfig, Instruction, Opcode, Space, TensorRef
-from ..runtime_sim.hazards import footprint_key, overlaps
+from ..runtime_sim.hazards import footprint_key, meets, overlaps
 from ..runtime_sim.timing import occupancy, paced
 from .calendar import Exclusive, Shared
 
@@ -40,6 +40,7 @@ _SHARED = ("streams", "sram_read", "sram_write", "alus")
 # inceptions and gained 5-8% on vgg19). On tsp, grains of 64 and 128 measured best; 1 (strict time order)
 # cost up to 1.7% more (alexnet, int8) and 2048 gained half as much.
 _TIME_GRAIN = 128
+_FEW = 24  # entries a dependence query tests one by one in Python rather than in numpy
 
 
 class _DepLog:
@@ -57,23 +58,22 @@ class _DepLog:
         self.owner = {"r": np.zeros(capacity, np.int64), "w": np.zeros(capacity, np.int64)}
         self.n = {"r": 0, "w": 0}
         self.blocks = {"r": defaultdict(list), "w": defaultdict(list)}
+        self.key_tuples = {"r": [], "w": []}  # the same keys, for the pure-Python test of a few entries
 
     def _spanned(self, lo: int, hi: int) -> range:
         return range(lo >> self._SHIFT, ((hi - 1) >> self._SHIFT) + 1)
 
-    def _near(self, kind: str, lo: int, hi: int) -> np.ndarray:
-        blocks = self.blocks[kind]
-        found = [blocks[b] for b in self._spanned(lo, hi) if blocks.get(b)]
-        if not found:
-            return np.zeros(0, np.int64)
-        return np.fromiter(found[0], np.int64) if len(found) == 1 else np.unique(np.concatenate(found))
-
-    def hits(self, kind: str, key: tuple) -> np.ndarray:
+    def hits(self, kind: str, key: tuple):
         """Owners of the earlier accesses of ``kind`` that meet the footprint ``key``."""
-        ids = self._near(kind, key[0], key[1])
-        if not len(ids):
-            return ids
-        return self.owner[kind][ids[overlaps(self.keys[kind][:, ids], key)]]
+        blocks = self.blocks[kind]
+        found = [blocks[b] for b in self._spanned(key[0], key[1]) if blocks.get(b)]
+        if sum(len(f) for f in found) <= _FEW:  # numpy's cost a call is most of the work for a few entries
+            tuples, owner = self.key_tuples[kind], self.owner[kind]
+            ids = found[0] if len(found) == 1 else sorted({j for f in found for j in f})
+            return [int(owner[j]) for j in ids if meets(tuples[j], key)]
+        ids = found[0] if len(found) == 1 else np.unique(np.concatenate(found))
+        ids = np.asarray(ids, np.int64)
+        return self.owner[kind][ids[overlaps(self.keys[kind][:, ids], key)]].tolist()
 
     def add(self, kind: str, key: tuple, index: int) -> None:
         """Log an access. A dense write first retires the earlier plain-range accesses inside it: a later
@@ -82,19 +82,18 @@ class _DepLog:
         blocks the write spans and nowhere else, so dropping it there forgets it."""
         lo, hi = key[0], key[1]
         if kind == "w" and key[2] == 0:
+            # plain ranges only: a strided entry can meet a later access of another stride through its
+            # bounding range (as :func:`overlaps` compares them) where that access misses the write
             for k in ("r", "w"):
-                ids = self._near(k, lo, hi)
-                keys = self.keys[k][:, ids]
-                # plain ranges only: a strided entry can meet a later access of another stride through its
-                # bounding range (as :func:`overlaps` compares them) where that access misses the write
-                retired = ids[(keys[0] >= lo) & (keys[1] <= hi) & (keys[2] == 0)]
-                if len(retired):
-                    gone, blocks = set(retired.tolist()), self.blocks[k]
-                    for b in self._spanned(lo, hi):
-                        if b in blocks:
-                            blocks[b] = [j for j in blocks[b] if j not in gone]
+                tuples, blocks = self.key_tuples[k], self.blocks[k]
+                for b in self._spanned(lo, hi):
+                    entries = blocks.get(b)
+                    if entries:
+                        blocks[b] = [j for j in entries
+                                     if tuples[j][2] or tuples[j][0] < lo or tuples[j][1] > hi]
         n = self.n[kind]
         self.keys[kind][:, n] = key
+        self.key_tuples[kind].append(tuple(int(v) for v in key))
         self.owner[kind][n] = index
         self.n[kind] = n + 1
         blocks = self.blocks[kind]

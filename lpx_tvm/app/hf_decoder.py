@@ -239,14 +239,14 @@ def random_causal_lm(arch: str = "llama", layers: int = 4, seed: int = 0):
     if arch == "gpt2":  # (its default init, std 0.02, makes a tied-embedding model repeat its last token)
         config = transformers.GPT2Config(n_embd=64, n_layer=layers, n_head=4, vocab_size=256, n_positions=128,
                                          initializer_range=0.2)
-        return transformers.GPT2LMHeadModel(config).eval()
+        return transformers.GPT2LMHeadModel(config).train(False)
     kinds = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
              "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
              "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}
     config_class, model_class = kinds[arch]
     config = config_class(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                           intermediate_size=128, vocab_size=256, max_position_embeddings=128)
-    return model_class(config).eval()
+    return model_class(config).train(False)
 
 
 def word_tokenizer(vocab_size: int, path) -> Path:
@@ -273,7 +273,7 @@ def export_decoder(model, directory, example_len: int = 4) -> Path:
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        A causal LM (Llama, Qwen2, Mistral, GPT-2, ...), in eval mode.
+        A causal LM (Llama, Qwen2, Mistral, GPT-2, ...), in inference mode (``train(False)``).
     directory : str or Path
     example_len : int
         The sequence and past lengths traced (the graph takes any).
@@ -313,7 +313,7 @@ def export_decoder(model, directory, example_len: int = 4) -> Path:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     program = torch.onnx.export(
-        WithCache(model).eval(), args, input_names=["input_ids", "attention_mask", "position_ids", *caches],
+        WithCache(model).train(False), args, input_names=["input_ids", "attention_mask", "position_ids", *caches],
         output_names=["logits", *[c.replace("past_key_values.", "present.") for c in caches]],
         dynamic_shapes=({1: auto}, {1: auto}, {1: auto}, [{2: auto}] * len(caches)), dynamo=True, verbose=False)
     program.save(str(out / "model.onnx"))

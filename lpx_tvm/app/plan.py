@@ -170,7 +170,11 @@ def _measure(graph, chip: ChipConfig) -> ShardCost | None:
     from ..codegen.parallel.base import weight_budget
     from ..runtime_sim import Simulator
 
-    c = Compilation("block", CodegenOptions(config=chip), graph=graph, resident_budget=weight_budget(graph, chip))
+    budget = weight_budget(graph, chip)
+    weights = sum(graph.tensors[k].nbytes for k in range(len(graph.tensors)) if graph.is_constant(k))
+    if weights > budget:  # the tiler would stream some of them (or fail to place them): not a mapping either way
+        return ShardCost(0, {}, weights, 0, True)
+    c = Compilation("block", CodegenOptions(config=chip), graph=graph, resident_budget=budget)
     try:
         program = run_stages(c, "tile", "emit")
     except CapacityError:
@@ -204,10 +208,12 @@ def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str, alone: bool = Fa
     chip, dtype = _as_built(chip, dtype)
     np_dtype = DType.from_name(dtype).np
     one = _measure(block_graph(shape, np_dtype, 1), chip)
-    two = _measure(block_graph(shape, np_dtype, 2), chip) if one else None
-    if alone and one is not None and not one.streamed and (two is None or two.streamed):  # fits only alone
+    if one is None or one.streamed:  # a block that streams its weights is no mapping: two would too
         return one
-    if one is None or two is None:
+    two = _measure(block_graph(shape, np_dtype, 2), chip)
+    if alone and (two is None or two.streamed):  # fits only alone
+        return one
+    if two is None:
         return None
     per_block = two.cycles - one.cycles
     scale = per_block / max(sum(one.breakdown.values()), 1)

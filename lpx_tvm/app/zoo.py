@@ -288,16 +288,19 @@ def _process_peak_rss_mb() -> float:
 
 def constant_weights(model: onnx.ModelProto) -> bool:
     """Whether every matrix weight (a Conv, Gemm or MatMul's second input) is one value repeated: made by
-    ``ConstantOfShape`` (onnx's light models) or an initializer holding a single value."""
-    inits = {i.name: i for i in model.graph.initializer}
+    ``ConstantOfShape`` (onnx's light models; a ``Constant`` once the frontend folds it) or a constant
+    holding a single value."""
+    constants = {i.name: i for i in model.graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in model.graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
     made_constant = {n.output[0] for n in model.graph.node if n.op_type == "ConstantOfShape"}
     weights = [n.input[1] for n in model.graph.node if n.op_type in ("Conv", "Gemm", "MatMul") and len(n.input) > 1]
-    weights = [w for w in weights if w in inits or w in made_constant]
+    weights = [w for w in weights if w in constants or w in made_constant]
     if not weights:
         return False
     for name in weights:
-        if name in inits:
-            values = onnx.numpy_helper.to_array(inits[name])
+        if name in constants:
+            values = onnx.numpy_helper.to_array(constants[name])
             if values.size and not np.all(values == values.flat[0]):
                 return False
     return True

@@ -278,3 +278,26 @@ def test_speculative_decoding_is_the_hand_worked_rate_over_the_measured_steps():
             assert fixed["tokens_per_s_per_user"] <= s["tokens_per_s_per_user"]
     with pytest.raises(PlanError, match=r"the acceptance rate must be a probability in \[0, 1\], got 1.5"):
         plan("llama-small", "tsp-node", chips=4, draft="llama-tiny", accept_rate=1.5, **args)
+
+
+def test_a_prefill_pool_hands_the_prompt_s_cache_over_in_the_hand_worked_time():
+    """llama-small, a 64-token prompt, a pool of 2 prefill chips on tsp-node. The handoff moves
+    2 · layers · kv_heads · head_dim · 64 fp32 values; the links between the pools work side by side, as many
+    as the smaller pool has chips, one hop away inside a node: hop + ⌈⌈bytes / links⌉ / c2c bytes a cycle⌉.
+    The first token is the pool's prefill plus that; the decode mapping takes the 6 chips left."""
+    from lpx_tvm.app.llama import get_config
+
+    c = get_config("llama-small")
+    system = load_system("tsp-node")
+    planned = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=64, batches=(1,), prefill_chips=2)
+    pool = planned["prefill_pool"]
+    nbytes = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 64 * 4
+    assert pool["handoff_bytes"] == nbytes
+    links = min(pool["chips"], planned["decode_chips"])
+    assert pool["handoff_cycles"] == system.hop_cycles + ceil(ceil(nbytes / links) / system.chip.c2c_bytes_per_cycle)
+    assert pool["ttft_cycles"] == pool["prefill_cycles"] + pool["handoff_cycles"]
+    assert planned["ttft_ms"] == pytest.approx(1e3 * pool["ttft_cycles"] / system.chip.clock_hz)
+    assert planned["chips"] == planned["decode_chips"] + pool["chips"] and pool["chips"] <= 2
+    assert "the lowest per-token latency on at most 6 chips" == planned["mapping"]["why"]
+    with pytest.raises(PlanError, match="a prefill pool of 8 chips leaves none of the 8 for decoding"):
+        plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=64, batches=(1,), prefill_chips=8)

@@ -299,7 +299,7 @@ def cmd_plan(args) -> int:
                   batch=args.batch, chips=args.chips, target_tps_per_user=target,
                   batches=args.batches, progress=lambda line: print(line, file=sys.stderr, flush=True),
                   users=args.users, target_ttft_ms=args.target_ttft_ms, draft=args.draft,
-                  draft_tokens=args.draft_tokens, accept_rate=args.accept_rate)
+                  draft_tokens=args.draft_tokens, accept_rate=args.accept_rate, prefill_chips=args.prefill_chips)
     print(table(report))
     if args.json:
         write_json(report, args.json)
@@ -469,6 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "stage) must be at most this: the cheapest mapping that meets it and the other targets")
     p.add_argument("--users", type=_at_least(1), help="the fewest chips that hold this many users in flight, "
                    "each one's KV cache at --context on the chips (with a target: that meet it too)")
+    p.add_argument("--prefill-chips", type=_at_least(1), metavar="N", help="a separate prefill pool of N chips: "
+                   "decode takes the others, and the KV cache is handed over the network (timed)")
     p.add_argument("--draft", metavar="MODEL", help="speculative decoding: this draft model (a preset or a config "
                    "file) on the chips the target leaves; the target verifies its tokens in one step")
     p.add_argument("--draft-tokens", type=_at_least(1), metavar="K", help="tokens the draft proposes a round "

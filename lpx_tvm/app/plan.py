@@ -371,9 +371,9 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
 
 def _check_sizes(**sizes) -> None:
     """Each of ``sizes`` a positive integer (``batches`` and ``mapping``: sequences of them; ``chips``,
-    ``mapping`` and ``users`` may be None), else a :class:`PlanError` naming it."""
+    ``mapping``, ``users`` and ``prefill_chips`` may be None), else a :class:`PlanError` naming it."""
     for name, value in sizes.items():
-        if value is None and name in ("chips", "mapping", "users"):
+        if value is None and name in ("chips", "mapping", "users", "prefill_chips"):
             continue
         wanted = {"batches": "positive integers", "mapping": "two positive integers"}.get(name, "a positive integer")
         try:
@@ -389,7 +389,7 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
          chips: int | None = None, target_tps_per_user: float | None = None, batches=(1,),
          mapping: tuple | None = None, progress=None, users: int | None = None,
          target_ttft_ms: float | None = None, draft=None, draft_tokens: int | None = None,
-         accept_rate: float | None = None) -> dict:
+         accept_rate: float | None = None, prefill_chips: int | None = None) -> dict:
     """Plan an LLM's decode on a system: the mapping, its speed, its chips and racks, and what bounds it.
 
     Parameters
@@ -425,10 +425,13 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         Speculative decoding (:mod:`.speculative`): a draft model (as ``model``) planned on the chips the
         target leaves, proposing ``draft_tokens`` (default: the best k) that the target accepts each with
         probability ``accept_rate`` (default 0.7), verified in one step of k + 1 rows.
+    prefill_chips : int, optional
+        A separate prefill pool of this many chips (:mod:`.prefill_pool`): the decode mapping takes the
+        others, and the time to first token is the pool's prefill and the KV cache's handoff.
     """
     start = time.perf_counter()
     _check_sizes(context=context, prompt=prompt, batch=batch, chips=chips, batches=batches, mapping=mapping,
-                 users=users)
+                 users=users, prefill_chips=prefill_chips)
     if target_tps_per_user is not None and not (isinstance(target_tps_per_user, Real)
                                                 and 0 < target_tps_per_user < inf):
         raise PlanError(f"the target tokens/s per user must be a positive number, got {target_tps_per_user!r}")
@@ -443,6 +446,10 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     chip = system.chip
     chip.check_dtype(dtype)
     limit = min(chips or system.chips, system.chips)
+    if prefill_chips is not None:
+        if prefill_chips >= limit:
+            raise PlanError(f"a prefill pool of {prefill_chips} chips leaves none of the {limit} for decoding")
+        limit -= prefill_chips
     weights = spec.chip_params() * DType.from_name(dtype).itemsize
     cache = spec.cache_bytes(context, batch, dtype)
     capacity = system.chips * chip.sram_bytes
@@ -497,16 +504,16 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         key = lambda m: (m.chips, m.per_token_cycles)  # noqa: E731
         why = "the fewest chips"
     # the time to first token is measured for the mapping chosen only (a prefill block is the largest to
-    # compile); under a target, for each in order until one meets it
+    # compile); under a target, for each in order until one meets it (a prefill pool's is the pool's)
     chosen = None
-    for mapping in sorted(pool, key=key) if target_ttft_ms else [min(pool, key=key)]:
+    for mapping in sorted(pool, key=key) if target_ttft_ms and not prefill_chips else [min(pool, key=key)]:
         if progress is not None and target_ttft_ms:
             progress(f"plan: the time to first token of {mapping.stages} stages × {mapping.width} chips "
                      f"({time.perf_counter() - start:.0f} s)")
         with_ttft = evaluate(spec, system, dtype, mapping.stages, mapping.width, mapping.batch, context, prompt)
         candidates[candidates.index(mapping)] = with_ttft
         ttft_ms = None if with_ttft.ttft_cycles is None else 1e3 * with_ttft.ttft_cycles / chip.clock_hz
-        if not target_ttft_ms or (ttft_ms is not None and ttft_ms <= target_ttft_ms):
+        if not target_ttft_ms or prefill_chips or (ttft_ms is not None and ttft_ms <= target_ttft_ms):
             chosen = with_ttft
             break
     if chosen is None:
@@ -520,6 +527,20 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         why += f", with a first token within {target_ttft_ms} ms"
     report = _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights,
                      time.perf_counter() - start)
+    if prefill_chips:
+        from .prefill_pool import prefill_pool
+
+        if progress is not None:
+            progress(f"plan: the prefill pool of {prefill_chips} chips")
+        report["prefill_pool"] = pooled = prefill_pool(spec, system, dtype, prefill_chips, chosen, context, prompt)
+        if target_ttft_ms and pooled["ttft_ms"] > target_ttft_ms:
+            raise PlanError(f"a prefill pool of {prefill_chips} chips gives the first token in {pooled['ttft_ms']:.3g} "
+                            f"ms, not within {target_ttft_ms} ms")
+        report["decode_chips"], report["ttft_ms"] = report["chips"], pooled["ttft_ms"]
+        report["chips"] += pooled["chips"]
+        report["tokens_per_s_per_chip"] = report["tokens_per_s"] / report["chips"]
+        report.update(_power(system.chip, report["chips"], report["tokens_per_s"]))
+        report["plan_s"] = time.perf_counter() - start
     if draft is not None:
         from .speculative import speculate
 
@@ -603,6 +624,10 @@ def table(report: dict) -> str:
             f"  memory a chip: {report['memory_per_chip'] / 2**20:.0f} MiB (weights {report['weight_bytes'] / 1e9:.1f} GB"
             f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB on the chips in all; the token embedding is looked "
             f"up on the host); planned in {report['plan_s']:.1f} s")
+    if "prefill_pool" in report:
+        from .prefill_pool import describe as describe_pool
+
+        head += "\n" + describe_pool(report["prefill_pool"])
     if "speculative" in report:
         from .speculative import describe
 

@@ -24,7 +24,8 @@ def test_profile_writes_report_and_trace(tmp_path, capsys):
     data = json.loads(report.read_text())
     assert data["predicted_cycles"] == data["simulated_cycles"] > 0
     assert data["units"]["MXM"]["busy_cycles"] > 0 and 0 < data["units"]["MXM"]["utilisation"] <= 1
-    assert 0 < data["mac_utilisation"] < 1 and data["microseconds"] == data["simulated_cycles"] / 100  # 100 MHz
+    assert 0 < data["mac_utilisation"] < 1
+    assert data["microseconds"] == pytest.approx(data["simulated_cycles"] / 100, rel=1e-12)  # 100 MHz
     layers = data["layers"]
     assert [r["cycles"] for r in layers] == sorted((r["cycles"] for r in layers), reverse=True)
     # the 3x3 convolution: 16 output channels × 3·3·3 taps × 32·32 positions (its bias, batch norm and ReLU fused)
@@ -105,3 +106,18 @@ def test_exclusive_cycles_split_each_cycle_among_the_layers_busy_in_it():
     shares, idle = exclusive_cycles(program, costs)
     assert shares == {"a": 7.5, "b": 7.5, "c": 4.0}
     assert idle == 5
+
+
+def test_the_timeline_draws_a_row_per_track_of_the_trace(tmp_path, capsys):
+    """``profile --timeline``: a row for each track the trace has (counted here from the trace itself), in a
+    figure 0.28 inches a row plus 1.6 tall at 130 dots an inch."""
+    pytest.importorskip("matplotlib", reason="needs the optional dependency matplotlib (lpx-tvm[plot])")
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn_model(), path)
+    trace, picture = tmp_path / "trace.json", tmp_path / "timeline.png"
+    assert main(["profile", str(path), "--config", "tiny", "--trace", str(trace), "--timeline", str(picture)]) == 0
+    tracks = {(e["pid"], e["tid"]) for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"}
+    png = picture.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    height = int.from_bytes(png[20:24], "big")  # the IHDR chunk: width, then height
+    assert height == round((0.28 * len(tracks) + 1.6) * 130)

@@ -158,6 +158,16 @@ def cmd_profile(args) -> int:
 
         report["model"] = args.model
         print(f"wrote {roofline(report, args.plot)} (the layers' roofline)")
+    if args.timeline:
+        import tempfile
+
+        from .plots import timeline
+
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = args.trace or os.path.join(tmp, f"{os.path.splitext(os.path.basename(args.model))[0]}.json")
+            if not args.trace:
+                write_trace(trace, list(compiled.simulators.items()))
+            print(f"wrote {timeline(trace, args.timeline)} (the programs' timeline, a row per track)")
     return 0
 
 
@@ -385,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the profile as JSON")
     p.add_argument("--top", type=_at_least(0), default=20, help="show the N slowest layers (0: all; default 20)")
     p.add_argument("--plot", metavar="ROOFLINE.png", help="draw the layers' roofline (needs lpx-tvm[plot])")
+    p.add_argument("--timeline", metavar="TIMELINE.png", help="draw the trace's timeline, a row per track (needs "
+                   "lpx-tvm[plot])")
     p.add_argument("--stream", type=_at_least(1), metavar="N", help="also time N back-to-back inferences as one "
                    "schedule (each next input's transfer overlaps the current compute): inferences/s")
     model_command("disasm", "print the LPX programs (an ONNX file or an encoded program)", cmd_disasm)

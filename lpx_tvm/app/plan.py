@@ -53,6 +53,9 @@ PRESETS = {
                         num_key_value_heads=40, vocab_size=32000),
     "llama-2-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                         num_key_value_heads=8, vocab_size=32000),
+    # Llama 3.2 1B (Meta's config.json): a draft model for the 8B and 70B, sharing their tokenizer
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
     "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                        num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
     "llama-3-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
@@ -538,6 +541,8 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
                             f"ms, not within {target_ttft_ms} ms")
         report["decode_chips"], report["ttft_ms"] = report["chips"], pooled["ttft_ms"]
         report["chips"] += pooled["chips"]
+        report["racks"] = ceil(report["chips"] / _chips_per_rack(system))
+        report["tokens_per_s_per_rack"] = report["tokens_per_s"] / report["racks"]
         report["tokens_per_s_per_chip"] = report["tokens_per_s"] / report["chips"]
         report.update(_power(system.chip, report["chips"], report["tokens_per_s"]))
         report["plan_s"] = time.perf_counter() - start
@@ -559,7 +564,7 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
 
 def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights, seconds) -> dict:
     clock = system.chip.clock_hz
-    per_rack = {"tsp-rack": 72, "lpx-rack": 256}.get(system.name, 72 if system.chip.name == "tsp" else 256)
+    per_rack = _chips_per_rack(system)
     split = {k: round(v) for k, v in chosen.split.items()}
     bottleneck = max(split, key=split.get)
 
@@ -587,6 +592,10 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
 
 # the schedule on the chips is static, so a token's time is the same every time (p50 = p99); these are not
 NOT_STATIC = ["host-side sampling of each token", "the host link's transfers outside the chips' schedule"]
+
+
+def _chips_per_rack(system) -> int:
+    return {"tsp-rack": 72, "lpx-rack": 256}.get(system.name, 72 if system.chip.name == "tsp" else 256)
 
 
 def _power(chip, chips: int, tokens_per_s: float) -> dict:

@@ -1,4 +1,5 @@
-"""Figures (the optional ``plot`` extra, matplotlib): a profile's roofline and a sweep's Pareto fronts."""
+"""Figures (the optional ``plot`` extra, matplotlib): a profile's roofline and timeline, a sweep's Pareto fronts
+and a plan's frontier."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ def _pyplot():
 
 
 def roofline(report: dict, path) -> Path:
-    """Each layer's achieved FLOP/s against its arithmetic intensity (FLOPs per SRAM/host byte), under the
-    chip's matrix peak and its SRAM-bandwidth roof.
+    """Each layer's achieved FLOP/s against its arithmetic intensity (FLOPs per SRAM/host byte), under every
+    ceiling a layer can be bound by: the matrix peak, the vector ALUs' peak (an ALU operation a cycle each),
+    the SRAM bandwidth and the host link.
 
     Parameters
     ----------
@@ -39,13 +41,63 @@ def roofline(report: dict, path) -> Path:
     if points:
         lo = min(x for x, _, _ in points) / 2
         hi = max(x for x, _, _ in points) * 2
-        peak, bandwidth = chip["peak_flops"], chip["sram_bytes_per_s"]
-        knee = peak / bandwidth
-        xs = [lo, max(lo, min(knee, hi)), hi]
-        ax.plot(xs, [min(peak, bandwidth * x) for x in xs], "k-", lw=1, label="roofline (matrix peak, SRAM bandwidth)")
+        xs = [lo, hi]
+        ax.plot(xs, [chip["peak_flops"]] * 2, "k-", lw=1, label="matrix peak")
+        if chip.get("vector_ops_per_s"):
+            ax.plot(xs, [chip["vector_ops_per_s"]] * 2, "k--", lw=1, label="vector ALUs' peak")
+        ax.plot(xs, [chip["sram_bytes_per_s"] * x for x in xs], "k:", lw=1, label="SRAM bandwidth × intensity")
+        if chip.get("host_bytes_per_s"):
+            ax.plot(xs, [chip["host_bytes_per_s"] * x for x in xs], "-.", color="gray", lw=1,
+                    label="host link × intensity")
+        ys = [y for _, y, _ in points]
+        ax.set_ylim(min(ys) / 4, chip["peak_flops"] * 2)
     ax.set_yscale("log")
     return _save(plt, fig, ax, path, "arithmetic intensity (FLOPs per byte moved)", "achieved FLOP/s",
                  f"{report.get('model', 'model')} on {chip['name']} ({report.get('dtype', '')})")
+
+
+def timeline(trace_path, path, width: float = 11.0) -> Path:
+    """A trace-event file (``profile --trace``) drawn as a timeline: a row per track (a plane's array and its
+    install port, a vector queue, a DMA engine, a link port), each slice a bar coloured by its kind.
+
+    Parameters
+    ----------
+    trace_path : str or Path
+        The JSON that :func:`lpx_tvm.runtime_sim.trace.write_trace` wrote.
+    path : str or Path
+        The image to write.
+    """
+    import json
+
+    plt = _pyplot()
+    events = json.loads(Path(trace_path).read_text())["traceEvents"]
+    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events if e["ph"] == "M"
+             and e["name"] in ("process_name", "thread_name")}
+    slices = [e for e in events if e["ph"] == "X"]
+    tracks = sorted({(e["pid"], e["tid"]) for e in slices})
+    kinds = sorted({e["name"] for e in slices})
+    colours = {k: plt.cm.tab20(i % 20) for i, k in enumerate(kinds)}
+    fig, ax = plt.subplots(figsize=(width, 0.28 * len(tracks) + 1.6))
+    rows = {track: row for row, track in enumerate(tracks)}
+    bars = {}
+    for e in slices:
+        bars.setdefault((e["pid"], e["tid"], e["name"]), []).append((e["ts"], max(e["dur"], 1e-3)))
+    for (pid, tid, kind), spans in bars.items():
+        row = rows[(pid, tid)]
+        ax.broken_barh(spans, (row - 0.4, 0.8), facecolors=colours[kind], linewidth=0)
+    ax.set_yticks(range(len(tracks)))
+    ax.set_yticklabels([f"{names.get((pid, None), pid)}: {names.get((pid, tid), tid)}" for pid, tid in tracks],
+                       fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("µs")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in kinds]
+    ax.legend(handles, kinds, fontsize=6, ncol=min(len(kinds), 8), loc="upper center",
+              bbox_to_anchor=(0.5, -0.12 if len(tracks) > 8 else -0.25))
+    ax.set_title(Path(trace_path).stem)
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=130)
+    plt.close(fig)
+    return Path(path)
 
 
 def _save(plt, fig, ax, path, xlabel: str, ylabel: str, title: str) -> Path:
@@ -107,6 +159,10 @@ def plan_frontier(report: dict, path) -> Path:
     front = sorted(frontier(rows), key=lambda r: r["tokens_per_s_per_chip"])
     ax.plot([r["tokens_per_s_per_chip"] for r in front], [r["tokens_per_s_per_user"] for r in front], "k--", lw=1,
             label="frontier")
+    for r in front:  # each frontier point: its mapping, batch and chips
+        ax.annotate(f"{r['stages']}×{r['width']}, batch {r['batch']}, {r['chips']} chips",
+                    (r["tokens_per_s_per_chip"], r["tokens_per_s_per_user"]), fontsize=7, xytext=(-6, -12),
+                    textcoords="offset points", ha="right")
     ax.scatter([report["tokens_per_s_per_chip"]], [report["tokens_per_s_per_user"]], s=80, facecolors="none",
                edgecolors="red", label=f"chosen: {report['chips']} chips")
     return _save(plt, fig, ax, path, "tokens/s per chip", "tokens/s per user",

@@ -70,7 +70,9 @@ def profile(compiled) -> dict:
         report["config"] = chip.name
         peak_dtype = compiled.dtype if compiled.dtype in chip.mxm_passes else "fp32"
         report["chip"] = {"name": chip.name, "peak_flops": chip.peak_ops_per_s(peak_dtype),
-                          "sram_bytes_per_s": chip.sram_bytes_per_cycle * chip.clock_hz}
+                          "sram_bytes_per_s": chip.sram_bytes_per_cycle * chip.clock_hz,
+                          "vector_ops_per_s": chip.vxm_alus * chip.clock_hz,
+                          "host_bytes_per_s": chip.host_bytes_per_s}
         report["predicted_cycles"] += stats.predicted_cycles
         report["simulated_cycles"] += stats.cycles
         report["microseconds"] += stats.microseconds

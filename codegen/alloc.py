@@ -134,8 +134,10 @@ def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activ
     addr, cursor, first, last = _liveness(g, ops, const_base)
     if activation_base is not None:
         if cursor > activation_base:
-            raise CapacityError(f"weights need {cursor - const_base} bytes, more than the plan's "
-                                f"{activation_base - const_base}")
+            raise CapacityError(f"weights need {cursor - const_base} bytes, more than the "
+                                f"{activation_base - const_base} the model's SRAM plan left this program. The largest: "
+                                f"{_largest_weights(g, ops)}. Store them smaller (dtype fp16, fp8 or int8) or spread "
+                                "the model over a system of chips (system=..., --system)")
         cursor = activation_base
     if cursor > config.sram_bytes:
         raise CapacityError(f"weights need {cursor} bytes of SRAM; chip {config.name!r} has {config.sram_bytes}. "

@@ -116,3 +116,52 @@ def test_a_hugging_face_llama_exported_by_torch_onnx_compiles_to_one_program():
     want = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {onnx_model.graph.input[0].name: ids.numpy()})[0]
     np.testing.assert_allclose(out[0] if isinstance(out, (list, tuple)) else out, want, rtol=1e-4, atol=1e-5)
+
+
+
+def _resnet18():
+    """torchvision's resnet18, written out (torchvision's PyPI wheel does not load with the CPU torch): a 7×7
+    stride-2 stem, a max pool, four stages of two basic blocks (64, 128, 256, 512 channels, the first block of
+    each later stage strided, with a 1×1 projection), a global average pool and a 1000-way classifier."""
+    nn = torch.nn
+
+    class Basic(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+            self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+            self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else nn.Identity())
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(y)) + self.down(x))
+
+    stages, cin = [], 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        stages += [Basic(cin, cout, stride), Basic(cout, cout, 1)]
+        cin = cout
+    return nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+                         *stages, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000))
+
+
+@pytest.mark.slow
+def test_a_resnet18_from_pytorch_puts_its_flops_on_lpx_and_matches_torch():
+    """resnet18 with seeded random weights (its batch norms' statistics drawn too, so they are not identities),
+    through torch.export and TVM's ExportedProgram importer."""
+    torch.manual_seed(0)
+    model = _resnet18()
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.normal_(0, 0.1)
+            module.running_var.uniform_(0.5, 1.5)
+    model.train(False)
+    x = torch.randn(1, 3, 224, 224)
+    compiled = lpx_tvm.compile(lpx_tvm.from_pytorch(model, x), config="tsp")
+    assert compiled.report.offloaded_pct >= 99.0, compiled.report.summary()
+    calls = total_offloaded_calls()
+    out = compiled(x.numpy())
+    assert total_offloaded_calls() - calls == compiled.report.lpx_functions
+    with torch.no_grad():
+        expected = model(x).numpy()
+    assert _cosine(out[0] if isinstance(out, (list, tuple)) else out, expected) >= 0.9999

@@ -142,3 +142,18 @@ def test_a_hugging_face_decoder_in_int8_runs_its_qdq_graph_as_onnx_runtime_does(
     assert total_offloaded_calls() - calls == 1 + 8
     _first_miss_is_a_near_tie(report, 0.05)  # a step of the logits' int8 scale
     assert min(s["cosine"] for s in report["steps"]) > 0.999
+
+
+def test_a_graph_that_is_no_decoder_or_no_file_is_named(tmp_path):
+    import onnx
+    from onnx import helper
+
+    from conftest import make_model, tensor_info
+
+    path = tmp_path / "relu.onnx"
+    onnx.save(make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor_info("x", [2])], [tensor_info("y", [2])],
+                         []), str(path))
+    with pytest.raises(ValueError, match="relu.onnx is not a decoder in Hugging Face form: it has no past_key_values"):
+        generate(path, tokens=2)
+    with pytest.raises(ValueError, match="missing.onnx: no such file"):
+        generate(tmp_path / "missing.onnx", tokens=2)

@@ -87,7 +87,7 @@ class _BuiltDecoder:
         return self.config.cache_bytes()
 
     def cache_shape(self, context: int) -> tuple:
-        c = self.config
+        c = self.config  # (its context is the graph's max_context: _open_decoder checks a given one)
         return (1, c.num_kv_heads, c.max_context, c.head_dim)
 
     def graphs(self, prompt_len: int, context: int) -> tuple:
@@ -153,6 +153,8 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None):
     from .hf_decoder import HFDecoder, graph_file
 
     path = Path(str(model))
+    if path.suffix == ".onnx" and not path.exists():
+        raise ValueError(f"{path}: no such file")
     own = [f for f in ("prefill.onnx", "decode.onnx") if (path / f).is_file()] if path.is_dir() else []
     if not own and graph_file(path) is not None:
         decoder = HFDecoder(path)
@@ -171,6 +173,9 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None):
             decoder = _BuiltDecoder(config, prefill, decode, length)
             decoder.tokenizer = _tokenizer(path / "tokenizer.json")
             return decoder
+        if path.is_file():
+            raise ValueError(f"{path} is not a decoder in Hugging Face form: it has no past_key_values.N inputs "
+                             "(a graph of the project's own is a folder of prefill.onnx and decode.onnx)")
         missing = [f for f in ("prefill.onnx", "decode.onnx") if f not in own]
         raise ValueError(f"{path} is not a decoder folder: it has no {' or '.join(missing)} (write one with "
                          "lpx_tvm.app.llama.save_llama), nor a graph in Hugging Face form (past_key_values.N "
@@ -270,7 +275,7 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     say = progress or (lambda text: None)
     if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
         raise ValueError(f"context must be a positive integer, got {context!r}")
-    if not Path(str(model)).exists():  # a preset: its prefill graph is built for the prompt
+    if not Path(str(model)).exists() and Path(str(model)).suffix != ".onnx":  # a preset: built for the prompt
         given = _prompt_ids(model, None, prompt_ids, prompt, llama.get_config(model).vocab_size)
         decoder = _open_decoder(model, len(given) if given else prompt_len, seed, context)
     else:

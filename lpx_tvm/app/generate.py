@@ -329,9 +329,11 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     chosen = [token]
     # resident on the chips: the host sends nothing
     blank = {n: np.zeros(decoder.cache_shape(context), decoder.kv_dtype) for n in names}
+    stepping = time.perf_counter()
     for step in range(tokens):
         position = prompt_len + step
-        say(f"decode step {step + 1}/{tokens} (position {position})")
+        left = f", about {(time.perf_counter() - stepping) / step * (tokens - step):.0f} s left" if step else ""
+        say(f"decode step {step + 1}/{tokens} (position {position}{left})")
         got = dict(zip(decoder.outputs, decode(**decoder.decode_feeds(token, position, context), **blank)))
         slot = (slice(None), slice(None), slice(position, position + 1))
         nbytes = {name: decode.write_state(name, got[new], slot) for name, new in zip(names, new_names)}

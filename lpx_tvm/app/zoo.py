@@ -402,9 +402,13 @@ def run_zoo(names=None, config: str = "tsp", llvm: bool = True, progress=None, d
     """Run several zoo models; a model that fails gets a record saying why and the run goes on."""
     progress = progress or sys.stderr  # looked up per call: a stream bound at import may be closed by now
     names = check_names(names or DEFAULT_MODELS)
-    records = []
+    records, began = [], time.perf_counter()
     for i, name in enumerate(names, 1):
-        print(f"[{i}/{len(names)}] {name} ...", file=progress, flush=True)
+        left = ""
+        if i > 1:  # models differ a lot (vgg19 takes a hundred times bert_encoder's time): a rough guide
+            average = (time.perf_counter() - began) / (i - 1)
+            left = f" (about {average * (len(names) - i + 1):.0f} s left at the average so far)"
+        print(f"[{i}/{len(names)}] {name} ...{left}", file=progress, flush=True)
         start = time.perf_counter()
         with _PeakRss() as peak:
             try:

@@ -144,8 +144,12 @@ def test_dynamic_shapes_offload_the_static_part_and_fall_back_on_the_rest(rng):
     compiled = lpx_tvm.compile(model, config="tiny")
     report = compiled.report
     assert compiled.input_signature == [("x", (None, 64), "float32")]
-    assert report.lpx_functions == 1 and report.flops_offloaded >= 2 * 32 * 10
-    assert report.host_ops["relax.matmul"] == 1 and report.dynamic_host_ops >= 1
+    assert report.lpx_functions == 1
+    # on lpx: the second Gemm on the static [1, 32] mean, 2·32·10 = 640, its bias add 10 and ReLU 10
+    assert report.flops_offloaded == 640 + 10 + 10
+    # on the host: the first Gemm's product, bias add and ReLU on [N, 32] (dynamic), and the mean ([1, 32])
+    assert report.host_ops == {"relax.matmul": 1, "relax.add": 1, "relax.nn.relu": 1, "relax.mean": 1}
+    assert report.dynamic_host_ops == 3
     assert "dynamic shapes" in report.summary()
     for batch in (3, 7):  # one executable serves every batch size
         x = rng.standard_normal((batch, 64)).astype(np.float32)

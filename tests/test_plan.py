@@ -163,7 +163,8 @@ def test_the_plan_command(tmp_path, capsys):
     assert [line.split(", ")[1].split("-way")[0] for line in progress] == ["1", "2", "4", "8"]
     assert "1-way tensor parallel (0 mappings so far" in progress[0]
     report = json.loads(out.read_text())
-    assert report["bottleneck"] in report["split_cycles"] and report["chips"] >= 1
+    assert report["bottleneck"] == max(report["split_cycles"], key=report["split_cycles"].get)
+    assert report["chips"] == report["mapping"]["pipeline_stages"] * report["mapping"]["tensor_parallel"]
 
 
 def test_every_user_in_flight_holds_a_cache():

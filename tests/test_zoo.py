@@ -81,3 +81,15 @@ def test_a_model_s_peak_memory_is_what_a_process_running_it_alone_peaks_at():
     assert done.returncode == 0, done.stderr[-2000:]
     sampled, process = json.loads(done.stdout.strip().splitlines()[-1])
     assert sampled == pytest.approx(process, rel=0.05)
+
+
+def test_the_bench_s_compile_scaling_compiles_two_chains_of_distinct_layers():
+    """(A timing is not asserted: only that the two chains are what the ratio claims to compare.)"""
+    from lpx_tvm.app.bench import _layer_chain, compile_scaling
+
+    chain = _layer_chain(3, width=8, rows=2)
+    assert [n.op_type for n in chain.graph.node] == ["MatMul", "Add", "Relu"] * 3
+    weights = [i for i in chain.graph.initializer if i.name.startswith("w")]
+    assert len({w.raw_data for w in weights}) == 3  # distinct, so TVM merges no two layers into one function
+    result = compile_scaling(layers=2, factor=2)
+    assert (result["layers"], result["factor"], sorted(result["seconds"])) == (2, 2, [2, 4])

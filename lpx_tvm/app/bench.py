@@ -169,3 +169,38 @@ def schedule_table(records: list) -> str:
              r["streamed_weights"], r["instructions"]] for r in records]
     return tabulate(rows, headers=["model", "dtype", "cycles", "µs", "useful-MAC util %", "plane busy %",
                                    "programs", "host ops", "streamed weights", "instructions"], tablefmt="github")
+
+
+def _layer_chain(layers: int, width: int = 256, rows: int = 64, seed: int = 0):
+    """``layers`` MatMul + Add + Relu layers of distinct seeded weights (so TVM merges none of them)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], [], "x"
+    for k in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{k}"), numpy_helper.from_array(np.zeros(width, np.float32), f"b{k}")]
+        nodes += [helper.make_node("MatMul", [x, f"w{k}"], [f"m{k}"]), helper.make_node("Add", [f"m{k}", f"b{k}"], [f"a{k}"]),
+                  helper.make_node("Relu", [f"a{k}"], [f"r{k}"])]
+        x = f"r{k}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [rows, width])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def compile_scaling(layers: int = 16, factor: int = 4, config: str = "tsp") -> dict:
+    """Compile a chain of ``layers`` layers and one ``factor`` times as long, in this process, one after the other
+    (each after a warm-up compile); their times' ratio should be about ``factor`` where compile time grows
+    linearly with the model."""
+    import lpx_tvm
+
+    lpx_tvm.compile(_layer_chain(2), config=config)  # TVM's and the codegen's first-call costs
+    times = {}
+    for n in (layers, layers * factor):
+        model = _layer_chain(n)
+        start = time.perf_counter()
+        lpx_tvm.compile(model, config=config)
+        times[n] = time.perf_counter() - start
+    return {"layers": layers, "factor": factor, "seconds": times,
+            "ratio": times[layers * factor] / times[layers]}

@@ -243,7 +243,7 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import SCHEDULE_WORKLOADS, bench_table, run_bench, schedule_bench, schedule_table
+    from .bench import SCHEDULE_WORKLOADS, bench_table, compile_scaling, run_bench, schedule_bench, schedule_table
     from .zoo import check_names
 
     records = run_bench(check_names(args.models), args.repeat)
@@ -252,9 +252,14 @@ def cmd_bench(args) -> int:
     print("\nOn tsp, the static schedule (bert_base: BERT-base's 12 layers at sequence 128; llama_prefill: "
           "llama-gpt2s's 12 decoder blocks on a 512-token prompt):\n"
           + schedule_table(schedule))
+    scaling = compile_scaling()
+    n, m = scaling["layers"], scaling["layers"] * scaling["factor"]
+    print(f"\nCompile time against model size: a chain of {n} layers {scaling['seconds'][n]:.2f} s, of {m} layers "
+          f"{scaling['seconds'][m]:.2f} s: {scaling['ratio']:.2f}× for {scaling['factor']}× the layers (linear: "
+          f"{scaling['factor']})")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"speed": records, "schedule": schedule}, fh, indent=1)
+            json.dump({"speed": records, "schedule": schedule, "compile_scaling": scaling}, fh, indent=1)
     return 0 if all("error" not in r for r in records) else 1
 
 

@@ -100,7 +100,7 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
         model = _fold_shape_computations(model)
     if has_recurrent(model.graph):
         try:
-            model = unroll_recurrent(model)
+            model = unroll_recurrent(model, onnx_constants(model.graph))
         except RecurrentError as err:
             raise FrontendError(str(err)) from None
     return model
@@ -140,11 +140,17 @@ def _prepared_inputs(graph, input_shapes: dict | None) -> list:
     return pinned
 
 
+def onnx_constants(graph) -> dict:
+    """Name ─► TensorProto of every constant of an ONNX graph: its initializers and its Constant nodes' values."""
+    constants = {i.name: i for i in graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    return constants
+
+
 def _prepared_nodes(graph) -> list:
-    nodes, constants = [], {i.name: i for i in graph.initializer}
+    nodes, constants = [], onnx_constants(graph)
     for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            constants[node.output[0]] = node.attribute[0].t
         if node.op_type == "ConstantOfShape" and node.input and node.input[0] in constants:
             nodes.append(_constant_of_shape(node, constants[node.input[0]]))
         elif node.op_type == "Dropout":  # identity at inference; its mask output is never used by a model

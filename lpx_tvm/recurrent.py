@@ -28,19 +28,17 @@ def has_recurrent(graph) -> bool:
     return any(node.op_type in RECURRENT_OPS for node in graph.node)
 
 
-def unroll_recurrent(model: onnx.ModelProto) -> onnx.ModelProto:
+def unroll_recurrent(model: onnx.ModelProto, constants: dict) -> onnx.ModelProto:
     """Replace every LSTM and GRU node of ``model`` (in place) by its unrolled ops; returns the model.
 
-    The sequence and batch lengths must be static (pin them with ``input_shapes``): shape inference gives them.
+    ``constants`` names the graph's constant tensors (its weights must be among them). The sequence and batch
+    lengths must be static (pin them with ``input_shapes``): shape inference gives them.
     """
     shapes = _static_shapes(model)
-    constants = {init.name: init for init in model.graph.initializer}
     nodes = []
     for node in model.graph.node:
         if node.op_type not in RECURRENT_OPS:
             nodes.append(node)
-            if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-                constants[node.output[0]] = node.attribute[0].t
             continue
         unrolled = _Unroller(node, shapes, constants)
         nodes.extend(unrolled.nodes)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from . import llama
+from .hf_decoder import GRAPH_FILES, HFDecoder, graph_file
 
 
 def _choose(logits: np.ndarray, draw: float | None, temperature: float, top_k: int | None) -> int:
@@ -76,12 +77,23 @@ class _BuiltDecoder:
     """The project's own decoder graphs (a preset, or a ``save_llama`` folder): a prefill graph for the prompt
     and a decode graph over ``config.max_context`` slots, both returning only the new K/V."""
 
-    def __init__(self, config, prefill, decode, prompt_len: int):
-        self.config, self.prefill_graph, self.decode_graph, self.prompt_len = config, prefill, decode, prompt_len
+    def __init__(self, name: str, config, prefill, decode, prompt_len: int):
+        self.name, self.config, self.prefill_graph, self.decode_graph = name, config, prefill, decode
+        self.prompt_len = prompt_len
         self.cache_names, self.new_kv_names = llama.cache_names(config), llama.present_names(config)
         self.outputs = llama.output_names(config)
         self.vocab_size, self.max_context = config.vocab_size, config.max_context
         self.weight_bytes, self.tokenizer, self.kv_dtype = config.weight_bytes(), None, config.np_dtype
+
+    def take_prompt(self, given, default: int) -> None:
+        """Check a given prompt against the length the prefill graph was built or saved for."""
+        if given is not None and len(given) != self.prompt_len:
+            raise ValueError(f"{self.name}'s prefill graph takes {self.prompt_len} prompt tokens, the prompt has {len(given)} "
+                             f"(save it again with lpx_tvm.app.llama.save_llama for {len(given)})")
+
+    def context_for(self, positions: int, context: int | None) -> int:
+        """The cache's slots: the decode graph's own (``_open_decoder`` checked a given one)."""
+        return self.max_context
 
     def cache_bytes(self, context: int) -> int:
         return self.config.cache_bytes()
@@ -150,8 +162,6 @@ class _BuiltReference:
 def _open_decoder(model, prompt_len: int, seed: int, context: int | None):
     """The decoder a ``generate`` MODEL names: a preset, a ``save_llama`` folder, or a graph in Hugging Face
     form (an ``.onnx`` file or an optimum folder)."""
-    from .hf_decoder import HFDecoder, graph_file
-
     path = Path(str(model))
     if path.suffix == ".onnx" and not path.exists():
         raise ValueError(f"{path}: no such file")
@@ -170,30 +180,21 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None):
                 raise ValueError(f"{path}'s decode graph was saved for a context of {config.max_context}, not "
                                  f"{context} (save it again, or leave --context out)")
             length = prefill.graph.input[0].type.tensor_type.shape.dim[1].dim_value
-            decoder = _BuiltDecoder(config, prefill, decode, length)
+            decoder = _BuiltDecoder(str(path), config, prefill, decode, length)
             decoder.tokenizer = _tokenizer(path / "tokenizer.json")
             return decoder
-        if path.is_file():
-            raise ValueError(f"{path} is not a decoder in Hugging Face form: it has no past_key_values.N inputs "
-                             "(a graph of the project's own is a folder of prefill.onnx and decode.onnx)")
         missing = [f for f in ("prefill.onnx", "decode.onnx") if f not in own]
         raise ValueError(f"{path} is not a decoder folder: it has no {' or '.join(missing)} (write one with "
                          "lpx_tvm.app.llama.save_llama), nor a graph in Hugging Face form (past_key_values.N "
                          f"inputs, present.N outputs: an .onnx file, or an optimum folder with "
-                         f"{' or '.join(_hf_files())}); or give a preset: {', '.join(llama.PRESETS)}")
+                         f"{' or '.join(GRAPH_FILES)}); or give a preset: {', '.join(llama.PRESETS)}")
     config = llama.get_config(model)
     if config.dtype != "fp32":  # lpx stores the graph's tensors in the dtype asked for; the graph stays fp32
         config = config.replace(dtype="fp32")
     if context is not None:
         config = config.replace(max_context=context)
-    return _BuiltDecoder(config, llama.build_prefill(config, prompt_len, seed), llama.build_decode(config, seed),
-                         prompt_len)
-
-
-def _hf_files() -> tuple:
-    from .hf_decoder import GRAPH_FILES
-
-    return GRAPH_FILES
+    return _BuiltDecoder(str(model), config, llama.build_prefill(config, prompt_len, seed),
+                         llama.build_decode(config, seed), prompt_len)
 
 
 def kv_bytes_per_chip(compiled, names: list, nbytes: dict) -> dict:
@@ -281,17 +282,9 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     else:
         decoder = _open_decoder(model, prompt_len, seed, context)
         given = _prompt_ids(model, decoder.tokenizer, prompt_ids, prompt, decoder.vocab_size)
-        if isinstance(decoder, _BuiltDecoder):  # its prefill graph was saved for a prompt length
-            if given is not None and len(given) != decoder.prompt_len:
-                raise ValueError(f"{model}'s prefill graph takes {decoder.prompt_len} prompt tokens, the prompt has "
-                                 f"{len(given)} (save it again with lpx_tvm.app.llama.save_llama for {len(given)})")
-        else:
-            decoder.prompt_len = len(given) if given else prompt_len
+        decoder.take_prompt(given, prompt_len)
     prompt_len = decoder.prompt_len
-    if isinstance(decoder, _BuiltDecoder):
-        context = decoder.max_context
-    else:
-        context = context or prompt_len + tokens
+    context = decoder.context_for(prompt_len + tokens, context)
     if prompt_len + tokens > context:
         raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the cache's context of {context}")
     if decoder.max_context and context > decoder.max_context:
@@ -341,7 +334,7 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         token = steps[-1]["token"]
         chosen.append(token)
     chip = _chip_of(decode)
-    write_cycles = _write_back_cycles(decode, names, nbytes) if tokens else 0  # a step writes one slot a cache
+    write_cycles = _write_back_cycles(decode, names, nbytes)  # a step writes one slot a cache
     step_cycles = _cycles(decode) + write_cycles
     report = {"model": str(model), "system": system or chip.name, "parallel": parallel if system else "single chip",
               "dtype": dtype, "prompt_len": prompt_len, "context": context, "new_tokens": tokens,

@@ -30,19 +30,13 @@ GRAPH_FILES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_mod
 
 
 def graph_file(path) -> Path | None:
-    """The decoder graph a path names, if it is one in Hugging Face form: an ``.onnx`` file, or a folder (an
-    optimum export) holding one of :data:`GRAPH_FILES`; else None."""
+    """The graph a path names as a Hugging Face-form decoder would be: an ``.onnx`` file, or the first of
+    :data:`GRAPH_FILES` in a folder (an optimum export); else None. (Whether it is one, :class:`HFDecoder`
+    checks as it loads it, once.)"""
     path = Path(str(path))
-    candidates = [path] if path.is_file() else [path / name for name in GRAPH_FILES] if path.is_dir() else []
-    for candidate in candidates:
-        if candidate.suffix == ".onnx" and candidate.is_file() and _has_past(candidate):
-            return candidate
-    return None
-
-
-def _has_past(path: Path) -> bool:
-    model = onnx.load(str(path), load_external_data=False)
-    return any(_PAST.match(i.name) for i in model.graph.input)
+    if path.is_file():
+        return path if path.suffix == ".onnx" else None
+    return next((path / name for name in GRAPH_FILES if (path / name).is_file()), None) if path.is_dir() else None
 
 
 def _dims(value_info) -> list:
@@ -67,6 +61,9 @@ class HFDecoder:
         self.path, self.folder = found, found.parent
         self.graph = onnx.load(str(found))
         inputs = {i.name: i for i in self.graph.graph.input}
+        if not any(_PAST.match(name) for name in inputs):
+            raise ValueError(f"{found} is not a decoder in Hugging Face form: it has no past_key_values.N inputs "
+                             "(a graph of the project's own is a folder of prefill.onnx and decode.onnx)")
         outputs = [o.name for o in self.graph.graph.output]
         if "use_cache_branch" in inputs:
             raise ValueError(f"{found} is optimum's merged decoder (an If on use_cache_branch), which lpx does not "
@@ -106,6 +103,14 @@ class HFDecoder:
     def tokenizer_path(self) -> Path | None:
         path = self.folder / "tokenizer.json"
         return path if path.is_file() else None
+
+    def take_prompt(self, given, default: int) -> None:
+        """The prefill is pinned to the prompt: given, or ``default`` seeded tokens."""
+        self.prompt_len = len(given) if given else default
+
+    def context_for(self, positions: int, context: int | None) -> int:
+        """The cache's slots: as given, else just the ``positions`` the run needs."""
+        return context or positions
 
     def cache_shape(self, context: int) -> tuple:
         return (1, self.kv_heads, context, self.head_dim)
@@ -168,7 +173,6 @@ class HFDecoder:
         """ONNX Runtime on the unedited graph, as transformers runs it (make it before :meth:`lpx_graph`)."""
         (session,) = llama.ort_sessions(self.graph)
         return _Reference(self, session)
-
 
     def drop_graphs(self) -> None:
         self.graph = None

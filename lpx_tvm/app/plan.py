@@ -489,63 +489,41 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     if not at_batch:
         raise PlanError(f"{spec.name} in {dtype} with a {context}-position cache does not fit {limit} chips of "
                         f"{system.name}: every shard streams weights or overflows SRAM")
-    pool, key = at_batch, lambda m: (m.per_token_cycles, m.chips)
-    why = f"the lowest per-token latency on at most {limit} chips"
+    pool, why = at_batch, f"the lowest per-token latency on at most {limit} chips"
     if target_tps_per_user:
         pool = [m for m in at_batch if m.tokens_per_s_per_user(chip.clock_hz) >= target_tps_per_user]
         if not pool:
             best = max(at_batch, key=lambda m: m.tokens_per_s_per_user(chip.clock_hz))
             raise PlanError(f"no mapping on {limit} chips reaches {target_tps_per_user} tokens/s per user; the "
                             f"fastest gives {best.tokens_per_s_per_user(chip.clock_hz):.0f} on {best.chips} chips")
-        key = lambda m: (m.chips, m.per_token_cycles)  # noqa: E731
         why = f"the fewest chips reaching {target_tps_per_user} tokens/s per user" + (
             f" with {users} users in flight" if users else "")
     elif users is not None:
-        key = lambda m: (m.chips, m.per_token_cycles)  # noqa: E731
         why = f"the fewest chips holding {users} users in flight"
     elif target_ttft_ms:
-        key = lambda m: (m.chips, m.per_token_cycles)  # noqa: E731
         why = "the fewest chips"
-    # the time to first token is measured for the mapping chosen only (a prefill block is the largest to
-    # compile); under a target, for each in order until one meets it (a prefill pool's is the pool's)
-    chosen = None
-    for mapping in sorted(pool, key=key) if target_ttft_ms and not prefill_chips else [min(pool, key=key)]:
-        if progress is not None and target_ttft_ms:
-            progress(f"plan: the time to first token of {mapping.stages} stages × {mapping.width} chips "
-                     f"({time.perf_counter() - start:.0f} s)")
-        with_ttft = evaluate(spec, system, dtype, mapping.stages, mapping.width, mapping.batch, context, prompt)
-        candidates[candidates.index(mapping)] = with_ttft
-        ttft_ms = None if with_ttft.ttft_cycles is None else 1e3 * with_ttft.ttft_cycles / chip.clock_hz
-        if not target_ttft_ms or prefill_chips or (ttft_ms is not None and ttft_ms <= target_ttft_ms):
-            chosen = with_ttft
-            break
-    if chosen is None:
-        timed = [m for m in candidates if m.ttft_cycles is not None]
-        best = min(timed, key=lambda m: m.ttft_cycles, default=None)
-        raise PlanError(f"no mapping on {limit} chips gives a first token within {target_ttft_ms} ms for a "
-                        f"{prompt}-token prompt" + (f"; the quickest is {1e3 * best.ttft_cycles / chip.clock_hz:.3g} "
-                                                   f"ms, on {best.chips} chip{'s' if best.chips > 1 else ''}"
-                                                   if best else ""))
-    if target_ttft_ms:
-        why += f", with a first token within {target_ttft_ms} ms"
-    report = _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights,
-                     time.perf_counter() - start)
-    if prefill_chips:
+    if target_tps_per_user or users is not None or target_ttft_ms:  # a target: the cheapest that meets it
+        key = lambda m: (m.chips, m.per_token_cycles)  # noqa: E731
+    else:
+        key = lambda m: (m.per_token_cycles, m.chips)  # noqa: E731
+    pooled = None
+    if prefill_chips:  # the first token is the pool's
         from .prefill_pool import prefill_pool
 
+        chosen = min(pool, key=key)
         if progress is not None:
             progress(f"plan: the prefill pool of {prefill_chips} chips")
-        report["prefill_pool"] = pooled = prefill_pool(spec, system, dtype, prefill_chips, chosen, context, prompt)
+        pooled = prefill_pool(spec, system, dtype, prefill_chips, chosen, context, prompt)
         if target_ttft_ms and pooled["ttft_ms"] > target_ttft_ms:
             raise PlanError(f"a prefill pool of {prefill_chips} chips gives the first token in {pooled['ttft_ms']:.3g} "
                             f"ms, not within {target_ttft_ms} ms")
-        report["decode_chips"], report["ttft_ms"] = report["chips"], pooled["ttft_ms"]
-        report["chips"] += pooled["chips"]
-        report["racks"] = ceil(report["chips"] / _chips_per_rack(system))
-        report["tokens_per_s_per_rack"] = report["tokens_per_s"] / report["racks"]
-        report["tokens_per_s_per_chip"] = report["tokens_per_s"] / report["chips"]
-        report.update(_power(system.chip, report["chips"], report["tokens_per_s"]))
-        report["plan_s"] = time.perf_counter() - start
+    else:
+        chosen = _with_first_token(spec, system, dtype, context, prompt, sorted(pool, key=key), candidates,
+                                   target_ttft_ms, limit, progress, start)
+    if target_ttft_ms:
+        why += f", with a first token within {target_ttft_ms} ms"
+    report = _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights,
+                     time.perf_counter() - start, pooled)
     if draft is not None:
         from .speculative import speculate
 
@@ -562,7 +540,30 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     return report
 
 
-def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights, seconds) -> dict:
+def _with_first_token(spec, system, dtype, context, prompt, ordered: list, candidates: list, target_ttft_ms,
+                      limit: int, progress, start: float) -> Mapping:
+    """The first of ``ordered`` with its time to first token measured (a prefill block is the largest to
+    compile, so only the mapping chosen is); under a target, each in turn until one meets it, else an error
+    naming the quickest. ``candidates`` takes the measured mappings in place of the unmeasured."""
+    clock = system.chip.clock_hz
+    for mapping in ordered if target_ttft_ms else ordered[:1]:
+        if progress is not None and target_ttft_ms:
+            progress(f"plan: the time to first token of {mapping.stages} stages × {mapping.width} chips "
+                     f"({time.perf_counter() - start:.0f} s)")
+        with_ttft = evaluate(spec, system, dtype, mapping.stages, mapping.width, mapping.batch, context, prompt)
+        candidates[candidates.index(mapping)] = with_ttft
+        if not target_ttft_ms or (with_ttft.ttft_cycles is not None
+                                  and 1e3 * with_ttft.ttft_cycles / clock <= target_ttft_ms):
+            return with_ttft
+    timed = [m for m in candidates if m.ttft_cycles is not None]
+    best = min(timed, key=lambda m: m.ttft_cycles, default=None)
+    raise PlanError(f"no mapping on {limit} chips gives a first token within {target_ttft_ms} ms for a "
+                    f"{prompt}-token prompt" + (f"; the quickest is {1e3 * best.ttft_cycles / clock:.3g} ms, on "
+                                               f"{best.chips} chip{'s' if best.chips > 1 else ''}" if best else ""))
+
+
+def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights, seconds,
+            pooled: dict | None = None) -> dict:
     clock = system.chip.clock_hz
     per_rack = _chips_per_rack(system)
     split = {k: round(v) for k, v in chosen.split.items()}
@@ -577,17 +578,22 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
                 "memory_per_chip": m.memory_per_chip}
     frontier = sorted((row(m) for m in candidates), key=lambda r: (r["chips"], r["batch"]))
     best = row(chosen)
+    chips = chosen.chips
+    if pooled is not None:  # a prefill pool: its chips count, and the first token is its
+        chips += pooled["chips"]
+        best.update(chips=chips, ttft_ms=pooled["ttft_ms"], tokens_per_s_per_chip=best["tokens_per_s"] / chips)
     return {"model": spec.name, "system": system.name, "chip": system.chip.name, "dtype": dtype, "context": context,
             "prompt": prompt, "params": spec.params(), "weight_bytes": weights,
             "cache_bytes": spec.cache_bytes(context, chosen.users, dtype),
-            "chips": chosen.chips, "racks": ceil(chosen.chips / per_rack),
+            "chips": chips, "racks": ceil(chips / per_rack),
             "mapping": {"pipeline_stages": chosen.stages, "tensor_parallel": chosen.width,
                         "layers_per_stage": ceil(spec.layers / chosen.stages), "experts": chosen.expert_placement,
                         "why": why},
-            **best, "tokens_per_s_per_rack": best["tokens_per_s"] / max(ceil(chosen.chips / per_rack), 1),
-            **_power(system.chip, chosen.chips, best["tokens_per_s"]),
+            **best, "tokens_per_s_per_rack": best["tokens_per_s"] / max(ceil(chips / per_rack), 1),
+            **_power(system.chip, chips, best["tokens_per_s"]),
             "split_cycles": split, "bottleneck": bottleneck, "frontier": frontier, "plan_s": seconds,
-            "not_static": NOT_STATIC}
+            "not_static": NOT_STATIC,
+            **({"prefill_pool": pooled, "decode_chips": chosen.chips} if pooled is not None else {})}
 
 
 # the schedule on the chips is static, so a token's time is the same every time (p50 = p99); these are not

@@ -14,7 +14,7 @@ from __future__ import annotations
 from math import ceil
 
 from ..runtime_sim import DType
-from .plan import PlanError, evaluate, stage_hops
+from .plan import PlanError, _widths, evaluate, stage_hops
 
 
 def handoff_cycles(cache_bytes: int, pool_chips: int, decode_chips: int, hops: int, system) -> int:
@@ -38,7 +38,7 @@ def prefill_pool(spec, system, dtype: str, pool_chips: int, decode, context: int
     """
     clock = system.chip.clock_hz
     best = None
-    for width in (w for w in (1, 2, 4, 8, 16, 32, 64) if w <= pool_chips and spec.heads % w == 0):
+    for width in _widths(spec, pool_chips):
         for stages in sorted({1, 2, 4, 8, 16, 32, 64, pool_chips // width} & set(range(1, pool_chips // width + 1))):
             if stages > spec.layers:
                 continue

@@ -290,9 +290,9 @@ def constant_weights(model: onnx.ModelProto) -> bool:
     """Whether every matrix weight (a Conv, Gemm or MatMul's second input) is one value repeated: made by
     ``ConstantOfShape`` (onnx's light models; a ``Constant`` once the frontend folds it) or a constant
     holding a single value."""
-    constants = {i.name: i for i in model.graph.initializer}
-    constants.update({n.output[0]: n.attribute[0].t for n in model.graph.node
-                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    from ..frontend import onnx_constants
+
+    constants = onnx_constants(model.graph)
     made_constant = {n.output[0] for n in model.graph.node if n.op_type == "ConstantOfShape"}
     weights = [n.input[1] for n in model.graph.node if n.op_type in ("Conv", "Gemm", "MatMul") and len(n.input) > 1]
     weights = [w for w in weights if w in constants or w in made_constant]

@@ -351,9 +351,13 @@ class _Tiler:
         t = g.tensors[tid]
         bands = row_bands(t.shape[-2], t.nbytes, HOST_BAND_BYTES) if len(t.shape) >= 2 else []
 
+        loading = opcode == Opcode.LOAD
+        # the layer names the tensor: its place among the function's inputs or outputs, and its shape
+        name = f"{'load input' if loading else 'store output'} {index} [{', '.join(map(str, t.shape))}]"
+
         def move(ref, attrs):  # a LOAD writes the SRAM ref, a STORE reads it
-            srcs, dsts = ([], [ref]) if opcode == Opcode.LOAD else ([ref], [])
-            self.emit(opcode, srcs, dsts, attrs, opcode.name.lower())
+            srcs, dsts = ([], [ref]) if loading else ([ref], [])
+            self.emit(opcode, srcs, dsts, attrs, name)
         if len(bands) < 2:
             move(whole(g, tid), {"index": index})
             return

@@ -6,11 +6,13 @@ instruction: a sweep measures thousands of programs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from .columns import ProgramColumns
+from .critical import CriticalPaths, bound_of
 from .isa import Opcode, Unit
 
 
@@ -43,9 +45,26 @@ class RunStats(Timed):
     host_bytes: int
     flops: int
     instruction_cycles_sum: int
-    layers: list = field(default_factory=list)
+    explain: object = None  # () -> (layer rows, program's critical path): worked out when first read (it costs)
     planes: int = 1
     array_macs: int = 1
+
+    @cached_property
+    def _explained(self) -> tuple:
+        explained = self.explain() if self.explain else ([], {})
+        self.explain = None  # (it holds the program's columns)
+        return explained
+
+    @property
+    def layers(self) -> list:
+        """A row per layer: its span (``start``, ``end``, ``cycles``), work, busy cycles per unit, and what
+        bound it (``bound``, with the cycles of its critical path by cause in ``critical``)."""
+        return self._explained[0]
+
+    @property
+    def critical(self) -> dict:
+        """The program's cycles by cause along its critical path (:mod:`.critical`): they sum to ``cycles``."""
+        return self._explained[1]
 
     @property
     def utilisation(self) -> dict:
@@ -67,9 +86,6 @@ class RunStats(Timed):
                 "units": {u: {"busy_cycles": b, "instances": self.unit_instances[u],
                               "utilisation": self.utilisation[u]} for u, b in self.unit_busy.items()},
                 "layers": self.layers}
-
-
-_BOUND_OF_UNIT = {"MXM": "matrix", "VXM": "vector", "SXM": "switch", "MEM": "host link", "C2C": "link"}
 
 
 def _sum_by(index, values, n: int) -> np.ndarray:
@@ -116,13 +132,21 @@ def run_stats(columns: ProgramColumns, timeline, sram_size: int) -> RunStats:
                     _sum_by(plane[matmul], busy[matmul], chip.mxm_planes).tolist(),
                     _total(macs[matmul]), float((macs * passes)[matmul].sum()), sram_size, _total(moved),
                     _total(host), _total(flops), _total(busy),
-                    _layer_rows(columns, unit, units, busy, finish, flops, macs, moved + host),
+                    lambda: _explained(columns, timeline, unit, units, busy, finish, flops, macs, moved + host),
                     chip.mxm_planes, chip.mxm_rows * chip.mxm_cols)
 
 
-def _layer_rows(columns, unit, units, busy, finish, flops, macs, moved) -> list:
+def _explained(columns, timeline, unit, units, busy, finish, flops, macs, moved) -> tuple:
+    """``(layer rows, the program's critical path by cause)``."""
+    paths = CriticalPaths(columns, timeline.occupancies, busy)
+    everything = np.arange(len(busy))
+    whole = paths.walk(everything, 0, timeline.makespan, np.zeros(len(busy), np.int64)) if len(busy) else {}
+    return _layer_rows(columns, paths, unit, units, busy, finish, flops, macs, moved), whole
+
+
+def _layer_rows(columns, paths, unit, units, busy, finish, flops, macs, moved) -> list:
     """Per layer (in order of first appearance): its span, work, and what bounds it."""
-    program, chip = columns.program, columns.chip
+    program = columns.program
     instructions = program.instructions
     layer = columns.layer
     names = program.layer_names
@@ -140,30 +164,20 @@ def _layer_rows(columns, unit, units, busy, finish, flops, macs, moved) -> list:
     np.minimum.at(present, cell, np.arange(len(instructions)))  # first instruction of each unit in each layer
     unit_busy = _sum_by(cell, busy, n_rows * n_units).reshape(n_rows, n_units)
     present = present.reshape(n_rows, n_units)
-    bound_names = sorted({o.bound for o in columns.kind_occupancy})
-    bound = np.array([bound_names.index(o.bound) for o in columns.kind_occupancy], np.int64)[columns.kind]
-    bound_busy = _sum_by(row * len(bound_names) + bound, busy, n_rows * len(bound_names))
-    bound_busy = bound_busy.reshape(n_rows, len(bound_names))
     start = np.full(n_rows, np.iinfo(np.int64).max)
     np.minimum.at(start, row, columns.cycle)
     end = np.zeros(n_rows, np.int64)
     np.maximum.at(end, row, columns.cycle + finish)
     sums = [_sum_by(row, w, n_rows) for w in (flops, macs, moved)]
+    by_row = np.argsort(row, kind="stable")
+    members = np.split(by_row, np.searchsorted(row[by_row], np.arange(1, n_rows)))
     out = []
     for name, r in row_of_name.items():
         seen = [k for k in np.argsort(present[r], kind="stable").tolist() if present[r, k] < len(instructions)]
         row_busy = {units[k]: int(unit_busy[r, k]) for k in seen}
         span = max(int(end[r] - start[r]), 1)
-        # instances work side by side, except that the DMA engines share the one host link (and the vector
-        # queues share the ALUs): their busy time counts against the span itself
-        shares = {u: b / (span * (1 if u in ("MEM", "VXM") else chip.unit_count(u)))
-                  for u, b in row_busy.items() if u in _BOUND_OF_UNIT}
-        top, share = max(shares.items(), key=lambda kv: kv[1]) if shares else ("ICU", 0.0)
-        kind = _BOUND_OF_UNIT.get(top, "latency") if share >= 0.5 else "latency"
-        bounds = dict(zip(bound_names, bound_busy[r].tolist()))
-        if kind == "vector" and bounds.get("streams", 0) > bounds.get("vector", 0):
-            kind = "SRAM bandwidth"
+        causes = paths.walk(members[r], int(start[r]), int(end[r]), row)
         out.append({"name": name, "cycles": span, "start": int(start[r]), "end": int(end[r]),
                     "flops": int(sums[0][r]), "macs": int(sums[1][r]), "bytes": int(sums[2][r]),
-                    "units": sorted(row_busy), "bound": kind, "busy": row_busy})
+                    "units": sorted(row_busy), "bound": bound_of(causes), "critical": causes, "busy": row_busy})
     return out

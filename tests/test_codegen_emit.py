@@ -148,8 +148,8 @@ def test_a_matmul_compiles_with_its_weight_and_folded_bias_as_the_programs_const
     _, install, matmul, epilogue, _ = program.instructions
     assert install.srcs == (consts[(32, 32)].ref,)
     assert epilogue.srcs[1] == TensorRef(consts[(32,)].ref.addr, (1, 32), DType.F32)
-    assert (dict(epilogue.attrs)["act"], program.layer_names) == (Opcode.RELU, ("load", "f/matmul_1+add_2+relu_3",
-                                                                                "store"))
+    assert (dict(epilogue.attrs)["act"], program.layer_names) == (
+        Opcode.RELU, ("load input 0 [4, 32]", "f/matmul_1+add_2+relu_3", "store output 0 [4, 32]"))
     data = rng.standard_normal((4, 32)).astype(np.float32)
     (out,) = Simulator(program).run([data])
     np.testing.assert_allclose(out, np.maximum(data @ w + b, 0), rtol=1e-5, atol=1e-5)

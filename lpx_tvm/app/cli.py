@@ -391,11 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "are (ids within their table, masks of ones, token types of zeros, floats from a normal)")
     p = model_command("run", "run on seeded inputs (or --inputs) and compare with ONNX Runtime", cmd_run)
     p.add_argument("--inputs", metavar="FILE.npz", help=inputs_help)
+    from ..runtime_sim.critical import LEGEND as BOUND_LEGEND
+
     p = model_command("profile", "per-layer cycles, roofline and utilisation", cmd_profile)
     p.description = ("Per layer: its start, span (first issue to last result; layers overlap), exclusive share "
                      "(each cycle split among the layers busy in it: the shares add up to the program), MACs and "
-                     "the bound (the unit busy at least half the span, else latency: waiting on inputs or "
-                     "pipelines).")
+                     "what bound it. " + BOUND_LEGEND + ".")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace-event file")
     p.add_argument("--json", help="write the profile as JSON")
     p.add_argument("--top", type=_at_least(0), default=20, help="show the N slowest layers (0: all; default 20)")

@@ -160,7 +160,7 @@ class ShardCost:
     """What the codegen measured for one program shape: cycles, where they went, what it keeps resident."""
 
     cycles: int
-    breakdown: dict  # bound ─► cycles of the block (matrix, vector, SRAM bandwidth, latency, host link)
+    breakdown: dict  # cause ─► cycles of the block's critical path (matrix, vector, latency, ...: runtime_sim.critical)
     resident_bytes: int  # weights and cache of one block shard
     activation_bytes: int
     streamed: bool  # some weights would stream from the host: the shard does not fit
@@ -184,10 +184,7 @@ def _measure(graph, chip: ChipConfig) -> ShardCost | None:
         return None
     stats = Simulator(program, chip, timing_only=True).stats
     resident = sum(const.ref.nbytes for const in program.constants) + sum(r.nbytes for _, r in program.state)
-    bounds = {}
-    for row in stats.layers:
-        bounds[row["bound"]] = bounds.get(row["bound"], 0) + row["cycles"]
-    return ShardCost(stats.cycles, bounds, resident, c.addr["high_water"] - resident, bool(program.streamed))
+    return ShardCost(stats.cycles, dict(stats.critical), resident, c.addr["high_water"] - resident, bool(program.streamed))
 
 
 def _as_built(chip: ChipConfig, dtype: str) -> tuple:
@@ -253,9 +250,9 @@ def stage_hops(system: SystemConfig, stages: int, width: int) -> int:
     return int(system.figures.get("max_hops", 3))
 
 
-# a layer's bound as the plan's split names it (the rest is latency: chains of dependent instructions)
-_SPLIT_OF_BOUND = {"matrix": "matrix", "vector": "vector", "switch": "vector", "SRAM bandwidth": "SRAM",
-                   "host link": "host link"}
+# a cause on a block's critical path as the plan's split names it (the rest is latency: results in pipelines)
+_SPLIT_OF_BOUND = {"matrix": "matrix", "weight install": "weight install", "vector": "vector", "switch": "vector",
+                   "SRAM bandwidth": "SRAM", "host link": "host link"}
 
 
 # ---- mappings ----------------------------------------------------------------------------------------
@@ -349,7 +346,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     kv_write = ceil(kv_bytes / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
     compute = blocks * block.cycles + head.cycles
     per_token = compute + network + kv_write
-    split = {"matrix": 0.0, "vector": 0.0, "SRAM": 0.0, "latency": 0.0}
+    split = {"matrix": 0.0, "weight install": 0.0, "vector": 0.0, "SRAM": 0.0, "latency": 0.0}
     for breakdown, times in ((block.breakdown, blocks), (head.breakdown, 1)):
         for bound, cycles in breakdown.items():
             key = _SPLIT_OF_BOUND.get(bound, "latency")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from ..runtime_sim.critical import LEGEND
 from ..runtime_sim.system_sim import SystemSimulator
 
 _PREFIX = re.compile(r"^lpx\d+_[0-9a-f]+/")
@@ -95,7 +96,7 @@ def profile(compiled) -> dict:
                 "exclusive_cycles": shares.get(layer["name"], 0.0),
                 "microseconds": 1e6 * layer["cycles"] / chip.clock_hz, "seconds": layer["cycles"] / chip.clock_hz, "macs": layer["macs"], "flops": layer["flops"],
                 "bytes": layer["bytes"], "mac_utilisation": layer["macs"] / (peak * layer["cycles"]) if layer["cycles"]
-                else 0.0, "busy": layer["busy"], "bound": layer["bound"]})
+                else 0.0, "busy": layer["busy"], "bound": layer["bound"], "critical": layer["critical"]})
     for info in report["units"].values():
         info["utilisation"] = info["busy_cycles"] / info["capacity"] if info["capacity"] else 0.0
     if systems:  # chips run side by side: the model's time is each system's makespan, not the chips' sum
@@ -169,9 +170,7 @@ def table(report: dict, top: int | None = None) -> str:
                                    "busy cycles by unit (all instances)"], tablefmt="github")
     text += ("\n(span: its first issue to its last result; layers overlap, so spans add up to more than the "
              "program. exclusive: each cycle split evenly among the layers busy in it; these add up to the "
-             "program's cycles, less the cycles nothing ran. bound: the unit busy at least half the span "
-             "(matrix, vector, switch, host link, link; SRAM bandwidth where the vector work waited on streams), "
-             "else latency: nothing was busy enough, so the layer waited on its inputs or its units' pipelines)")
+             "program's cycles, less the cycles nothing ran. " + LEGEND + ")")
     if top and len(report["layers"]) > top:
         text += f"\n({len(report['layers']) - top} more layers; --top 0 shows all)"
     units = ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items() if i["busy_cycles"])

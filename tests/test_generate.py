@@ -41,7 +41,11 @@ def test_greedy_decode_on_two_chips_equals_onnx_runtime_and_charges_the_kv_write
         tiny.latency_cycles["MEM"]
     assert report["per_token_cycles"] == report["decode_cycles"] + report["kv_write_cycles"]
     assert report["tokens_per_s_per_user"] == pytest.approx(tiny.clock_hz / report["per_token_cycles"])
-    assert sum(link["bytes"] for link in report["links"]) > 0
+    # stage 0 hands stage 1 the hidden state (hidden fp32) and the attention mask over the cache's positions
+    # and the new one (max_context + 1 fp32), once a step
+    (link,) = report["links"]
+    assert (link["from"], link["peer"], link["transfers"]) == (0, 1, 2)
+    assert link["bytes"] == config.hidden_size * 4 + (config.max_context + 1) * 4 == 516
 
 
 @pytest.mark.parametrize("flags, where", [([], "single chip"), (["--system", "tiny-2"], "pipeline"),

@@ -32,7 +32,6 @@ def _run_on_system(model, args, **options):
     outputs = compiled(*args)
     assert total_offloaded_calls() > calls  # it really ran on the (simulated) chips
     (sim,) = [s for s in compiled.simulators.values() if isinstance(s, SystemSimulator)]
-    assert sim.stats.cycles == sim.stats.predicted_cycles > 0
     return outputs, sim
 
 

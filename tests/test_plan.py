@@ -161,7 +161,8 @@ def test_the_plan_command(tmp_path, capsys):
     # it says what it measures as it goes: llama-small's 8 heads, 4 kv heads and FFN 512 split 1, 2, 4 and 8 ways
     progress = [line for line in captured.err.splitlines() if line.startswith("plan: llama-small at batch 1, ")]
     assert [line.split(", ")[1].split("-way")[0] for line in progress] == ["1", "2", "4", "8"]
-    assert "1-way tensor parallel (0 mappings so far" in progress[0]
+    assert "1-way tensor parallel (1 of 8; 0 mappings so far" in progress[0] and "left" not in progress[0]
+    assert all(f"({k + 1} of 8; " in line and " s left)" in line for k, line in enumerate(progress) if k)
     report = json.loads(out.read_text())
     assert report["bottleneck"] == max(report["split_cycles"], key=report["split_cycles"].get)
     assert report["chips"] == report["mapping"]["pipeline_stages"] * report["mapping"]["tensor_parallel"]

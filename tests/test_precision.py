@@ -26,7 +26,7 @@ def test_one_model_per_family_against_ort_fp32(name, dtype):
     record = run_model(ZOO[name], config="tsp", llvm=False, repeat=1, dtype=dtype)
     print(f"\n{name} {dtype}: cosine {record['cosine']:.6f}, max rel err {record['max_rel_err']:.2e}")
     assert record["ok"] and record["cosine"] >= 0.999, record.get("error")
-    assert record["lpx_calls"] >= 1 and record["dtype"] == dtype
+    assert record["lpx_calls"] == record["lpx_subgraphs"] >= 1 and record["dtype"] == dtype
 
 
 @pytest.mark.parametrize("dtype, storage", [("fp16", DType.F16), ("bf16", DType.BF16)])
@@ -78,7 +78,7 @@ def test_int8_cnn_matches_ort_on_the_same_qdq_model():
 
     record = run_model(ZOO["squeezenet"], config="tsp", llvm=False, repeat=1, dtype="int8")
     assert record["ok"], record.get("error")
-    assert record["lpx_calls"] >= 1
+    assert record["lpx_calls"] == record["lpx_subgraphs"] >= 1
     qdq = quantized_for_zoo(ZOO["squeezenet"], ZOO["squeezenet"].load())
     compiled = lpx_tvm.compile(qdq, dtype="int8")
     assert len(_int8_programs(compiled)) >= 20

@@ -22,10 +22,22 @@ def test_profile_writes_report_and_trace(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "conv2d" in out and "% MAC peak" in out and "µs" in out and "ui.perfetto.dev" in out
     data = json.loads(report.read_text())
-    assert data["predicted_cycles"] == data["simulated_cycles"] > 0
-    assert data["units"]["MXM"]["busy_cycles"] > 0 and 0 < data["units"]["MXM"]["utilisation"] <= 1
-    assert 0 < data["mac_utilisation"] < 1
-    assert data["microseconds"] == pytest.approx(data["simulated_cycles"] / 100, rel=1e-12)  # 100 MHz
+    # the matrix units' figures, worked from the program's instructions and the tiny preset: a MATMUL takes
+    # 12 cycles an fp32 row, an INSTALL its tile's bytes over 2 streams of 32 bytes; useful-MAC utilisation is
+    # the MACs over the fp32 peak, 2 planes of 32 × 32 MACs every 12 cycles
+    (sim,) = lpx_tvm.compile(cnn_model(), config="tiny").simulators.values()
+    matmuls = [i for i in sim.program.instructions if i.opcode == Opcode.MATMUL]
+    installs = [i for i in sim.program.instructions if i.opcode == Opcode.INSTALL]
+    assert {i.srcs[0].dtype.name for i in matmuls + installs} == {"F32"}
+    rows = sum(int(np.prod(i.srcs[0].shape[:-1])) for i in matmuls)
+    busy = rows * 12 + sum(-(-i.srcs[0].nbytes // (2 * 32)) for i in installs)
+    macs = sum(int(np.prod(i.srcs[0].shape)) * i.dsts[0].shape[-1] for i in matmuls)
+    cycles = data["simulated_cycles"]
+    assert data["units"]["MXM"]["busy_cycles"] == busy
+    assert data["units"]["MXM"]["utilisation"] == pytest.approx(busy / (2 * cycles), rel=1e-12)
+    assert data["mac_utilisation"] == pytest.approx(macs / (2 * 32 * 32 / 12 * cycles), rel=1e-12)
+    assert macs == 16 * 27 * 32 * 32 + 16 * 10  # the convolution's, and the classifier's
+    assert data["microseconds"] == pytest.approx(cycles / 100, rel=1e-12)  # 100 MHz
     layers = data["layers"]
     assert [r["cycles"] for r in layers] == sorted((r["cycles"] for r in layers), reverse=True)
     # the 3x3 convolution: 16 output channels × 3·3·3 taps × 32·32 positions (its bias, batch norm and ReLU fused)

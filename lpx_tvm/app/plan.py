@@ -216,8 +216,13 @@ def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str, alone: bool = Fa
     if two is None:
         return None
     per_block = two.cycles - one.cycles
-    scale = per_block / max(sum(one.breakdown.values()), 1)
-    breakdown = {k: v * scale for k, v in one.breakdown.items()}
+    # a block's causes mid-stage, two blocks' less one's (the host transfers at the ends cancel), where that
+    # is not negative (the two critical paths may take different routes), scaled to the block's cycles
+    difference = {k: max(two.breakdown.get(k, 0) - one.breakdown.get(k, 0), 0) for k in two.breakdown}
+    if not any(difference.values()):
+        difference = one.breakdown
+    scale = per_block / max(sum(difference.values()), 1)
+    breakdown = {k: v * scale for k, v in difference.items() if v}
     return ShardCost(per_block, breakdown, two.resident_bytes - one.resident_bytes, one.activation_bytes,
                      one.streamed or two.streamed)
 
@@ -464,17 +469,20 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
             raise PlanError(f"{spec.name}: {mapping[0]} stages × {mapping[1]} chips does not fit {system.chip.name}")
         return _report(spec, system, dtype, context, prompt, found, [found], "the mapping asked for", weights,
                        time.perf_counter() - start)
-    for b in sorted({batch, *batches}):
-        for width in _widths(spec, limit):
-            if progress is not None:
-                progress(f"plan: {spec.name} at batch {b}, {width}-way tensor parallel "
-                         f"({len(candidates)} mappings so far, {time.perf_counter() - start:.0f} s)")
-            least = max(1, ceil((weights + spec.cache_bytes(context, b, dtype)) / (chip.sram_bytes * width)))
-            for stages in sorted({s for s in range(least, min(spec.layers, limit // width) + 1)
-                                  if s in (least, least + 1) or s & (s - 1) == 0 or spec.layers % s == 0}):
-                mapping = evaluate(spec, system, dtype, stages, width, b, context, prompt, ttft=False)
-                if mapping is not None:
-                    candidates.append(mapping)
+    searched = [(b, width) for b in sorted({batch, *batches}) for width in _widths(spec, limit)]
+    for done, (b, width) in enumerate(searched):
+        if progress is not None:
+            elapsed = time.perf_counter() - start
+            # (a rough guide: at the pace so far; wider shards compile smaller blocks, and blocks are cached)
+            left = f", about {elapsed / done * (len(searched) - done):.0f} s left" if done else ""
+            progress(f"plan: {spec.name} at batch {b}, {width}-way tensor parallel ({done + 1} of {len(searched)}; "
+                     f"{len(candidates)} mappings so far, {elapsed:.0f} s{left})")
+        least = max(1, ceil((weights + spec.cache_bytes(context, b, dtype)) / (chip.sram_bytes * width)))
+        for stages in sorted({s for s in range(least, min(spec.layers, limit // width) + 1)
+                              if s in (least, least + 1) or s & (s - 1) == 0 or spec.layers % s == 0}):
+            mapping = evaluate(spec, system, dtype, stages, width, b, context, prompt, ttft=False)
+            if mapping is not None:
+                candidates.append(mapping)
     at_batch = [m for m in candidates if m.batch == batch]
     if users is not None:
         at_batch = [m for m in candidates if m.users >= users]

@@ -11,7 +11,7 @@ import lpx_tvm
 from lpx_tvm.app.cli import main
 from lpx_tvm.patterns import CapacityWarning
 from lpx_tvm.runtime_sim import Opcode, decode
-from conftest import assert_close, cnn_model, make_model, ort_run, tensor_info, weights
+from conftest import assert_close, cnn_model, make_model, mlp_model, ort_run, tensor_info, weights
 
 
 def test_profile_writes_report_and_trace(tmp_path, capsys):
@@ -133,3 +133,21 @@ def test_the_timeline_draws_a_row_per_track_of_the_trace(tmp_path, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     height = int.from_bytes(png[20:24], "big")  # the IHDR chunk: width, then height
     assert height == round((0.28 * len(tracks) + 1.6) * 130)
+
+
+def test_under_tensor_parallelism_each_row_names_its_program_and_chip():
+    """Both chips of tiny-2 run the MLP's shards: every layer appears once per chip, told apart by a program
+    column (the function's number and the chip), but the output, which chip 0 alone stores; a one-program
+    profile has no such column."""
+    from lpx_tvm.app.profile import profile, table
+
+    report = profile(lpx_tvm.compile(mlp_model(), system="tiny-2", parallel="tensor"))
+    text = table(report, top=0)
+    assert text.startswith("| program    | layer")
+    body = [line.split("|")[1:3] for line in text.splitlines()[2:] if line.startswith("| lpx")]
+    by_layer = {}
+    for program, layer in body:
+        by_layer.setdefault(layer.strip(), []).append(program.strip())
+    assert by_layer.pop("store output 0 [4, 10]") == ["lpx0@chip0"]
+    assert by_layer and all(sorted(chips) == ["lpx0@chip0", "lpx0@chip1"] for chips in by_layer.values())
+    assert not table(profile(lpx_tvm.compile(mlp_model(), config="tiny"))).startswith("| program")

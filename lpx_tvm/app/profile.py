@@ -19,6 +19,12 @@ def short_name(layer: str) -> str:
     return head + ("+" + _INDEX.sub("", tail) if tail else "")
 
 
+def short_program(name: str) -> str:
+    """``lpx0_5bdf9cf1f149@chip1`` ─► ``lpx0@chip1``: the function's number and the chip, without its hash."""
+    head, at, chip = name.partition("@")
+    return head.split("_")[0] + at + chip
+
+
 def exclusive_cycles(program, costs) -> tuple:
     """Each layer's exclusive share of a program's cycles, and the cycles in which nothing ran.
 
@@ -163,11 +169,14 @@ def table(report: dict, top: int | None = None) -> str:
     from tabulate import tabulate
 
     layers = report["layers"][:top] if top else report["layers"]
-    rows = [[r["layer"][:48], r["start"], r["cycles"], f"{r['exclusive_cycles']:.0f}", f"{r['microseconds']:.2f}",
-             r["macs"], f"{100 * r['mac_utilisation']:.1f}" if r["macs"] else "", r["bound"],
-             " ".join(f"{u}:{b}" for u, b in sorted(r["busy"].items()))] for r in layers]
-    text = tabulate(rows, headers=["layer", "start", "span", "exclusive", "µs (span)", "MACs", "% MAC peak", "bound",
-                                   "busy cycles by unit (all instances)"], tablefmt="github")
+    programs = len({r["program"] for r in report["layers"]}) > 1  # (several programs, or chips: say whose row)
+    rows = [([short_program(r["program"])] if programs else [])
+            + [r["layer"][:48], r["start"], r["cycles"], f"{r['exclusive_cycles']:.0f}", f"{r['microseconds']:.2f}",
+               r["macs"], f"{100 * r['mac_utilisation']:.1f}" if r["macs"] else "", r["bound"],
+               " ".join(f"{u}:{b}" for u, b in sorted(r["busy"].items()))] for r in layers]
+    headers = ["layer", "start", "span", "exclusive", "µs (span)", "MACs", "% MAC peak", "bound",
+               "busy cycles by unit (all instances)"]
+    text = tabulate(rows, headers=(["program"] if programs else []) + headers, tablefmt="github")
     text += ("\n(span: its first issue to its last result; layers overlap, so spans add up to more than the "
              "program. exclusive: each cycle split evenly among the layers busy in it; these add up to the "
              "program's cycles, less the cycles nothing ran. " + LEGEND + ")")

@@ -116,7 +116,7 @@ def _largest_weights(g: Graph, ops: list, count: int = 3) -> str:
             if operand.tensor is not None and g.is_resident(g.base(operand.tensor)):
                 readers.setdefault(g.base(operand.tensor), op.layer)
     biggest = sorted(readers, key=lambda t: -g.tensors[t].nbytes)[:count]
-    return ", ".join(f"{g.tensors[t].nbytes} bytes in {readers[t].rsplit('/', 1)[-1]!r}" for t in biggest)
+    return ", ".join(f"{g.tensors[t].nbytes} bytes in {readers[t].split('/', 1)[-1]!r}" for t in biggest)
 
 
 def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activation_base: int | None = None) -> dict:

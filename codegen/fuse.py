@@ -100,7 +100,7 @@ def fuse_epilogues(g: Graph) -> Graph:
             if consumer is None or node.output in g.outputs or not _try_fold(g, node, consumer):
                 continue
             node.output = consumer.output
-            node.layer = f"{node.layer}+{consumer.layer.rsplit('/', 1)[-1]}"
+            node.layer = f"{node.layer}+{consumer.layer.split('/', 1)[-1]}"
             g.nodes.remove(consumer)
             changed = True
             break

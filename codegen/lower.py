@@ -16,6 +16,12 @@ from .relax_ops import (PRIM_TYPES, RELAX_OPS, RELAX_PATTERNS, Constant, Lowerin
                         shape_of)
 
 
+def _onnx_tensor(call) -> str | None:
+    """The ONNX tensor a Relax call computes, where the frontend's span names it."""
+    span = call.span
+    return span.source_name.name if span is not None and span.source_name is not None else None
+
+
 class _Lowerer:
     """Walks a Relax function; the table's rules call back into it to add nodes."""
 
@@ -28,9 +34,19 @@ class _Lowerer:
         env = dict(zip(func.params, args))
         return self.expr(func.body, env)
 
-    def _layer(self, kind: str) -> str:
+    def _layer(self, kind: str, made_by=None) -> str:
+        """``func/kind_n``, and ``@tensor`` where the ONNX tensor it computes is known (the frontend spans each
+        call with it; a composite is named by the last of its calls that has one: its output)."""
         self.counter += 1
-        return f"{self.func_name}/{kind}_{self.counter}"
+        tensor = None
+        if isinstance(made_by, relax.Function):
+            calls = []
+            relax.analysis.post_order_visit(made_by.body, lambda e: calls.append(e) if isinstance(e, relax.Call)
+                                            else None)
+            tensor = next(filter(None, map(_onnx_tensor, reversed(calls))), None)
+        elif made_by is not None:
+            tensor = _onnx_tensor(made_by)
+        return f"{self.func_name}/{kind}_{self.counter}" + (f"@{tensor}" if tensor else "")
 
     def expr(self, expr, env):
         if isinstance(expr, relax.SeqExpr):
@@ -63,12 +79,12 @@ class _Lowerer:
             idiom = RELAX_PATTERNS.get(str(callee.attrs["Composite"])) if callee.attrs and \
                 "Composite" in callee.attrs else None
             if idiom is not None:
-                return idiom.lower(self, callee, args, self._layer(idiom.name.removeprefix("lpx.")))
+                return idiom.lower(self, callee, args, self._layer(idiom.name.removeprefix("lpx."), callee))
             return self.function(callee, args)
         row = RELAX_OPS.get(callee.name.removeprefix("relax."))
         if row is None:
             raise LoweringError(f"{callee.name} has no LPX lowering")
-        return row.lower(self, call, args, self._layer(row.op.removeprefix("nn.")))
+        return row.lower(self, call, args, self._layer(row.op.removeprefix("nn."), call))
 
     # ---- helpers for the rules ----------------------------------------
     def const_value(self, tid):

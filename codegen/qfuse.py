@@ -200,7 +200,7 @@ def _fold_into_dequantize(g: Graph, node: Node, producers: dict) -> bool:
         scale = float(dq.attrs["scale"]) * value if node.kind == "MUL" else float(dq.attrs["scale"]) / value
         node.kind, node.inputs = "DEQUANTIZE", [dq.inputs[0]]
         node.attrs = {"scale": scale, "zero_point": dq.attrs["zero_point"]}
-        node.layer = f"{dq.layer}+{node.layer.rsplit('/', 1)[-1]}"
+        node.layer = f"{dq.layer}+{node.layer.split('/', 1)[-1]}"
         producers[node.output] = node
         return True
     return False

@@ -396,6 +396,32 @@ def fold_constant_shapes(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination(["main"])(mod)
 
 
+def _import_named(view) -> tvm.IRModule:
+    """TVM's ONNX importer, each op it makes spanned with the ONNX tensor the op computes (so that reports can
+    name a layer as ``compare`` and ONNX Runtime do). As TVM's ``from_onnx``, but for onnx's checker, which
+    cannot read a view (and :func:`from_onnx` keeps its warnings for ``--debug`` anyway)."""
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+    class NamingImporter(ONNXGraphImporter):
+        def _parse_value_proto(self, value_proto):
+            if isinstance(value_proto, onnx.NodeProto) and value_proto.output:  # (only a node's "name" is a node)
+                return value_proto.output[0]
+            return super()._parse_value_proto(value_proto)
+
+        def _convert_operator(self, op_name, inputs, attrs, opset):
+            out = super()._convert_operator(op_name, inputs, attrs, opset)
+            tensor = attrs.get("tvm_custom", {}).get("name")
+            if isinstance(out, relax.Call) and tensor:
+                span = tvm.ir.Span(tvm.ir.SourceName(tensor), 0, 0, 0, 0)
+                out = self.bb.normalize(relax.Call(out.op, out.args, out.attrs, out.ty_args, span))
+            return out
+
+    if view.ir_version < 3:
+        raise FrontendError(f"ONNX IR version {view.ir_version} is older than TVM's importer reads (3)")
+    opset = next((o.version for o in view.opset_import if str(o.domain) in ("", "ai.onnx")), 1)
+    return NamingImporter(None, "float32", keep_params_in_input=False, sanitize=True).from_onnx(view.graph, opset)
+
+
 def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
     """Import an ONNX model as a Relax module with its weights bound as constants.
 
@@ -417,8 +443,6 @@ def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
     except FrontendError as err:
         raise FrontendError(f"{name}: {err}") from None
     dynamic = dynamic_inputs(view.graph)
-    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
-
     failure = None
     with warnings.catch_warnings(record=True) as caught, native_output_to_log("TVM's ONNX importer"):
         # the importer's warnings (onnx's checker, which cannot read the view and would otherwise serialise
@@ -426,7 +450,7 @@ def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
         warnings.simplefilter("always")
         try:
             with contextlib.redirect_stdout(_DebugLog("TVM's ONNX importer")):
-                mod = fold_constant_shapes(tvm_from_onnx(view, keep_params_in_input=False))
+                mod = fold_constant_shapes(_import_named(view))
         except Exception as err:  # the importer raises assorted types; name the model and the reason
             failure = _last_line(err)
             del err

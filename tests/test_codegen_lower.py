@@ -119,7 +119,9 @@ def test_a_tuple_result_is_several_outputs_and_an_op_with_no_row_is_an_error():
 
 def test_a_partitioned_function_inlines_conv_bias_relu_and_keeps_hard_swish_as_one_operator(rng):
     """From ONNX through partition_for_lpx: the lpx function calls two composites, lpx.conv2d_bias_relu
-    (inlined: its three ops) and lpx.hard_swish (an idiom: one node for its four ops)."""
+    (inlined: its three ops) and lpx.hard_swish (an idiom: one node for its four ops). Each layer names the
+    ONNX tensor it computes where one does (the Conv's converter makes the conv and its bias add: the add
+    gives c)."""
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
                         helper.make_node("Relu", ["c"], ["r"]), helper.make_node("HardSwish", ["r"], ["y"])],
                        [tensor_info("x", [1, 3, 8, 8])], [tensor_info("y", None)],
@@ -128,8 +130,8 @@ def test_a_partitioned_function_inlines_conv_bias_relu_and_keeps_hard_swish_as_o
     (func,) = [f for _, f in mod.functions.items()
                if isinstance(f, relax.Function) and f.attrs and f.attrs.get("Codegen") == "lpx"]
     g = lower(func, "f")
-    assert _kinds(g) == [("conv2d", "f/conv2d_1"), ("ADD", "f/add_2"), ("RELU", "f/relu_3"),
-                         ("HARD_SWISH", "f/hard_swish_4")]
+    assert _kinds(g) == [("conv2d", "f/conv2d_1"), ("ADD", "f/add_2@c"), ("RELU", "f/relu_3@r"),
+                         ("HARD_SWISH", "f/hard_swish_4@y")]
     conv = g.nodes[0]
     assert {k: conv.attrs[k] for k in ("strides", "padding", "dilation", "groups")} == {
         "strides": [1, 1], "padding": [1, 1, 1, 1], "dilation": [1, 1], "groups": 1}

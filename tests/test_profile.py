@@ -41,9 +41,16 @@ def test_profile_writes_report_and_trace(tmp_path, capsys):
     layers = data["layers"]
     assert [r["cycles"] for r in layers] == sorted((r["cycles"] for r in layers), reverse=True)
     # the 3x3 convolution: 16 output channels × 3·3·3 taps × 32·32 positions (its bias, batch norm and ReLU fused)
-    (conv,) = [r for r in layers if r["layer"].startswith("conv2d")]
+    (conv,) = [r for r in layers if r["ops"].startswith("conv2d")]
     assert conv["macs"] == 16 * 27 * 32 * 32
-    assert all("/" not in r["layer"] for r in layers)  # short names, no function hash
+    assert all("/" not in r["ops"] for r in layers)  # short names, no function hash
+    # each layer is named by the ONNX tensor it computes, as compare names it (its output: the ReLU's for the
+    # convolution with its bias, batch norm and ReLU), or by the tensor a host transfer moves
+    from lpx_tvm.app.compare import watched_tensors
+
+    assert conv["layer"] == "r" and conv["relax_name"].endswith("conv2d_1+add_2@c+batch_norm_3+batch_norm_3+relu_4@r")
+    named = {r["layer"] for r in layers} - {"load input 0 [1, 3, 32, 32]", "store output 0 [1, 10]"}
+    assert named == {"r", "p", "g", "y"} and named - {"y"} <= set(watched_tensors(cnn_model()))
     # spans overlap; the exclusive shares and the idle cycles add up to the program exactly
     (program,) = data["programs"].values()
     assert sum(r["exclusive_cycles"] for r in layers) + program["idle_cycles"] == pytest.approx(
@@ -144,10 +151,10 @@ def test_under_tensor_parallelism_each_row_names_its_program_and_chip():
     report = profile(lpx_tvm.compile(mlp_model(), system="tiny-2", parallel="tensor"))
     text = table(report, top=0)
     assert text.startswith("| program    | layer")
-    body = [line.split("|")[1:3] for line in text.splitlines()[2:] if line.startswith("| lpx")]
+    body = [line.split("|")[1:4] for line in text.splitlines()[2:] if line.startswith("| lpx")]
     by_layer = {}
-    for program, layer in body:
-        by_layer.setdefault(layer.strip(), []).append(program.strip())
-    assert by_layer.pop("store output 0 [4, 10]") == ["lpx0@chip0"]
+    for program, layer, ops in body:
+        by_layer.setdefault((layer.strip(), ops.strip()), []).append(program.strip())
+    assert by_layer.pop(("store output 0 [4, 10]", "")) == ["lpx0@chip0"]
     assert by_layer and all(sorted(chips) == ["lpx0@chip0", "lpx0@chip1"] for chips in by_layer.values())
     assert not table(profile(lpx_tvm.compile(mlp_model(), config="tiny"))).startswith("| program")

@@ -9,14 +9,22 @@ from ..runtime_sim.system_sim import SystemSimulator
 
 _PREFIX = re.compile(r"^lpx\d+_[0-9a-f]+/")
 _INDEX = re.compile(r"_\d+")
+_TENSOR = re.compile(r"@[^+]*")
 
 
 def short_name(layer: str) -> str:
-    """``lpx0_5bdf9cf1f149/conv2d_4+add_7+quantize`` ─► ``conv2d_4+add+quantize``: the op kinds and the
-    first op's index, without the function's hash."""
-    body = _PREFIX.sub("", layer)
+    """``lpx0_5bdf9cf1f149/conv2d_4+add_7@c+quantize`` ─► ``conv2d_4+add+quantize``: the op kinds and the
+    first op's index, without the function's hash or the ONNX tensors."""
+    body = _TENSOR.sub("", _PREFIX.sub("", layer))
     head, _, tail = body.partition("+")
     return head + ("+" + _INDEX.sub("", tail) if tail else "")
+
+
+def onnx_name(layer: str) -> str | None:
+    """The ONNX tensor a layer computes, as ``compare`` names it: the last its ops name (``@c`` in
+    ``conv2d_4+add_7@c+relu_8@r`` is the add's output, ``r`` the layer's); None where none does."""
+    tensors = [part.partition("@")[2] for part in _PREFIX.sub("", layer).split("+") if "@" in part]
+    return tensors[-1] if tensors else None
 
 
 def short_program(name: str) -> str:
@@ -97,7 +105,8 @@ def profile(compiled) -> dict:
         for layer in stats.layers:
             peak = chip.mxm_peak_macs_per_cycle(compiled.dtype if compiled.dtype in chip.mxm_passes else "fp32")
             report["layers"].append({
-                "layer": short_name(layer["name"]), "relax_name": layer["name"], "program": name,
+                "layer": onnx_name(layer["name"]) or short_name(layer["name"]), "ops": short_name(layer["name"]),
+                "relax_name": layer["name"], "program": name,
                 "start": layer["start"], "end": layer["end"], "cycles": layer["cycles"],
                 "exclusive_cycles": shares.get(layer["name"], 0.0),
                 "microseconds": 1e6 * layer["cycles"] / chip.clock_hz, "seconds": layer["cycles"] / chip.clock_hz, "macs": layer["macs"], "flops": layer["flops"],
@@ -171,10 +180,10 @@ def table(report: dict, top: int | None = None) -> str:
     layers = report["layers"][:top] if top else report["layers"]
     programs = len({r["program"] for r in report["layers"]}) > 1  # (several programs, or chips: say whose row)
     rows = [([short_program(r["program"])] if programs else [])
-            + [r["layer"][:48], r["start"], r["cycles"], f"{r['exclusive_cycles']:.0f}", f"{r['microseconds']:.2f}",
+            + [r["layer"][:40], r["ops"][:40] if r["ops"] != r["layer"] else "", r["start"], r["cycles"], f"{r['exclusive_cycles']:.0f}", f"{r['microseconds']:.2f}",
                r["macs"], f"{100 * r['mac_utilisation']:.1f}" if r["macs"] else "", r["bound"],
                " ".join(f"{u}:{b}" for u, b in sorted(r["busy"].items()))] for r in layers]
-    headers = ["layer", "start", "span", "exclusive", "µs (span)", "MACs", "% MAC peak", "bound",
+    headers = ["layer (ONNX tensor)", "ops", "start", "span", "exclusive", "µs (span)", "MACs", "% MAC peak", "bound",
                "busy cycles by unit (all instances)"]
     text = tabulate(rows, headers=(["program"] if programs else []) + headers, tablefmt="github")
     text += ("\n(span: its first issue to its last result; layers overlap, so spans add up to more than the "

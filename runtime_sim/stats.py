@@ -163,6 +163,13 @@ def _layer_rows(columns, paths, unit, units, busy, finish, flops, macs, moved) -
     present = np.full(n_rows * n_units, len(instructions))
     np.minimum.at(present, cell, np.arange(len(instructions)))  # first instruction of each unit in each layer
     unit_busy = _sum_by(cell, busy, n_rows * n_units).reshape(n_rows, n_units)
+    # per resource instance (a plane's array or its install port, a vector queue, a DMA engine): what each
+    # instruction holds first, its own unit instance
+    held = [f"{name}{index}" for name, index in (o.exclusive[0] for o in columns.kind_occupancy)]
+    instances = sorted(set(held))
+    instance = np.array([instances.index(h) for h in held], np.int64)[columns.kind]
+    instance_busy = _sum_by(row * len(instances) + instance, busy, n_rows * len(instances))
+    instance_busy = instance_busy.reshape(n_rows, len(instances))
     present = present.reshape(n_rows, n_units)
     start = np.full(n_rows, np.iinfo(np.int64).max)
     np.minimum.at(start, row, columns.cycle)
@@ -179,5 +186,6 @@ def _layer_rows(columns, paths, unit, units, busy, finish, flops, macs, moved) -
         causes = paths.walk(members[r], int(start[r]), int(end[r]), row)
         out.append({"name": name, "cycles": span, "start": int(start[r]), "end": int(end[r]),
                     "flops": int(sums[0][r]), "macs": int(sums[1][r]), "bytes": int(sums[2][r]),
-                    "units": sorted(row_busy), "bound": bound_of(causes), "critical": causes, "busy": row_busy})
+                    "units": sorted(row_busy), "bound": bound_of(causes), "critical": causes, "busy": row_busy,
+                    "busy_by_instance": {name: int(b) for name, b in zip(instances, instance_busy[r].tolist()) if b}})
     return out

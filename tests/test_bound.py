@@ -51,6 +51,7 @@ def test_three_products_on_one_plane_are_matrix_bound():
     assert (rows["b"]["start"], rows["b"]["end"]) == (0, 220)
     assert rows["b"]["critical"] == {"matrix": 3 * 48, "weight install": 64, "latency": 4 + 8}
     assert rows["b"]["bound"] == "matrix"
+    assert rows["b"]["busy_by_instance"] == {"MXM.load0": 64, "MXM0": 3 * 48}  # plane 0's install port, its array
 
 
 def test_three_gelus_sharing_the_alus_are_vector_bound():
@@ -69,6 +70,7 @@ def test_three_gelus_sharing_the_alus_are_vector_bound():
     assert (rows["b"]["start"], rows["b"]["end"]) == (107, 183)
     assert rows["b"]["critical"] == {"vector": 3 * 24, "latency": 4}
     assert rows["b"]["bound"] == "vector"
+    assert rows["b"]["busy_by_instance"] == {"VXM0": 24, "VXM1": 24, "VXM2": 24} and rows["b"]["busy"] == {"VXM": 72}
 
 
 def test_two_loads_in_turn_on_the_one_host_link_are_host_link_bound():

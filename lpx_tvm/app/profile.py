@@ -111,7 +111,8 @@ def profile(compiled) -> dict:
                 "exclusive_cycles": shares.get(layer["name"], 0.0),
                 "microseconds": 1e6 * layer["cycles"] / chip.clock_hz, "seconds": layer["cycles"] / chip.clock_hz, "macs": layer["macs"], "flops": layer["flops"],
                 "bytes": layer["bytes"], "mac_utilisation": layer["macs"] / (peak * layer["cycles"]) if layer["cycles"]
-                else 0.0, "busy": layer["busy"], "bound": layer["bound"], "critical": layer["critical"]})
+                else 0.0, "busy": layer["busy"], "busy_by_instance": layer["busy_by_instance"], "bound": layer["bound"],
+                "critical": layer["critical"]})
     for info in report["units"].values():
         info["utilisation"] = info["busy_cycles"] / info["capacity"] if info["capacity"] else 0.0
     if systems:  # chips run side by side: the model's time is each system's makespan, not the chips' sum

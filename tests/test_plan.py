@@ -303,3 +303,26 @@ def test_a_prefill_pool_hands_the_prompt_s_cache_over_in_the_hand_worked_time():
     assert "the lowest per-token latency on at most 6 chips" == planned["mapping"]["why"]
     with pytest.raises(PlanError, match="a prefill pool of 8 chips leaves none of the 8 for decoding"):
         plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=64, batches=(1,), prefill_chips=8)
+
+
+def test_verify_compiles_each_stage_whole_and_agrees_with_the_full_simulation():
+    """llama-small, 4 stages of one block on tsp-node: --verify compiles a stage's block as one program and
+    times it (its host transfers at the ends left out: a stage takes its input over the links). The verified
+    cycles and the plan's are both within 5% of the full multi-chip simulation of the compiled decoder."""
+    simulated = generate("llama-small", tokens=2, system="tsp-node", chips=4, parallel="pipeline", prompt_len=8)
+    planned = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, mapping=(4, 1), verify=True)
+    (stage,) = planned["verify_stages"]
+    assert (stage["blocks"], stage["stages"]) == (1, 4)  # 4 layers over 4 stages
+    assert planned["verified_cycles"] == pytest.approx(simulated["per_token_cycles"], rel=0.05)
+    assert planned["per_token_us"] * 900 == pytest.approx(planned["verified_cycles"] * (1 + planned["verify_error"]))
+    assert abs(planned["verify_error"]) < 0.05
+    assert "verified: every stage compiled and timed whole (4 of 1 block: " in table(planned)
+
+
+@pytest.mark.slow
+def test_verify_agrees_on_llama_2_7b_on_an_lpx_rack():
+    """Llama-2 7B in fp8 on lpx-rack, at the mapping the plan picks (5 stages × 4 chips): 32 layers are 4 stages
+    of ceil(32 / 5) = 7 blocks and a last of 4, each compiled whole; the plan is within 5% of them."""
+    planned = plan("llama-2-7b", "lpx-rack", dtype="fp8", mapping=(5, 4), verify=True)
+    assert {(s["blocks"], s["stages"]) for s in planned["verify_stages"]} == {(7, 4), (4, 1)}
+    assert abs(planned["verify_error"]) < 0.05

@@ -314,7 +314,8 @@ def cmd_plan(args) -> int:
                   batch=args.batch, chips=args.chips, target_tps_per_user=target,
                   batches=args.batches, progress=lambda line: print(line, file=sys.stderr, flush=True),
                   users=args.users, target_ttft_ms=args.target_ttft_ms, draft=args.draft,
-                  draft_tokens=args.draft_tokens, accept_rate=args.accept_rate, prefill_chips=args.prefill_chips)
+                  draft_tokens=args.draft_tokens, accept_rate=args.accept_rate, prefill_chips=args.prefill_chips,
+                  verify=args.verify)
     print(table(report))
     if args.json:
         write_json(report, args.json)
@@ -495,6 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the k that serves a user fastest)")
     p.add_argument("--accept-rate", type=float, metavar="A", help="the chance the target accepts a draft token "
                    "(default 0.7)")
+    p.add_argument("--verify", action="store_true", help="compile and time every stage of the chosen mapping "
+                   "whole (its layers as one program) and print the plan's error (the JSON's verify_error)")
     p.add_argument("--json", help="write the plan as JSON")
     p.add_argument("--plot", metavar="FRONTIER.png", help="draw the frontier (needs lpx-tvm[plot])")
     p.set_defaults(func=cmd_plan)

@@ -291,15 +291,9 @@ def _widths(spec: ModelSpec, chips: int) -> list:
     return out
 
 
-def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, width: int, batch: int,
-             context: int, prompt: int, ttft: bool = True, rows: int = 1) -> Mapping | None:
-    """The figures of one mapping, or None when a shard does not fit its chip. A step decodes ``rows`` tokens a
-    sequence (more than one: a speculative step verifying draft tokens)."""
-    chip, hop = system.chip, system.hop_cycles
-    item = DType.from_name(dtype).itemsize
-    if stages > spec.layers:
-        return None
-    expert_chips = 1
+def shard_shape(spec: ModelSpec, width: int, batch: int, context: int, rows: int = 1) -> tuple:
+    """``(BlockShape, experts a chip holds, the experts' placement in words)``: one chip's shard of a block,
+    ``width`` chips wide (attention by heads, the MLP by its columns, a mixture's experts spread)."""
     if spec.experts:
         expert_chips = max(width // spec.experts, 1)  # chips an expert is split over
         experts_per_chip = ceil(spec.experts / width)
@@ -310,6 +304,19 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
         experts_per_chip, ffn_shard, placement = 1, spec.ffn // width, ""
     shape = BlockShape(spec.hidden, spec.heads // width, max(spec.kv_heads // width, 1), spec.head_dim, ffn_shard,
                        rows, context, batch, spec.experts)
+    return shape, experts_per_chip, placement
+
+
+def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, width: int, batch: int,
+             context: int, prompt: int, ttft: bool = True, rows: int = 1) -> Mapping | None:
+    """The figures of one mapping, or None when a shard does not fit its chip. A step decodes ``rows`` tokens a
+    sequence (more than one: a speculative step verifying draft tokens)."""
+    chip, hop = system.chip, system.hop_cycles
+    item = DType.from_name(dtype).itemsize
+    if stages > spec.layers:
+        return None
+    shape, experts_per_chip, placement = shard_shape(spec, width, batch, context, rows)
+    ffn_shard = shape.ffn
     block = block_cost(chip, shape, dtype)
     if block is None or block.streamed:
         return None
@@ -394,7 +401,7 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
          chips: int | None = None, target_tps_per_user: float | None = None, batches=(1,),
          mapping: tuple | None = None, progress=None, users: int | None = None,
          target_ttft_ms: float | None = None, draft=None, draft_tokens: int | None = None,
-         accept_rate: float | None = None, prefill_chips: int | None = None) -> dict:
+         accept_rate: float | None = None, prefill_chips: int | None = None, verify: bool = False) -> dict:
     """Plan an LLM's decode on a system: the mapping, its speed, its chips and racks, and what bounds it.
 
     Parameters
@@ -433,6 +440,10 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     prefill_chips : int, optional
         A separate prefill pool of this many chips (:mod:`.prefill_pool`): the decode mapping takes the
         others, and the time to first token is the pool's prefill and the KV cache's handoff.
+    verify : bool
+        Compile and time every stage of the chosen mapping whole (:mod:`.verify`): the report gains
+        ``verified_cycles``, ``verify_error`` (a fraction: the plan's cycles ÷ the verified − 1) and
+        ``verify_stages``.
     """
     start = time.perf_counter()
     _check_sizes(context=context, prompt=prompt, batch=batch, chips=chips, batches=batches, mapping=mapping,
@@ -467,8 +478,9 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         found = evaluate(spec, system, dtype, mapping[0], mapping[1], batch, context, prompt)
         if found is None:
             raise PlanError(f"{spec.name}: {mapping[0]} stages × {mapping[1]} chips does not fit {system.chip.name}")
-        return _report(spec, system, dtype, context, prompt, found, [found], "the mapping asked for", weights,
-                       time.perf_counter() - start)
+        report = _report(spec, system, dtype, context, prompt, found, [found], "the mapping asked for", weights,
+                         time.perf_counter() - start)
+        return _verified(report, spec, system, dtype, found, context, progress, start) if verify else report
     searched = [(b, width) for b in sorted({batch, *batches}) for width in _widths(spec, limit)]
     for done, (b, width) in enumerate(searched):
         if progress is not None:
@@ -529,6 +541,8 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         why += f", with a first token within {target_ttft_ms} ms"
     report = _report(spec, system, dtype, context, prompt, chosen, candidates, why, weights,
                      time.perf_counter() - start, pooled)
+    if verify:
+        report = _verified(report, spec, system, dtype, chosen, context, progress, start)
     if draft is not None:
         from .speculative import speculate
 
@@ -542,6 +556,16 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         report["speculative"] = speculate(spec, system, dtype, chosen, drafted,
                                           0.7 if accept_rate is None else accept_rate, context, prompt, draft_tokens)
         report["plan_s"] = time.perf_counter() - start
+    return report
+
+
+def _verified(report, spec, system, dtype, chosen, context, progress, start) -> dict:
+    """``report`` with the chosen mapping's stages compiled and timed whole (:func:`.verify.verify`)."""
+    from .verify import verify
+
+    checked = verify(spec, system, dtype, chosen, context, progress)
+    report.update(verified_cycles=checked["verified_cycles"], verify_error=checked["verify_error"],
+                  verify_stages=checked["stages"], plan_s=time.perf_counter() - start)
     return report
 
 
@@ -644,6 +668,11 @@ def table(report: dict) -> str:
             f"  memory a chip: {report['memory_per_chip'] / 2**20:.0f} MiB (weights {report['weight_bytes'] / 1e9:.1f} GB"
             f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB on the chips in all; the token embedding is looked "
             f"up on the host); planned in {report['plan_s']:.1f} s")
+    if "verify_error" in report:
+        stages = ", ".join(f"{v['stages']} of {v['blocks']} block{'s' if v['blocks'] > 1 else ''}: {v['cycles']:,} "
+                           f"cycles (planned {v['planned']:,})" for v in report["verify_stages"])
+        head += (f"\n  verified: every stage compiled and timed whole ({stages}): {report['verified_cycles']:,} "
+                 f"cycles a token; the plan's error {100 * report['verify_error']:+.1f}%")
     if "prefill_pool" in report:
         from .prefill_pool import describe as describe_pool
 

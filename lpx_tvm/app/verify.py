@@ -11,8 +11,6 @@ already, and the links' all-reduces and hops are the plan's own formula in both.
 
 from __future__ import annotations
 
-from math import ceil
-
 from ..runtime_sim import DType
 from .plan import _as_built, _measure, block_cost, shard_shape
 from .plan_graph import block_graph
@@ -39,8 +37,9 @@ def verify(spec, system, dtype: str, chosen, context: int, progress=None) -> dic
         its blocks, its cycles and the plan's for them (``stages``).
     """
     shape, _, _ = shard_shape(spec, chosen.width, chosen.batch, context)
-    per_stage = ceil(spec.layers / chosen.stages)
-    counts = [per_stage] * (chosen.stages - 1) + [spec.layers - per_stage * (chosen.stages - 1)]
+    # the layers as evenly as the stages take them: some stages hold one more than the rest
+    fewer, more = divmod(spec.layers, chosen.stages)
+    counts = [fewer + 1] * more + [fewer] * (chosen.stages - more)
     per_block = block_cost(system.chip, shape, dtype).cycles
     measured = {}
     for layers in sorted({n for n in counts if n > 0}):

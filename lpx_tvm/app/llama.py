@@ -92,6 +92,9 @@ class LlamaConfig:
         Static KV-cache capacity (positions ``0 .. max_context-1``).
     dtype : str
         ``"fp32"`` or ``"fp16"``: weights and activations of the ONNX graphs.
+    head_size : int
+        Each head's width, where it is not ``hidden_size / num_heads`` (0: it is): as Hugging Face's
+        ``head_dim``, and as one chip's shard of a tensor-parallel block has it (fewer heads, the whole hidden).
     """
 
     hidden_size: int
@@ -105,6 +108,7 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     max_context: int = 64
     dtype: str = "fp32"
+    head_size: int = 0
 
     def __post_init__(self):
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
@@ -120,19 +124,21 @@ class LlamaConfig:
             raise ValueError(f"LlamaConfig.tie_word_embeddings must be a bool, got {self.tie_word_embeddings!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"LlamaConfig.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if self.hidden_size % self.num_heads:
+        if isinstance(self.head_size, bool) or not isinstance(self.head_size, (int, np.integer)) or self.head_size < 0:
+            raise ValueError(f"LlamaConfig.head_size must be a non-negative integer, got {self.head_size!r}")
+        if not self.head_size and self.hidden_size % self.num_heads:
             raise ValueError(f"LlamaConfig.num_heads ({self.num_heads}) must divide hidden_size "
                              f"({self.hidden_size})")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"LlamaConfig.num_kv_heads ({self.num_kv_heads}) must divide num_heads "
                              f"({self.num_heads}) for grouped-query attention")
         if self.head_dim % 2:
-            raise ValueError(f"LlamaConfig.num_heads: head_dim = hidden_size / num_heads = {self.head_dim} "
-                             "must be even (rotary embeddings rotate pairs)")
+            raise ValueError(f"LlamaConfig.num_heads: head_dim = {self.head_dim} (hidden_size / num_heads, or "
+                             "head_size) must be even (rotary embeddings rotate pairs)")
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
     @property
     def num_rep(self) -> int:

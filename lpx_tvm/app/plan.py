@@ -561,11 +561,17 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
 
 def _verified(report, spec, system, dtype, chosen, context, progress, start) -> dict:
     """``report`` with the chosen mapping's stages compiled and timed whole (:func:`.verify.verify`)."""
-    from .verify import verify
+    from .verify import int8_as_compiled, verify
 
     checked = verify(spec, system, dtype, chosen, context, progress)
     report.update(verified_cycles=checked["verified_cycles"], verify_error=checked["verify_error"],
-                  verify_stages=checked["stages"], plan_s=time.perf_counter() - start)
+                  verify_stages=checked["stages"])
+    if dtype == "int8" and chosen.batch == 1:
+        measured = int8_as_compiled(spec, system, chosen, context, progress)
+        if measured:
+            measured["per_token_us"] = 1e6 * measured["per_token_cycles"] / system.chip.clock_hz
+        report["int8_as_compiled"] = measured
+    report["plan_s"] = time.perf_counter() - start
     return report
 
 
@@ -673,6 +679,13 @@ def table(report: dict) -> str:
                            f"cycles (planned {v['planned']:,})" for v in report["verify_stages"])
         head += (f"\n  verified: every stage compiled and timed whole ({stages}): {report['verified_cycles']:,} "
                  f"cycles a token; the plan's error {100 * report['verify_error']:+.1f}%")
+    measured = report.get("int8_as_compiled")
+    if measured:
+        us = measured["per_token_us"]
+        head += (f"\n  int8 as compiled: a block of this shard through the QDQ flow (quantised by ONNX Runtime, "
+                 f"compiled as int8 kernels) takes {measured['block_cycles']:,} cycles against the "
+                 f"{measured['planned_block_cycles']:,} planned ({measured['block_cycles'] / measured['planned_block_cycles']:.2f}×): "
+                 f"{us:.1f} µs a token, {1e6 / us:.0f} tokens/s per user")
     if "prefill_pool" in report:
         from .prefill_pool import describe as describe_pool
 

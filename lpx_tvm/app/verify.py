@@ -7,9 +7,16 @@ simulator. A stage program starts with its input crossing the host link and ends
 back, where a pipeline's stage receives and sends over the chip links (which the plan counts beside): the
 host link's cycles on the program's critical path are left out. The LM head is measured whole by the plan
 already, and the links' all-reduces and hops are the plan's own formula in both.
+
+int8 is planned as one-byte storage at the int8 matrix rate, without the QDQ flow's quantise and dequantise
+steps. The verification measures what that leaves out: one block of the chosen shard, built as the project's
+decoder with seeded random weights, quantised by ONNX Runtime's static quantiser and compiled as int8 kernels
+(two blocks less one), beside the planned block.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..runtime_sim import DType
 from .plan import _as_built, _measure, block_cost, shard_shape
@@ -53,3 +60,41 @@ def verify(spec, system, dtype: str, chosen, context: int, progress=None) -> dic
     return {"verified_cycles": verified, "verify_error": chosen.per_token_cycles / verified - 1,
             "stages": [{"blocks": n, "stages": counts.count(n), "cycles": measured[n], "planned": n * per_block}
                        for n in sorted(measured)]}
+
+
+def qdq_block_cycles(spec, shape, chip: str, context: int, seed: int = 0) -> int:
+    """One block of ``shape`` through the int8 QDQ flow: two blocks' decode step less one's, each a decoder of
+    the shard's sizes (its heads, K/V heads and MLP columns; the whole hidden size) quantised by ONNX
+    Runtime's static quantiser on a seeded step and compiled for ``chip`` as int8 kernels."""
+    import lpx_tvm
+
+    from . import llama
+
+    cycles = []
+    for layers in (1, 2):
+        config = llama.LlamaConfig(hidden_size=spec.hidden, num_layers=layers, num_heads=shape.heads,
+                                   num_kv_heads=shape.kv_heads, intermediate_size=shape.ffn, vocab_size=64,
+                                   max_context=context, head_size=spec.head_dim)
+        rng = np.random.default_rng(seed)
+        cache = {name: rng.standard_normal((1, shape.kv_heads, context, spec.head_dim)).astype(np.float32)
+                 for name in llama.cache_names(config)}
+        qdq = lpx_tvm.quantize(llama.build_decode(config, seed),
+                               [llama.decode_feeds(config, 3, context // 2, cache)])
+        compiled = lpx_tvm.compile(qdq, config=chip, dtype="int8", state=llama.cache_names(config))
+        cycles.append(sum(sim.stats.cycles for sim in compiled.simulators.values()))
+    return cycles[1] - cycles[0]
+
+
+def int8_as_compiled(spec, system, chosen, context: int, progress=None) -> dict | None:
+    """The int8 plan's blocks as the QDQ flow compiles them: ``block_cycles`` (:func:`qdq_block_cycles`),
+    ``planned_block_cycles``, and ``per_token_cycles`` with every block at the measured cycles; None for a
+    mixture of experts (the project's decoder has no experts)."""
+    if spec.experts:
+        return None
+    if progress is not None:
+        progress("plan: a block through the int8 QDQ flow (quantised by ONNX Runtime, compiled as int8 kernels)")
+    shape, _, _ = shard_shape(spec, chosen.width, chosen.batch, context)
+    planned = block_cost(system.chip, shape, "int8").cycles
+    measured = qdq_block_cycles(spec, shape, system.chip.name, context)
+    return {"block_cycles": measured, "planned_block_cycles": planned,
+            "per_token_cycles": chosen.per_token_cycles + spec.layers * (measured - planned)}

@@ -13,7 +13,7 @@ sizes.
 from __future__ import annotations
 
 from ..runtime_sim import ChipConfig
-from .graph import Graph
+from .graph import Graph, layer_label
 
 ALIGN = 64
 REUSE_WINDOW_BYTES = 16 << 20
@@ -116,7 +116,7 @@ def _largest_weights(g: Graph, ops: list, count: int = 3) -> str:
             if operand.tensor is not None and g.is_resident(g.base(operand.tensor)):
                 readers.setdefault(g.base(operand.tensor), op.layer)
     biggest = sorted(readers, key=lambda t: -g.tensors[t].nbytes)[:count]
-    return ", ".join(f"{g.tensors[t].nbytes} bytes in {readers[t].split('/', 1)[-1]!r}" for t in biggest)
+    return ", ".join(f"{g.tensors[t].nbytes} bytes in {layer_label(readers[t])}" for t in biggest)
 
 
 def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activation_base: int | None = None) -> dict:
@@ -161,7 +161,7 @@ def allocate(g: Graph, ops: list, config: ChipConfig, const_base: int = 0, activ
             if where is None:
                 live = config.sram_bytes - sum(h - l for l, h in free.blocks)
                 raise CapacityError(
-                    f"layer {op.layer!r}: a {size}-byte tensor {g.tensors[base].shape} does not fit in SRAM "
+                    f"layer {layer_label(op.layer)}: a {size}-byte tensor {g.tensors[base].shape} does not fit in SRAM "
                     f"({config.sram_bytes} bytes on chip {config.name!r}, {live} already in use, "
                     f"{cursor} of them weights)")
             addr[base] = where

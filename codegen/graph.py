@@ -98,3 +98,12 @@ class Graph:
 
     def producer(self) -> dict:
         return {node.output: node for node in self.nodes}
+
+
+def layer_label(layer: str) -> str:
+    """A layer name as a message gives it: ``'y' (conv2d_2)`` for ``func/conv2d_2@y``, the ONNX tensor it
+    computes (the last its ops name) and its ops; ``'conv2d_2'`` where no op names one."""
+    body = layer.split("/", 1)[-1]
+    tensors = [part.partition("@")[2] for part in body.split("+") if "@" in part]
+    ops = "+".join(part.partition("@")[0] for part in body.split("+"))
+    return f"{tensors[-1]!r} ({ops})" if tensors else repr(ops)

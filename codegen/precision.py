@@ -22,7 +22,7 @@ import numpy as np
 
 from ..runtime_sim.isa import FLOAT_DTYPES
 from ..runtime_sim.simulator import OverflowWarning
-from .graph import Graph, Node
+from .graph import Graph, Node, layer_label
 
 STORAGE = {d.short: d.np for d in FLOAT_DTYPES}
 F32 = np.dtype(np.float32)
@@ -56,7 +56,7 @@ def lower_precision(g: Graph, dtype: str) -> None:
                     # saturated, not inf: an attention mask of float32's lowest (-3.4e38, as Hugging Face
                     # writes it) must stay a large negative number, or 0 · -inf makes NaN
                     top = float(ml_dtypes.finfo(tensor.dtype).max)
-                    warnings.warn(f"lpx: a constant of layer {readers.get(tid, '?')!r} overflows {dtype} "
+                    warnings.warn(f"lpx: a constant of layer {layer_label(readers.get(tid, '?'))} overflows {dtype} "
                                   f"(|x| up to {float(np.abs(tensor.data[finite]).max()):.3g}): it saturates to "
                                   f"±{top:g}", OverflowWarning, stacklevel=5)
                     stored = np.where(finite, np.clip(tensor.data, -top, top), tensor.data).astype(tensor.dtype)

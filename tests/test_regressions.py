@@ -139,7 +139,11 @@ def test_batch_norm_is_folded_once_in_the_codegen(rng):
     program = decode(next(iter(compiled.programs.values())))
     assert not [i for i in program.instructions if i.opcode in (Opcode.MUL, Opcode.ADD)]  # folded into the conv
     x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
-    assert_close(compiled(x)[0], ort_run(cnn_model(), {"x": x})[0], 1e-5)
+    (y,), calls = _run_counted(compiled, x)
+    # the whole model is one lpx program and ran there: one lpx call, nothing left on the host
+    assert compiled.report.lpx_functions == 1, compiled.report.summary()
+    assert calls == 1 and not compiled.report.host_ops, compiled.report.summary()
+    assert_close(y, ort_run(cnn_model(), {"x": x})[0], 1e-5)
 
 
 def test_a_model_collected_while_a_program_loads_does_not_hang_the_runtime(rng):

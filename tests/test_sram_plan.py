@@ -8,7 +8,7 @@ import pytest
 import lpx_tvm
 from lpx_tvm.runtime_sim import ProgramFormatError, ScheduleError, Simulator, TensorRef, decode
 from lpx_tvm.runtime_sim.chip import Chip
-from conftest import assert_close, ort_run, host_op_between_model
+from conftest import assert_close, ort_run, host_op_between_model, run_on_lpx
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,9 @@ def test_programs_of_one_model_share_a_plan_with_disjoint_weights(programs):
         assert all(r.addr >= p.plan.activation_base for i in p.instructions for r in i.srcs + i.dsts
                    if r.in_sram and not any(c.ref.addr <= r.addr < c.ref.end for c in p.constants))
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
-    assert_close(compiled(x)[0], ort_run(host_op_between_model(), {"x": x})[0], 1e-5)
+    # both programs ran on lpx (two lpx calls), the Floor between them, and only it, on the host
+    (y,) = run_on_lpx(compiled, [x], programs=2, host_ops={"relax.floor": 1})
+    assert_close(y, ort_run(host_op_between_model(), {"x": x})[0], 1e-5)
 
 
 def test_a_program_writing_over_its_siblings_weights_is_rejected(programs):
@@ -87,7 +89,8 @@ def numpy_weight(model):
 
 def test_weights_that_cannot_fit_or_stream_name_their_layers_and_the_way_out(rng):
     """Two 3x3 convolutions of 256 channels hold 2 x 2,359,296 fp32 bytes, more than the tiny chip's
-    4,194,304, and convolution weights do not stream: the error names both layers and what to do."""
+    4,194,304, and convolution weights do not stream: the error names both layers (by their Relax name and
+    the ONNX tensor each computes, 'a' and 'y') and what to do."""
     from onnx import helper
 
     from conftest import make_model, tensor_info, weights
@@ -98,6 +101,6 @@ def test_weights_that_cannot_fit_or_stream_name_their_layers_and_the_way_out(rng
                        [tensor_info("x", [1, 256, 4, 4])], [tensor_info("y", [1, 256, 4, 4])],
                        [weights(rng, "w1", (256, 256, 3, 3)), weights(rng, "w2", (256, 256, 3, 3))])
     with pytest.raises(CapacityError, match=r"weights need 4718592 bytes of SRAM; chip 'tiny' has 4194304\. The "
-                                            r"largest: 2359296 bytes in 'conv2d_1', 2359296 bytes in 'conv2d_2'\. "
+                                            r"largest: 2359296 bytes in 'a' \(conv2d_1\), 2359296 bytes in 'y' \(conv2d_2\)\. "
                                             r"Store them smaller \(dtype fp16, fp8 or int8\) or spread the model"):
         lpx_tvm.compile(model, config="tiny")

@@ -16,7 +16,7 @@ from math import prod
 
 from ...runtime_sim import ChipConfig
 from ...runtime_sim.system import SystemConfig
-from ..graph import Graph, Node
+from ..graph import Graph, Node, layer_label
 from .base import Mapping, Part, SystemCompileError, chip_order, node_weights, strategy, weight_budget
 
 
@@ -81,7 +81,7 @@ def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int
     for i, w in enumerate(weights):
         need = sum(g.tensors[t].nbytes for t in w)
         if need > budget:
-            raise SystemCompileError(f"layer {g.nodes[i].layer!r} alone has {need} bytes of weights, more than a "
+            raise SystemCompileError(f"layer {layer_label(g.nodes[i].layer)} alone has {need} bytes of weights, more than a "
                                      f"chip's budget of {budget} ({chip.name}): it cannot be pipelined whole")
     crossing = crossing_bytes(g)
     prefix = [0.0]

@@ -290,6 +290,22 @@ def cmd_generate(args) -> int:
             prompt_ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
             raise ValueError(f"--prompt-ids {args.prompt_ids!r}: expected token ids, as 1,2,3") from None
+    if args.users is not None and args.users > 1:
+        from .users import generate_users, table as users_table
+
+        if (args.parallel or "pipeline") != "pipeline":
+            raise ValueError("--users runs users through a pipeline: leave --parallel out or give pipeline")
+        if args.prompt_ids is not None or args.prompt is not None or args.temperature:
+            raise ValueError("--users seeds each user's prompt (--seed) and decodes greedily: leave --prompt, "
+                             "--prompt-ids and --temperature out")
+        report = generate_users(args.model, users=args.users, tokens=args.tokens, system=args.system,
+                                chips=args.chips, dtype=args.dtype, prompt_len=args.prompt_len, seed=args.seed,
+                                context=args.context, progress=lambda text: print(text, file=sys.stderr, flush=True))
+        print(users_table(report))
+        if args.json:
+            write_json(report, args.json)
+            print(f"wrote {args.json}")
+        return 0 if report["agree"] else 1
     report = generate(args.model, tokens=args.tokens, system=args.system, parallel=args.parallel or "pipeline",
                       config=args.config, chips=args.chips, dtype=args.dtype, prompt_len=args.prompt_len,
                       progress=lambda text: print(text, file=sys.stderr, flush=True), prompt_ids=prompt_ids,
@@ -463,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="storage type on the chips (int8: a float decoder is quantised with ONNX Runtime's static "
                    "quantiser first, on seeded steps, and ORT runs the same QDQ graphs; fp8 needs an fp8 chip: "
                    "--config lp30)")
+    p.add_argument("--users", type=_at_least(1), help="decode this many users' sequences through the --system "
+                   "pipeline at once (each its own seeded prompt and cache, each checked against ONNX Runtime), "
+                   "and time the steady state: how soon each chip may take the next user's step")
     p.add_argument("--json", help="write the run as JSON")
     p.set_defaults(func=cmd_generate)
     from .plan import PRESETS as PLAN_PRESETS

@@ -1,0 +1,180 @@
+"""``generate --users N``: N sequences through a pipeline at once, each checked against ONNX Runtime.
+
+Values: each user has a prompt of its own (seeded), a KV cache of its own and a reference of its own. The
+chips hold one set of caches in the simulation; before a user's step its caches are put in place and after
+it they are kept (on the machine each user's caches sit at addresses of their own: the plan counts them).
+
+Time: a decode step is one static schedule of every chip, the chips aligned by the links' transfers. In a
+pipeline each user's step is that schedule shifted in time, and the next user's may start as soon as no
+chip would hold two steps at once: each chip's step, repeated ``period`` cycles later on the same addresses, must
+keep every rule of the machine, checked by the simulator as for any program (its units, rates, links'
+ports, and no SRAM hazard between one user's step and the next's: the compiled schedule reuses its
+buffers). The steady state issues a step every ``period`` cycles; a user's own steps follow each other no
+faster than one step's whole schedule, so ``N`` users issue ``min(N / step, 1 / period)`` tokens a cycle.
+"""
+
+from __future__ import annotations
+
+import time
+from math import ceil
+
+import numpy as np
+
+from . import generate as single
+
+
+def repeated(program, period: int, copies: int):
+    """``program`` issued ``copies`` times, each ``period`` cycles after the one before: one chip's steps of
+    successive users, on the same addresses (the simulator's rules then say whether they may overlap so)."""
+    from dataclasses import replace
+
+    instructions = tuple(replace(ins, cycle=ins.cycle + k * period) for k in range(copies)
+                         for ins in program.instructions)
+    return replace(program, instructions=instructions,
+                   predicted_cycles=program.predicted_cycles + (copies - 1) * period)
+
+
+def keeps_the_rules(program, chip, period: int) -> bool:
+    """Whether a chip's step repeated every ``period`` cycles keeps every rule of the machine (its units,
+    shared rates, weight buffers, links' ports, and no SRAM hazard between one user's step and the next's)."""
+    from ..runtime_sim import ScheduleError, Simulator
+
+    copies = -(-program.predicted_cycles // period) + 1  # every step that can be in flight beside the first
+    try:
+        Simulator(repeated(program, period, copies), chip, timing_only=True)
+    except ScheduleError:
+        return False
+    return True
+
+
+def steady_period(compiled, kv_bytes: dict) -> int:
+    """Cycles between two users' steps that keep the rules on every chip: each chip's step repeated at that
+    distance (:func:`keeps_the_rules`; bisection from the step's own length, which always does, to a
+    distance that does where one cycle less does not), and at least each chip's host link time a step, its
+    K/V write included. A step of several programs (host work between them) takes their sum."""
+    config = single._chip_of(compiled)
+    host = {chip: ceil(nbytes / config.host_bytes_per_cycle) for chip, nbytes in kv_bytes.items()}
+    period = 0
+    for sim in compiled.simulators.values():
+        least = 1
+        for chip, chip_sim in sim.chips:
+            program = chip_sim.program
+            lo, hi = 1, max(program.predicted_cycles, 1)
+            while lo < hi:
+                middle = (lo + hi) // 2
+                if keeps_the_rules(program, chip_sim.config, middle):
+                    hi = middle
+                else:
+                    lo = middle + 1
+            link = chip_sim.stats.unit_busy.get("MEM", 0) + host.get(chip, 0)
+            least = max(least, lo, link)
+        period += least
+    return period
+
+
+def generate_users(model="llama-tiny", users: int = 2, tokens: int = 16, system: str | None = None,
+                   chips: int | None = None, dtype: str = "fp32", prompt_len: int = 8, seed: int = 0,
+                   context: int | None = None, progress=None) -> dict:
+    """Decode ``users`` sequences through a pipeline at once.
+
+    Parameters
+    ----------
+    model, tokens, system, chips, dtype, prompt_len, seed, context
+        As for :func:`.generate.generate` (a preset, a ``save_llama`` folder or a Hugging Face graph);
+        user ``u``'s prompt is seeded with ``seed + u``.
+    users : int
+        Sequences in flight.
+
+    Returns
+    -------
+    dict
+        Per user its ``tokens``, ORT's and ``agree``; ``agree`` for all; the step's cycles (``step_cycles``),
+        each chip's busy cycles a step, the steady state's ``period_cycles``, ``tokens_per_s`` (all users),
+        ``tokens_per_s_per_user`` and ``tokens_per_s_per_chip``.
+    """
+    import lpx_tvm
+
+    if isinstance(users, bool) or not isinstance(users, int) or users < 1:
+        raise ValueError(f"users must be a positive integer, got {users!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
+    if system is None:
+        raise ValueError("--users runs a pipeline: give --system (each user's token passes every stage)")
+    say = progress or (lambda text: None)
+    decoder = single._open_decoder(model, prompt_len, seed, context)
+    prompt_len = decoder.prompt_len
+    context = decoder.context_for(prompt_len + tokens, context)
+    if prompt_len + tokens > context:
+        raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the cache's context of {context}")
+    names, new_names = decoder.cache_names, decoder.new_kv_names
+    (prefill_graph, prefill_shapes), (decode_graph, decode_shapes) = decoder.graphs(prompt_len, context)
+    options = dict(system=system, parallel="pipeline", chips=chips, dtype=dtype)
+    say("compiling the prefill and decode graphs ...")
+    prefill = lpx_tvm.compile(prefill_graph, input_shapes=prefill_shapes, **options)
+    decode = lpx_tvm.compile(decode_graph, input_shapes=decode_shapes, state=names, **options)
+    blank = {n: np.zeros(decoder.cache_shape(context), decoder.kv_dtype) for n in names}
+    caches, references, chosen, wanted, agree = [], [], [], [], []
+    for user in range(users):  # each user's prompt prefilled, its caches kept
+        say(f"prefilling user {user + 1}/{users}")
+        prompt = np.random.default_rng(seed + 1 + user).integers(0, decoder.vocab_size, prompt_len).astype(np.int64)
+        reference = decoder.reference()
+        got = dict(zip(decoder.outputs, prefill(**decoder.prefill_feeds(prompt))))
+        for name, new in zip(names, new_names):
+            decode.write_state(name, got[new], (slice(None), slice(None), slice(0, prompt_len)))
+        step = single._compare(got["logits"][0, -1], reference.prefill(prompt))
+        references.append(reference)
+        chosen.append([step["token"]])
+        wanted.append([step["reference_token"]])
+        agree.append(step["token"] == step["reference_token"])
+        caches.append(_kept(decode, names))
+    started = time.perf_counter()
+    for step in range(tokens):
+        for user in range(users):  # in the pipeline's order: user after user, step after step
+            left = (f", about {(time.perf_counter() - started) / step * (tokens - step):.0f} s left" if step
+                    else "")
+            say(f"decode step {step + 1}/{tokens}, user {user + 1}/{users}{left}")
+            _put_back(decode, caches[user])
+            position, token = prompt_len + step, chosen[user][-1]
+            got = dict(zip(decoder.outputs, decode(**decoder.decode_feeds(token, position, context), **blank)))
+            slot = (slice(None), slice(None), slice(position, position + 1))
+            nbytes = {name: decode.write_state(name, got[new], slot) for name, new in zip(names, new_names)}
+            compared = single._compare(got["logits"][0, -1], references[user].step(token))
+            chosen[user].append(compared["token"])
+            wanted[user].append(compared["reference_token"])
+            agree[user] = agree[user] and compared["token"] == compared["reference_token"]
+            caches[user] = _kept(decode, names)
+    kv_bytes = single.kv_bytes_per_chip(decode, names, nbytes)
+    step_cycles = single._cycles(decode) + single._write_back_cycles(decode, names, nbytes)
+    period = steady_period(decode, kv_bytes)
+    chips = sum(len(sim.chips) for sim in decode.simulators.values())
+    clock = single._chip_of(decode).clock_hz
+    per_cycle = min(users / step_cycles, 1 / period)
+    return {"model": str(model), "system": system, "users": users, "dtype": dtype, "context": context,
+            "new_tokens": tokens, "tokens": chosen, "reference_tokens": wanted, "agree": all(agree), "agree_by_user": agree, "step_cycles": step_cycles,
+            "period_cycles": period, "chips": chips,
+            "tokens_per_s": clock * per_cycle, "tokens_per_s_per_user": clock * per_cycle / users,
+            "tokens_per_s_per_chip": clock * per_cycle / chips}
+
+
+def _kept(compiled, names) -> dict:
+    return {name: [view.copy() for view in compiled.state_views(name)] for name in names}
+
+
+def _put_back(compiled, kept: dict) -> None:
+    for name, copies in kept.items():
+        for view, copy in zip(compiled.state_views(name), copies):
+            view[...] = copy
+
+
+def table(report: dict) -> str:
+    """The run as text: each user's agreement, then the steady state."""
+    lines = [f"user {u + 1}: {len(t) - 1} tokens after the prompt, "
+             f"{'each equal to ONNX Runtime' if ok else 'NOT equal to ONNX Runtime'}'s"
+             for u, (t, ok) in enumerate(zip(report["tokens"], report["agree_by_user"]))]
+    lines.append(f"{report['users']} users in flight on {report['system']} ({report['chips']} chips, a pipeline): a "
+                 f"step takes {report['step_cycles']:,} cycles, and the next user's may start "
+                 f"{report['period_cycles']:,} cycles after one's (each chip's step repeated at that distance keeps "
+                 f"the machine's rules): "
+                 f"{report['tokens_per_s']:,.0f} tokens/s, {report['tokens_per_s_per_user']:,.0f} per user, "
+                 f"{report['tokens_per_s_per_chip']:,.1f} per chip")
+    return "\n".join(lines)

@@ -68,3 +68,22 @@ def test_the_generate_command_takes_users(capsys):
     assert "user 2: 2 tokens after the prompt, each equal to ONNX Runtime's" in out
     assert main(["generate", "llama-tiny", "--system", "tiny-2", "--users", "2", "--parallel", "tensor"]) == 1
     assert "--users runs users through a pipeline" in capsys.readouterr().err
+
+
+def test_the_plan_counts_users_in_flight_at_the_busiest_stages_pace(four_users):
+    """The plan's users in flight start a step no more often than its busiest stage allows: llama-small on 4
+    tsp chips holds a block a stage, and the last stage the LM head too, so a step can start every block +
+    head cycles (worked here from the plan's own measured block and head, with no all-reduce at width 1),
+    and 4 users then make clock / period tokens a second, against the step's 4 / 7,456 a cycle. The plan is
+    within 10% of the steady state the compiled pipeline's rules allow (6.8% under it on 2026-12-01: the
+    plan's head is a whole program, its input's host transfer included)."""
+    from lpx_tvm.app.plan import block_cost, head_cost, model_spec, plan, shard_shape
+
+    spec, tsp = model_spec("llama-small"), load_config("tsp")
+    shape, _, _ = shard_shape(spec, 1, 1, 128)
+    block, head = block_cost(tsp, shape, "fp32").cycles, head_cost(tsp, spec.hidden, spec.vocab, 1, "fp32").cycles
+    planned = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, mapping=(4, 1))
+    assert planned["users"] == 4 and planned["period_cycles"] == block + head
+    assert 4 / (planned["per_token_us"] * 900) > 1 / planned["period_cycles"]  # the stages' pace binds
+    assert planned["tokens_per_s_per_chip"] == pytest.approx(tsp.clock_hz / (block + head) / 4, rel=1e-12)
+    assert planned["tokens_per_s_per_chip"] == pytest.approx(four_users["tokens_per_s_per_chip"], rel=0.10)

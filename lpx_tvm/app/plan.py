@@ -275,9 +275,17 @@ class Mapping:
     memory_per_chip: int
     expert_placement: str = ""
     users: int = 1  # in flight: stages × batch when the pipeline is full, fewer when their caches do not fit
+    period_cycles: int = 0  # the busiest stage's time a step: how often a step can start (0: no bound)
+
+    def tokens_per_s(self, clock: int) -> float:
+        """All users' tokens a second: each user's steps follow each other a step's time apart, and the
+        steps of all of them at most one a period (a batch of ``batch`` sequences a step)."""
+        steps = min(self.users / self.batch / self.per_token_cycles,
+                    1 / self.period_cycles if self.period_cycles else float("inf"))
+        return clock * steps * self.batch
 
     def tokens_per_s_per_user(self, clock: int) -> float:
-        return clock / self.per_token_cycles
+        return self.tokens_per_s(clock) / self.users
 
 
 def _widths(spec: ModelSpec, chips: int) -> list:
@@ -354,6 +362,16 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
                        + mlp_steps * ceil(mlp_bytes / chip.c2c_bytes_per_cycle)) \
         + (stages - 1) * ceil(hidden_bytes / chip.c2c_bytes_per_cycle)
     network = hop_steps * hop + serial
+    # users in flight: each stage takes the next user's step once it is done with one's (its buffers are
+    # reused, step after step), so the busiest stage sets how often a step can start. The layers spread as
+    # evenly as they go, the last stage (with the LM head) holding the fewer
+    per_block_network = (reduce_steps + mlp_steps) * hop + reduce_steps * ceil(ceil(hidden_bytes / width)
+                                                                               / chip.c2c_bytes_per_cycle) \
+        + mlp_steps * ceil(mlp_bytes / chip.c2c_bytes_per_cycle)
+    fewer, more = divmod(spec.layers, stages)
+    handoff = ceil(hidden_bytes / chip.c2c_bytes_per_cycle) if stages > 1 else 0
+    period = max((fewer + (more > 0)) * (block.cycles + per_block_network) + handoff,
+                 fewer * (block.cycles + per_block_network) + head.cycles)
     kv_bytes = per_stage * 2 * batch * rows * max(spec.kv_heads // width, 1) * spec.head_dim * 4  # fp32 from the host
     kv_write = ceil(kv_bytes / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
     compute = blocks * block.cycles + head.cycles
@@ -378,7 +396,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
         ttft = spec.layers * (prefill.cycles + 2 * all_reduce_cycles(pre_bytes, width, chip, hop)) \
             + (stages - 1) * transfer_cycles(pre_bytes, hops, chip, hop) + head.cycles
     return Mapping(stages, width, batch, stages * width, per_token, ttft, split, memory, placement,
-                   in_flight * batch)
+                   in_flight * batch, period)
 
 
 def _check_sizes(**sizes) -> None:
@@ -609,6 +627,7 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
         return {"stages": m.stages, "width": m.width, "chips": m.chips, "batch": m.batch, "users": m.users,
                 "per_token_us": 1e6 * m.per_token_cycles / clock, "tokens_per_s_per_user": tps,
                 "tokens_per_s": tps * m.users, "tokens_per_s_per_chip": tps * m.users / m.chips,
+                "period_cycles": m.period_cycles,
                 "ttft_ms": None if m.ttft_cycles is None else 1e3 * m.ttft_cycles / clock,
                 "memory_per_chip": m.memory_per_chip}
     frontier = sorted((row(m) for m in candidates), key=lambda r: (r["chips"], r["batch"]))

@@ -15,6 +15,7 @@ faster than one step's whole schedule, so ``N`` users issue ``min(N / step, 1 / 
 
 from __future__ import annotations
 
+import re
 import time
 from math import ceil
 
@@ -34,41 +35,60 @@ def repeated(program, period: int, copies: int):
                    predicted_cycles=program.predicted_cycles + (copies - 1) * period)
 
 
-def keeps_the_rules(program, chip, period: int) -> bool:
-    """Whether a chip's step repeated every ``period`` cycles keeps every rule of the machine (its units,
-    shared rates, weight buffers, links' ports, and no SRAM hazard between one user's step and the next's)."""
+def conflict(program, chip, period: int):
+    """The first rule a chip's step breaks when repeated every ``period`` cycles on the same addresses (its
+    units, shared rates, weight buffers, links' ports, and no SRAM hazard between one user's step and the
+    next's), as the simulator names it; None where it keeps them all."""
     from ..runtime_sim import ScheduleError, Simulator
 
     copies = -(-program.predicted_cycles // period) + 1  # every step that can be in flight beside the first
     try:
         Simulator(repeated(program, period, copies), chip, timing_only=True)
-    except ScheduleError:
-        return False
-    return True
+    except ScheduleError as err:
+        return err
+    return None
+
+
+_UNTIL = re.compile(r"(?:until|finishes at) cycle (\d+)")
 
 
 def steady_period(compiled, kv_bytes: dict) -> int:
-    """Cycles between two users' steps that keep the rules on every chip: each chip's step repeated at that
-    distance (:func:`keeps_the_rules`; bisection from the step's own length, which always does, to a
-    distance that does where one cycle less does not), and at least each chip's host link time a step, its
-    K/V write included. A step of several programs (host work between them) takes their sum."""
+    """The fewest cycles between two users' steps that keep the rules on every chip at once.
+
+    From a floor (no exclusive resource of a chip can take the next step before it has done this one's
+    work; nor its host link, its K/V write included), each distance is checked on every chip
+    (:func:`conflict`); where a rule breaks, the distance grows by what that conflict lacked (the cycles
+    until the resource or the buffer is free), else by one; then it steps back while one cycle less keeps
+    them too. The distance keeps every rule and one cycle less breaks one (the rules need not hold at every
+    larger distance, so a smaller one may exist below a break). A step of several programs (host work
+    between them) takes their sum.
+    """
     config = single._chip_of(compiled)
     host = {chip: ceil(nbytes / config.host_bytes_per_cycle) for chip, nbytes in kv_bytes.items()}
     period = 0
     for sim in compiled.simulators.values():
-        least = 1
+        floor = 1
         for chip, chip_sim in sim.chips:
-            program = chip_sim.program
-            lo, hi = 1, max(program.predicted_cycles, 1)
-            while lo < hi:
-                middle = (lo + hi) // 2
-                if keeps_the_rules(program, chip_sim.config, middle):
-                    hi = middle
-                else:
-                    lo = middle + 1
-            link = chip_sim.stats.unit_busy.get("MEM", 0) + host.get(chip, 0)
-            least = max(least, lo, link)
-        period += least
+            held = {}
+            for occ in chip_sim.costs:
+                for resource in occ.exclusive:
+                    held[resource] = held.get(resource, 0) + occ.busy
+            floor = max(floor, max(held.values(), default=1),
+                        chip_sim.stats.unit_busy.get("MEM", 0) + host.get(chip, 0))
+        ceiling = max(chip_sim.program.predicted_cycles for _, chip_sim in sim.chips)
+        candidate = floor
+        while candidate < ceiling:
+            broken = next(filter(None, (conflict(s.program, s.config, candidate) for _, s in sim.chips)), None)
+            if broken is None:
+                break
+            lacked = _UNTIL.search(str(broken))
+            candidate += max(int(lacked.group(1)) - broken.cycle, 1) if lacked else 1
+        candidate = min(candidate, ceiling)
+        # a jump can pass distances that would do (a conflict two steps apart needed half of it): step back
+        # while one cycle less keeps the rules too
+        while candidate > floor and not any(conflict(s.program, s.config, candidate - 1) for _, s in sim.chips):
+            candidate -= 1
+        period += candidate
     return period
 
 

@@ -625,7 +625,8 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
     def row(m):
         tps = m.tokens_per_s_per_user(clock)
         return {"stages": m.stages, "width": m.width, "chips": m.chips, "batch": m.batch, "users": m.users,
-                "per_token_us": 1e6 * m.per_token_cycles / clock, "tokens_per_s_per_user": tps,
+                "per_token_us": 1e6 * m.per_token_cycles / clock, "period_us": 1e6 * m.period_cycles / clock,
+                "tokens_per_s_per_user": tps,
                 "tokens_per_s": tps * m.users, "tokens_per_s_per_chip": tps * m.users / m.chips,
                 "period_cycles": m.period_cycles,
                 "ttft_ms": None if m.ttft_cycles is None else 1e3 * m.ttft_cycles / clock,
@@ -680,8 +681,12 @@ def table(report: dict) -> str:
             f"  {report['chips']} chips ({report['racks']} rack(s)): {m['pipeline_stages']} pipeline stages × "
             f"{m['tensor_parallel']}-way tensor parallel, {m['layers_per_stage']} layers a stage"
             + (f"; {m['experts']}" if m["experts"] else "") + f" ({m['why']})\n"
-            f"  {report['per_token_us']:.1f} µs a token = {report['tokens_per_s_per_user']:.0f} tokens/s per user; "
-            f"{report['tokens_per_s_per_chip']:.1f} tokens/s per chip, {report['tokens_per_s_per_rack']:.0f} per rack"
+            f"  {report['per_token_us']:.1f} µs a token"
+            + (f" = {report['tokens_per_s_per_user']:.0f} tokens/s per user; "
+               if report["tokens_per_s_per_user"] * report["per_token_us"] > 1e6 * (1 - 1e-9) else
+               f"; the {report['users']} users' steps at the busiest stage's pace, one every "
+               f"{report['period_us']:.1f} µs: {report['tokens_per_s_per_user']:.0f} tokens/s per user; ")
+            + f"{report['tokens_per_s_per_chip']:.1f} tokens/s per chip, {report['tokens_per_s_per_rack']:.0f} per rack"
             + (f"; time to first token ({report['prompt']} prompt tokens) {report['ttft_ms']:.2f} ms"
                if report["ttft_ms"] is not None else
                f"; no time to first token: a block's {report['prompt']}-token prefill does not fit a chip") + "\n"

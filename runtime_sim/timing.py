@@ -112,7 +112,10 @@ def _alu_ops(ins) -> int:
     if group in (Group.WINDOW, Group.DEPTHWISE):
         kh, kw = ins.attrs["kernel"]
         taps = kh * kw * (2 if group == Group.DEPTHWISE else 1)  # a multiply and an add per depthwise tap
-        return taps + (OP_TABLE[Opcode.EPILOGUE].alu_ops if group == Group.DEPTHWISE else 0)
+        if group == Group.WINDOW:
+            return taps
+        # its epilogue, and for an integer result the requantising step an int8 EPILOGUE has (assumed)
+        return taps + OP_TABLE[Opcode.EPILOGUE].alu_ops + (1 if ins.dsts[0].dtype.is_quantized else 0)
     if group == Group.EPILOGUE and (ins.dsts[0].dtype.is_quantized or len(ins.srcs) == 3):
         return ins.spec.alu_ops + 1  # a rounding multiply, the zero point, a saturating convert (assumed)
     return max(ins.spec.alu_ops, 1)

@@ -122,3 +122,25 @@ def test_a_depthwise_conv_costs_a_multiply_and_an_add_a_tap_and_its_epilogue():
     step = max(ceil(alu_ops / 4), ceil(streams / 8))  # 6
     expected = vectors * step + 4
     assert _timed_alone("DWCONV", [x, w, bias], [out], layout, expected, kernel=(3, 3)) == expected == 28
+
+
+def test_an_int8_depthwise_conv_pays_the_requantising_step_an_int8_epilogue_does():
+    """x [1, 4, 6, 10] int8, w [4, 3, 3] int8, bias int32 and requant fp32 [4, 1, 1] ─► int8 [1, 4, 4, 8]: 128
+    results = 4 vectors. ALU operations an element: 9 taps × (a multiply and an add) = 18, the epilogue's 3,
+    and for the int8 result the requantising step an int8 EPILOGUE pays (the multiply, zero point and
+    saturation: 1) = 22; FLOPs 128 × 22 = 2,816 (the mutation of leaving it out, 21, gives 2,688). On a lane's
+    4 ALUs ceil(22 / 4) = 6 cycles a vector; streams (240 + 36 + 16 + 16 + 128) / (4 · 32) = 3.4, within a
+    direction's 8: 4 · 6 + VXM latency 4 = 28."""
+    layout = Layout()
+    x = layout.const(np.ones((1, 4, 6, 10), np.int8))
+    w = layout.const(np.ones((4, 3, 3), np.int8))
+    bias = layout.const(np.zeros((4, 1, 1), np.int32))
+    requant = layout.const(np.full((4, 1, 1), 0.01, np.float32))
+    out = layout.take((1, 4, 4, 8), DType.I8)
+    alu_ops = 3 * 3 * 2 + 3 + 1
+    expected = 4 * ceil(alu_ops / 4) + 4
+    prog = program([ins("DWCONV", [x, w, bias, requant], [out], kernel=(3, 3), zp_in=0, zp_out=0)], layout,
+                   predicted=expected)
+    stats = Simulator(prog, timing_only=True).stats
+    assert stats.cycles == expected == 28
+    assert stats.flops == 128 * alu_ops == 2816

@@ -341,3 +341,29 @@ def test_verify_measures_what_the_int8_plan_leaves_out():
     measured = planned["int8_as_compiled"]
     assert measured["per_token_cycles"] == pytest.approx(simulated["per_token_cycles"], rel=0.05)
     assert "int8 as compiled: a block of this shard through the QDQ flow" in table(planned)
+
+
+def test_a_tokens_cycles_are_its_blocks_head_links_and_cache_write_worked_by_hand():
+    """llama-small (4 layers, hidden 256, 8 heads, 4 K/V heads of 32) in fp32 on tsp-node, 2 stages × 2 chips.
+    Besides the compiled parts (a block's shard and the LM head's, measured by the codegen), every term is
+    worked out here from tsp-node's figures: a hop 216 cycles, links of 15 GB/s at 900 MHz (16.7 bytes a
+    cycle), the host link 35 bytes a cycle with a 450-cycle DMA latency.
+    - A block's two all-reduces over 2 chips are 2 ring steps each, a hop and half the 1,024-byte hidden
+      state each (ceil(512 / 16.7) = 31): 4 × (216 + 31) = 988 cycles, 4 blocks: 3,952.
+    - One stage boundary inside the node: a hop and the whole hidden state, 216 + ceil(1,024 / 16.7) = 278.
+    - The K/V write: a chip holds 2 layers, 2 K/V heads each: 2 × 2 (K and V) × 2 × 32 × 4 bytes = 1,024,
+      ceil(1,024 / 35) = 30 cycles + 450."""
+    from lpx_tvm.app.plan import block_cost, head_cost, shard_shape
+
+    tsp = load_config("tsp")
+    spec = model_spec("llama-small")
+    shape, _, _ = shard_shape(spec, 2, 1, 128)
+    assert (shape.heads, shape.kv_heads, shape.ffn) == (4, 2, 256)
+    block = block_cost(tsp, shape, "fp32").cycles
+    head = head_cost(tsp, 256, 1024 // 2, 1, "fp32").cycles
+    expected = 4 * block + head + 4 * 988 + 278 + 30 + 450
+    planned = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, mapping=(2, 2))
+    assert round(planned["per_token_us"] * 900) == expected
+    assert planned["split_cycles"]["C2C transfer"] == 4 * 4 * 31 + 62
+    assert planned["split_cycles"]["hop latency"] == (4 * 4 + 1) * 216
+    assert planned["split_cycles"]["KV write"] == 480

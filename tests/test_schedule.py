@@ -80,3 +80,28 @@ def test_more_matrix_planes_never_slow_an_encoder_down():
                                                dtype="fp16")
         cycles.append(sum(Simulator(p, chip, timing_only=True).stats.cycles for p in programs.values()))
     assert cycles == sorted(cycles, reverse=True), cycles
+
+
+def test_a_compiled_mlp_takes_the_cycles_worked_out_by_hand():
+    """conftest's MLP (x [4, 64] → Gemm 32 → ReLU → Gemm 10, fp32) compiled for tiny: 100 MHz, a 10-byte-a-cycle
+    host link (latency 4), 32 × 32 planes taking an fp32 row in 12 passes (latency 8), 2 install streams of 32
+    bytes (4 hops to the plane), vector latency 4.
+    - LOAD x: 1,024 bytes, ceil(1,024 / 10) = 103 cycles: in SRAM at 103 + 4 = 107.
+    - Gemm 1 has K = 64: two 32 × 32 tiles on plane 0, each 4,096 bytes / 64 = 64 cycles to install, in the
+      plane 4 later. Tile 0 is installed 39..103 to be in at 107, when x is; its product, 4 rows × 12 = 48
+      cycles, runs 107..155. Tile 1 follows on the install port, 103..167, in at 171: the second product runs
+      171..219, its bias and ReLU chained behind it from 171 + 8 = 179 at its pace, 48 cycles: done at
+      179 + 48 + 4 = 231.
+    - Gemm 2 (K = 32, N = 10) on plane 1, in two bands of 2 rows: its tile, 1,280 bytes, takes 20 cycles and
+      4 hops, installed twice (a buffer each band), 207..227 and 231..251. Band 0 runs 231..255 (2 rows × 12),
+      its epilogue 239..263; band 1 runs 255..279 (in at 255), its epilogue on the same vector queue
+      263..287, in SRAM at 291.
+    - STORE y: 160 bytes, 16 cycles, 291..307, and the host link's 4: 311."""
+    compiled = lpx_tvm.compile(mlp_model(), config="tiny")
+    (sim,) = compiled.simulators.values()
+    timeline = [(i.cycle, i.opcode.name, i.unit_index) for i in sorted(sim.program.instructions, key=lambda i: i.cycle)]
+    assert timeline == [(0, "LOAD", 0), (39, "INSTALL", 0), (103, "INSTALL", 0), (107, "MATMUL", 0),
+                        (171, "MATMUL", 0), (179, "EPILOGUE", 0), (207, "INSTALL", 1), (231, "MATMUL", 1),
+                        (231, "INSTALL", 1), (239, "EPILOGUE", 0), (255, "MATMUL", 1), (263, "EPILOGUE", 0),
+                        (291, "STORE", 0)]
+    assert sim.stats.cycles == 311

@@ -34,3 +34,32 @@ def test_a_request_larger_than_any_free_block_gets_none():
     free = _FreeList(0, 1000, window=1000)
     free.take(600)
     assert free.take(500) is None
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 400)), max_size=60), st.integers(200, 1000))
+def test_taken_blocks_never_overlap_and_no_byte_is_lost(steps, window):
+    """Any sequence of takes and gives (a give frees a block taken earlier, chosen by the draw): every taken
+    block lies in [0, 1000) and overlaps no other block still taken; the free blocks and the taken ones
+    together cover [0, 1000) exactly once, free blocks sorted, disjoint and merged (no two touch); and a take
+    is refused only when no free block holds the request."""
+    free = _FreeList(0, 1000, window=window)
+    taken = []
+    for give, size in steps:
+        if give and taken:
+            lo, n = taken.pop(size % len(taken))
+            free.give(lo, n)
+        else:
+            fits = any(hi - lo >= size for lo, hi in free.blocks)
+            got = free.take(size)
+            assert (got is not None) == fits
+            if got is not None:
+                taken.append((got, size))
+        spans = sorted(taken + [(lo, hi - lo) for lo, hi in free.blocks])
+        assert sum(n for _, n in spans) == 1000
+        assert spans[0][0] == 0
+        assert all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:]))
+        assert all(hi1 < lo2 for (_, hi1), (lo2, _) in zip(free.blocks, free.blocks[1:]))

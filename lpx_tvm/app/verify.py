@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime_sim import DType
-from .plan import _as_built, _measure, block_cost, shard_shape
+from .plan import PlanError, _as_built, _measure, block_cost, shard_shape
 from .plan_graph import block_graph
 
 
@@ -54,7 +54,8 @@ def verify(spec, system, dtype: str, chosen, context: int, progress=None) -> dic
             progress(f"plan: verifying a stage of {layers} block{'s' if layers > 1 else ''}")
         measured[layers] = stage_cycles(system.chip, shape, dtype, layers)
         if measured[layers] is None:
-            raise ValueError(f"a stage of {layers} blocks does not fit {system.chip.name} when compiled whole")
+            raise PlanError(f"--verify: a stage of {layers} blocks does not fit {system.chip.name} when compiled whole "
+                            "(the plan's two-block measurement fitted: the stage's activations do not)")
     blocks = sum(measured[n] for n in counts if n > 0)
     verified = chosen.per_token_cycles - spec.layers * per_block + blocks
     return {"verified_cycles": verified, "verify_error": chosen.per_token_cycles / verified - 1,

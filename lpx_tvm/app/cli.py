@@ -172,7 +172,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .compare import compare, table
+    from .compare import compare, json_safe, table
 
     feeds = None
     if args.inputs:
@@ -184,7 +184,7 @@ def cmd_compare(args) -> int:
     print(table(report))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=1)
+            json.dump(json_safe(report), fh, indent=1, allow_nan=False)
         print(f"wrote {args.json}")
     return 0
 

@@ -51,8 +51,12 @@ def _metrics(ours: np.ndarray, ref: np.ndarray) -> dict:
     a, b = np.asarray(ours, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
     noise = float(np.sum((a - b) ** 2))
     signal = float(np.sum(b ** 2))
-    cosine = float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-300))
-    out = {"cosine": cosine, "sqnr_db": 10 * np.log10(signal / noise) if noise else float("inf"),
+    norms = np.linalg.norm(a) * np.linalg.norm(b)
+    # two all-zero tensors agree exactly (a ReLU layer can be all zeros): cosine 1, not 0
+    cosine = float(a @ b / norms) if norms else float(not a.any() and not b.any())
+    with np.errstate(divide="ignore"):  # (a reference of zeros against a result that is not: -inf dB)
+        sqnr = float(10 * np.log10(signal / noise)) if noise else float("inf")
+    out = {"cosine": cosine, "sqnr_db": sqnr,
            "max_abs_err": float(np.abs(a - b).max()) if a.size else 0.0}
     if np.issubdtype(np.asarray(ref).dtype, np.integer):  # quantised: how many values agree within one step
         out["within_one_step_pct"] = 100.0 * float(np.mean(np.abs(a - b) <= 1))
@@ -121,3 +125,15 @@ def table(report: dict) -> str:
                f"every layer at cosine >= {report['min_cosine']}")
     outs = "; ".join(f"{o['tensor']}: cosine {o['cosine']:.6f}, SQNR {o['sqnr_db']:.1f} dB" for o in report["outputs"])
     return f"{text}\n\n{verdict}\noutputs: {outs}"
+
+
+def json_safe(value):
+    """``value`` with its infinite and NaN floats as the strings ``"inf"``, ``"-inf"``, ``"nan"``: JSON has
+    no such numbers (Python's ``json`` writes ``Infinity``, which strict parsers refuse)."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return "nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

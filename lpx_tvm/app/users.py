@@ -188,7 +188,7 @@ def _put_back(compiled, kept: dict) -> None:
 
 def table(report: dict) -> str:
     """The run as text: each user's agreement, then the steady state."""
-    lines = [f"user {u + 1}: {len(t) - 1} tokens after the prompt, "
+    lines = [f"user {u + 1}: {len(t) - 1} token{'s' if len(t) != 2 else ''} after the prompt, "
              f"{'each equal to ONNX Runtime' if ok else 'NOT equal to ONNX Runtime'}'s"
              for u, (t, ok) in enumerate(zip(report["tokens"], report["agree_by_user"]))]
     lines.append(f"{report['users']} users in flight on {report['system']} ({report['chips']} chips, a pipeline): a "

@@ -77,6 +77,7 @@ def host_bound_add_cycles(chip, rows: int, cols: int) -> int:
     nbytes = rows * cols * 4
     bands = ceil(nbytes / (16 << 10))
     assert rows % bands == 0 and nbytes <= 64 << 10, "even host bands and an add in one piece, as worked here"
+    assert cols == chip.lanes, "a row a vector, as worked here"
     transfer = bands * ceil(nbytes // bands / host)
     streams_per_vector = 12
     step = max(1, ceil(streams_per_vector / chip.streams_per_direction))

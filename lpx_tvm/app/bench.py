@@ -96,7 +96,8 @@ def bench_table(records: list) -> str:
                      f"{r['lpx_compile_s']:.2f}", f"{r['tvm_llvm_compile_s']:.2f}", f"{r['compile_over_tvm']:.2f}",
                      f"{r['sim_peak_rss_mb']:.0f}", f"{r['ort_peak_rss_mb']:.0f}"])
     return tabulate(rows, headers=["model", "sim ms", "ORT ms", "sim/ORT", "lpx compile s", "llvm compile s",
-                                   "compile/llvm", "sim RSS MB", "ORT RSS MB"], tablefmt="github")
+                                   "compile/llvm", "sim RSS MB", "ORT RSS MB"], tablefmt="github",
+                    disable_numparse=True)  # (its digits as formatted: tabulate would print 0.50 as 0.5)
 
 
 SCHEDULE_DTYPES = ("int8", "fp16", "fp32")

@@ -1,0 +1,30 @@
+"""The stage runner's own rules: the resident-weight budgets it tries, and options refused by name."""
+
+import pytest
+
+from lpx_tvm.codegen import CodegenOptions
+from lpx_tvm.codegen.stages import budgets
+
+
+def test_budgets_go_from_every_free_byte_down_to_streaming_everything():
+    """4 MiB of SRAM and a 1 MiB activation peak: every byte the peak leaves (3 MiB), twice the peak left
+    (2 MiB), then half of SRAM and its halves (2, 1, 0.5, 0.25 MiB), then 0; each once, largest first."""
+    mib = 1 << 20
+    assert budgets(4 * mib, mib) == [3 * mib, 2 * mib, mib, mib // 2, mib // 4, 0]
+
+
+def test_a_peak_beyond_sram_leaves_no_negative_budget():
+    """A 5 MiB peak on 4 MiB: the first two tries would be negative and become 0."""
+    mib = 1 << 20
+    assert budgets(4 * mib, 5 * mib) == [2 * mib, mib, mib // 2, mib // 4, 0]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"config": "nope"}, "unknown chip config 'nope'"),
+    ({"parallel": "tensor"}, "needs a system of chips"),
+    ({"system": "tiny-2", "config": "tiny", "chips": 3}, "chips must be 1..2"),
+    ({"system": "tiny-2", "config": "tiny", "parallel": "sideways"}, "parallel must be one of"),
+])
+def test_options_that_cannot_hold_are_refused_by_name(options, message):
+    with pytest.raises(ValueError, match=message):
+        CodegenOptions(**options)

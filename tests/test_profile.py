@@ -158,3 +158,33 @@ def test_under_tensor_parallelism_each_row_names_its_program_and_chip():
     assert by_layer.pop(("store output 0 [4, 10]", "")) == ["lpx0@chip0"]
     assert by_layer and all(sorted(chips) == ["lpx0@chip0", "lpx0@chip1"] for chips in by_layer.values())
     assert not table(profile(lpx_tvm.compile(mlp_model(), config="tiny"))).startswith("| program")
+
+
+def test_the_roofline_draws_one_series_per_bound_and_every_ceiling(tmp_path, monkeypatch):
+    """The roofline of the CNN's profile: a 7 × 4.5 inch figure at 120 dots an inch (840 × 540 pixels), a scatter
+    series for each bound its layers have (counted here from the profile itself), and the four ceilings a
+    point can meet: the matrix peak, the vector ALUs' peak, the SRAM bandwidth and the host link."""
+    pytest.importorskip("matplotlib", reason="needs the optional dependency matplotlib (lpx-tvm[plot])")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    from lpx_tvm.app import plots
+    from lpx_tvm.app.profile import profile
+
+    report = profile(lpx_tvm.compile(cnn_model(), config="tiny"))
+    drawn = {}
+    real_save = plots._save
+
+    def keep(plt, fig, ax, path, *labels):
+        drawn["labels"] = ax.get_legend_handles_labels()[1]
+        return real_save(plt, fig, ax, path, *labels)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    png = plots.roofline(report, tmp_path / "roofline.png").read_bytes()
+    assert (int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")) == (840, 540)
+    bounds = {r["bound"] for r in report["layers"] if r["flops"] and r["bytes"]}
+    assert drawn["labels"] == [f"{b}-bound layers" for b in sorted(bounds)] + [
+        "matrix peak", "vector ALUs' peak", "SRAM bandwidth × intensity", "host link × intensity"]
+    pyplot.close("all")

@@ -367,3 +367,33 @@ def test_a_tokens_cycles_are_its_blocks_head_links_and_cache_write_worked_by_han
     assert planned["split_cycles"]["C2C transfer"] == 4 * 4 * 31 + 62
     assert planned["split_cycles"]["hop latency"] == (4 * 4 + 1) * 216
     assert planned["split_cycles"]["KV write"] == 480
+
+
+def test_the_plan_plot_labels_every_frontier_point(tmp_path, monkeypatch):
+    """llama-small's plan on tsp-node at batches 1 and 4: a 6.5 × 4.5 inch figure at 120 dots an inch (780 × 540
+    pixels); a series per batch, the frontier and the chosen mapping in the legend; and one annotation per
+    frontier point, naming its mapping, batch and chips, the points picked here as the rows no other beats on
+    both tokens/s per user and per chip."""
+    pytest.importorskip("matplotlib", reason="needs the optional dependency matplotlib (lpx-tvm[plot])")
+    from lpx_tvm.app import plots
+
+    report = plan("llama-small", "tsp-node", dtype="fp16", context=128, prompt=8, batches=(1, 4))
+    rows = report["frontier"]
+    best = [r for r in rows if not any(o["tokens_per_s_per_user"] >= r["tokens_per_s_per_user"]
+                                       and o["tokens_per_s_per_chip"] >= r["tokens_per_s_per_chip"] and o != r
+                                       and (o["tokens_per_s_per_user"], o["tokens_per_s_per_chip"])
+                                       != (r["tokens_per_s_per_user"], r["tokens_per_s_per_chip"]) for o in rows)]
+    drawn = {}
+    real_save = plots._save
+
+    def keep(plt, fig, ax, path, *labels):
+        drawn["legend"] = ax.get_legend_handles_labels()[1]
+        drawn["notes"] = sorted(t.get_text() for t in ax.texts)
+        return real_save(plt, fig, ax, path, *labels)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    png = plots.plan_frontier(report, tmp_path / "plan.png").read_bytes()
+    assert (int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")) == (780, 540)
+    assert drawn["legend"] == ["batch 1", "batch 4", "frontier", f"chosen: {report['chips']} chips"]
+    assert drawn["notes"] == sorted(f"{r['stages']}×{r['width']}, batch {r['batch']}, {r['chips']} chips"
+                                    for r in best)

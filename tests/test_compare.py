@@ -248,3 +248,14 @@ def test_json_safe_writes_the_non_finite_as_strings():
 
     assert json_safe({"a": [float("inf"), 1.5, {"b": float("-inf")}], "c": float("nan")}) == \
         {"a": ["inf", 1.5, {"b": "-inf"}], "c": "nan"}
+
+
+def test_a_chain_of_weight_only_nodes_is_a_weight_not_a_layer():
+    """x ─► MatMul(x, Neg(Mul(w, 2))) y: the Mul and the Neg compute from the weight alone (before, the Neg's
+    output was watched as a layer, since one of its inputs is not an initializer); the MatMul m is watched."""
+    rng = np.random.default_rng(0)
+    model = make_model([helper.make_node("Mul", ["w", "two"], ["w2"]), helper.make_node("Neg", ["w2"], ["w3"]),
+                        helper.make_node("MatMul", ["x", "w3"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+                       [tensor_info("x", [2, 4])], [tensor_info("y", [2, 4])],
+                       [weights(rng, "w", (4, 4)), numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    assert watched_tensors(model) == ["m"]

@@ -20,7 +20,11 @@ _SKIP = {"Shape", "Constant", "ConstantOfShape", "Reshape", "Flatten", "Squeeze"
 
 def watched_tensors(model: onnx.ModelProto) -> list:
     """The layer outputs to compare, in graph order."""
-    inits = {i.name for i in model.graph.initializer}
+    # weights: the initializers, and what nodes make from weights alone (a Constant, a chain of them on one)
+    weights = {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        if all(i in weights for i in node.input if i):
+            weights.update(node.output)
     quantized = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
     outputs = {o.name for o in model.graph.output}
     names = []
@@ -30,7 +34,7 @@ def watched_tensors(model: onnx.ModelProto) -> list:
         if not quantized and node.op_type in _SKIP:
             continue
         for out in node.output[:1]:
-            if out and out not in inits and out not in outputs and not all(i in inits for i in node.input if i):
+            if out and out not in weights and out not in outputs:
                 names.append(out)
     return names
 

@@ -100,10 +100,16 @@ class Graph:
         return {node.output: node for node in self.nodes}
 
 
+def onnx_tensor(layer: str) -> str | None:
+    """The ONNX tensor a layer computes, where the frontend named it: the last its ops name (``c`` is the
+    add's in ``func/conv2d_1+add_2@c+relu_3@r``, ``r`` the layer's); None where none does."""
+    tensors = [part.partition("@")[2] for part in layer.split("/", 1)[-1].split("+") if "@" in part]
+    return tensors[-1] if tensors else None
+
+
 def layer_label(layer: str) -> str:
     """A layer name as a message gives it: ``'y' (conv2d_2)`` for ``func/conv2d_2@y``, the ONNX tensor it
-    computes (the last its ops name) and its ops; ``'conv2d_2'`` where no op names one."""
-    body = layer.split("/", 1)[-1]
-    tensors = [part.partition("@")[2] for part in body.split("+") if "@" in part]
-    ops = "+".join(part.partition("@")[0] for part in body.split("+"))
-    return f"{tensors[-1]!r} ({ops})" if tensors else repr(ops)
+    computes and its ops; ``'conv2d_2'`` where no op names one."""
+    ops = "+".join(part.partition("@")[0] for part in layer.split("/", 1)[-1].split("+"))
+    tensor = onnx_tensor(layer)
+    return f"{tensor!r} ({ops})" if tensor else repr(ops)

@@ -187,5 +187,5 @@ def _layer_rows(columns, paths, unit, units, busy, finish, flops, macs, moved) -
         out.append({"name": name, "cycles": span, "start": int(start[r]), "end": int(end[r]),
                     "flops": int(sums[0][r]), "macs": int(sums[1][r]), "bytes": int(sums[2][r]),
                     "units": sorted(row_busy), "bound": bound_of(causes), "critical": causes, "busy": row_busy,
-                    "busy_by_instance": {name: int(b) for name, b in zip(instances, instance_busy[r].tolist()) if b}})
+                    "busy_by_instance": {resource: int(b) for resource, b in zip(instances, instance_busy[r].tolist()) if b}})
     return out

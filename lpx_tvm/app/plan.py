@@ -357,21 +357,19 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     # per block: the attention's all-reduce, and the MLP's (a mixture of experts: a dispatch and a combine)
     reduce_steps = 2 * (width - 1)
     mlp_steps, mlp_bytes = (2, hidden_bytes) if spec.experts and width > 1 else (reduce_steps, hidden_bytes / width)
-    hop_steps = blocks * (reduce_steps + mlp_steps) + (stages - 1) * hops
-    serial = blocks * (reduce_steps * ceil(ceil(hidden_bytes / width) / chip.c2c_bytes_per_cycle)
-                       + mlp_steps * ceil(mlp_bytes / chip.c2c_bytes_per_cycle)) \
-        + (stages - 1) * ceil(hidden_bytes / chip.c2c_bytes_per_cycle)
+    block_hops = reduce_steps + mlp_steps
+    block_serial = reduce_steps * ceil(ceil(hidden_bytes / width) / chip.c2c_bytes_per_cycle) \
+        + mlp_steps * ceil(mlp_bytes / chip.c2c_bytes_per_cycle)
+    handoff = ceil(hidden_bytes / chip.c2c_bytes_per_cycle)  # one stage to the next
+    hop_steps = blocks * block_hops + (stages - 1) * hops
+    serial = blocks * block_serial + (stages - 1) * handoff
     network = hop_steps * hop + serial
     # users in flight: each stage takes the next user's step once it is done with one's (its buffers are
     # reused, step after step), so the busiest stage sets how often a step can start. The layers spread as
     # evenly as they go, the last stage (with the LM head) holding the fewer
-    per_block_network = (reduce_steps + mlp_steps) * hop + reduce_steps * ceil(ceil(hidden_bytes / width)
-                                                                               / chip.c2c_bytes_per_cycle) \
-        + mlp_steps * ceil(mlp_bytes / chip.c2c_bytes_per_cycle)
+    block_step = block.cycles + block_hops * hop + block_serial  # a block and its all-reduces
     fewer, more = divmod(spec.layers, stages)
-    handoff = ceil(hidden_bytes / chip.c2c_bytes_per_cycle) if stages > 1 else 0
-    period = max((fewer + (more > 0)) * (block.cycles + per_block_network) + handoff,
-                 fewer * (block.cycles + per_block_network) + head.cycles)
+    period = max((fewer + (more > 0)) * block_step + (handoff if stages > 1 else 0), fewer * block_step + head.cycles)
     kv_bytes = per_stage * 2 * batch * rows * max(spec.kv_heads // width, 1) * spec.head_dim * 4  # fp32 from the host
     kv_write = ceil(kv_bytes / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
     compute = blocks * block.cycles + head.cycles

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from ..codegen.graph import onnx_tensor
 from ..runtime_sim.critical import LEGEND
 from ..runtime_sim.system_sim import SystemSimulator
 
@@ -18,13 +19,6 @@ def short_name(layer: str) -> str:
     body = _TENSOR.sub("", _PREFIX.sub("", layer))
     head, _, tail = body.partition("+")
     return head + ("+" + _INDEX.sub("", tail) if tail else "")
-
-
-def onnx_name(layer: str) -> str | None:
-    """The ONNX tensor a layer computes, as ``compare`` names it: the last its ops name (``@c`` in
-    ``conv2d_4+add_7@c+relu_8@r`` is the add's output, ``r`` the layer's); None where none does."""
-    tensors = [part.partition("@")[2] for part in _PREFIX.sub("", layer).split("+") if "@" in part]
-    return tensors[-1] if tensors else None
 
 
 def short_program(name: str) -> str:
@@ -105,7 +99,7 @@ def profile(compiled) -> dict:
         for layer in stats.layers:
             peak = chip.mxm_peak_macs_per_cycle(compiled.dtype if compiled.dtype in chip.mxm_passes else "fp32")
             report["layers"].append({
-                "layer": onnx_name(layer["name"]) or short_name(layer["name"]), "ops": short_name(layer["name"]),
+                "layer": onnx_tensor(layer["name"]) or short_name(layer["name"]), "ops": short_name(layer["name"]),
                 "relax_name": layer["name"], "program": name,
                 "start": layer["start"], "end": layer["end"], "cycles": layer["cycles"],
                 "exclusive_cycles": shares.get(layer["name"], 0.0),

@@ -101,16 +101,16 @@ def generate_users(model="llama-tiny", users: int = 2, tokens: int = 16, system:
     ----------
     model, tokens, system, chips, dtype, prompt_len, seed, context
         As for :func:`.generate.generate` (a preset, a ``save_llama`` folder or a Hugging Face graph);
-        user ``u``'s prompt is seeded with ``seed + u``.
+        user ``u``'s prompt (counting from 0) is seeded with ``seed + 1 + u``.
     users : int
         Sequences in flight.
 
     Returns
     -------
     dict
-        Per user its ``tokens``, ORT's and ``agree``; ``agree`` for all; the step's cycles (``step_cycles``),
-        each chip's busy cycles a step, the steady state's ``period_cycles``, ``tokens_per_s`` (all users),
-        ``tokens_per_s_per_user`` and ``tokens_per_s_per_chip``.
+        Per user its ``tokens``, ORT's (``reference_tokens``) and ``agree_by_user``; ``agree`` for all; the
+        step's cycles (``step_cycles``), the steady state's ``period_cycles`` (:func:`steady_period`),
+        ``tokens_per_s`` (all users), ``tokens_per_s_per_user`` and ``tokens_per_s_per_chip``.
     """
     import lpx_tvm
 
@@ -170,8 +170,8 @@ def generate_users(model="llama-tiny", users: int = 2, tokens: int = 16, system:
     clock = single._chip_of(decode).clock_hz
     per_cycle = min(users / step_cycles, 1 / period)
     return {"model": str(model), "system": system, "users": users, "dtype": dtype, "context": context,
-            "new_tokens": tokens, "tokens": chosen, "reference_tokens": wanted, "agree": all(agree), "agree_by_user": agree, "step_cycles": step_cycles,
-            "period_cycles": period, "chips": chips,
+            "new_tokens": tokens, "tokens": chosen, "reference_tokens": wanted, "agree": all(agree),
+            "agree_by_user": agree, "step_cycles": step_cycles, "period_cycles": period, "chips": chips,
             "tokens_per_s": clock * per_cycle, "tokens_per_s_per_user": clock * per_cycle / users,
             "tokens_per_s_per_chip": clock * per_cycle / chips}
 

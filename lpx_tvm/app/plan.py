@@ -198,7 +198,13 @@ def _as_built(chip: ChipConfig, dtype: str) -> tuple:
     return derive_config(chip, {"mxm_passes": {"fp8": chip.mxm_passes["int8"]}}, f"{chip.name}+int8-as-fp8"), "fp8"
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=512)
+def _blocks(chip: ChipConfig, shape: BlockShape, dtype: str, layers: int, head: int = 0) -> ShardCost | None:
+    """``layers`` block shards (and ``head`` LM-head columns after them) as one program, on the chip and in
+    the storage type they are built in (:func:`_as_built`)."""
+    return _measure(block_graph(shape, DType.from_name(dtype).np, layers, head), chip)
+
+
 def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str, alone: bool = False) -> ShardCost | None:
     """A block shard's cycles in the middle of a stage (two blocks minus one), or None when it cannot fit.
 
@@ -206,11 +212,10 @@ def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str, alone: bool = Fa
     pipeline fill included, so an upper bound), as for a prompt's prefill where two blocks' activations
     and weights do not fit one chip."""
     chip, dtype = _as_built(chip, dtype)
-    np_dtype = DType.from_name(dtype).np
-    one = _measure(block_graph(shape, np_dtype, 1), chip)
+    one = _blocks(chip, shape, dtype, 1)
     if one is None or one.streamed:  # a block that streams its weights is no mapping: two would too
         return one
-    two = _measure(block_graph(shape, np_dtype, 2), chip)
+    two = _blocks(chip, shape, dtype, 2)
     if alone and (two is None or two.streamed):  # fits only alone
         return one
     if two is None:
@@ -229,8 +234,19 @@ def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str, alone: bool = Fa
 
 @lru_cache(maxsize=64)
 def head_cost(chip: ChipConfig, hidden: int, vocab: int, tokens: int, dtype: str) -> ShardCost | None:
+    """The final RMSNorm and ``vocab`` LM-head columns as a program of their own (its input from the host)."""
     chip, dtype = _as_built(chip, dtype)
     return _measure(head_graph(hidden, vocab, tokens, DType.from_name(dtype).np), chip)
+
+
+def head_step_cycles(chip: ChipConfig, shape: BlockShape, vocab: int, dtype: str) -> int | None:
+    """What the LM head adds to the last stage: a block with the head after it, less the block alone (the
+    head's input arrives from the block, not over the host link). None where the two do not fit together."""
+    chip, dtype = _as_built(chip, dtype)
+    one, with_head = _blocks(chip, shape, dtype, 1), _blocks(chip, shape, dtype, 1, vocab)
+    if one is None or with_head is None or one.streamed or with_head.streamed:
+        return None
+    return with_head.cycles - one.cycles
 
 
 # ---- the network -----------------------------------------------------------------------------------------
@@ -369,7 +385,9 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     # evenly as they go, the last stage (with the LM head) holding the fewer
     block_step = block.cycles + block_hops * hop + block_serial  # a block and its all-reduces
     fewer, more = divmod(spec.layers, stages)
-    period = max((fewer + (more > 0)) * block_step + (handoff if stages > 1 else 0), fewer * block_step + head.cycles)
+    head_step = head_step_cycles(chip, shape, ceil(spec.vocab / width), dtype)
+    period = max((fewer + (more > 0)) * block_step + (handoff if stages > 1 else 0),
+                 fewer * block_step + (head.cycles if head_step is None else head_step))
     kv_bytes = per_stage * 2 * batch * rows * max(spec.kv_heads // width, 1) * spec.head_dim * 4  # fp32 from the host
     kv_write = ceil(kv_bytes / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
     compute = blocks * block.cycles + head.cycles

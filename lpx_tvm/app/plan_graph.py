@@ -66,10 +66,11 @@ class _Builder:
         return self.node("MUL", [scaled, self.weight(shape[-1])], shape)
 
 
-def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
+def block_graph(shape: BlockShape, dtype, layers: int = 1, head: int = 0) -> Graph:
     """``layers`` consecutive block shards; inputs: the hidden state, the rotary tables, the mask and each
     layer's K/V cache (resident state); output: the hidden state after the last block (partial sums of
-    the row-split products, as the shard computes them)."""
+    the row-split products, as the shard computes them), or with ``head`` the logits of that many vocabulary
+    columns after the final RMSNorm (a pipeline's last stage)."""
     b = _Builder(dtype)
     g, s = b.g, shape
     hd, kvh, qh = s.head_dim, s.kv_heads, s.heads
@@ -132,6 +133,8 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
         up = b.node("matmul", [n, b.weight(s.hidden, s.ffn)], mlp)
         down = b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(s.ffn, s.hidden)], hidden)
         x = b.node("ADD", [down, x], hidden)
+    if head:
+        x = b.node("matmul", [b.rms_norm(x, hidden), b.weight(s.hidden, head)], (s.batch, s.tokens, head))
     g.outputs = [x]
     return g
 

@@ -15,7 +15,6 @@ faster than one step's whole schedule, so ``N`` users issue ``min(N / step, 1 / 
 
 from __future__ import annotations
 
-import re
 import time
 from math import ceil
 
@@ -49,19 +48,48 @@ def conflict(program, chip, period: int):
     return None
 
 
-_UNTIL = re.compile(r"(?:until|finishes at) cycle (\d+)")
+def unit_clashes(chip_sim, floor: int, limit: int) -> np.ndarray:
+    """``clash[P]`` for P in 0..limit: whether some unit a chip holds alone (a matrix plane, a vector unit, a
+    link port) would be held by two steps at once were the step repeated every P cycles (P ≥ ``floor``).
+
+    Two holdings of one unit, ``[s_a, e_a)`` in one step and ``[s_b, e_b)`` in the step ``j`` later, overlap
+    when ``s_a - e_b < j P < e_a - s_b``: each pair rules out an interval of distances, marked here for every
+    pair and every ``j`` at which two steps can still meet. This is one of the simulator's rules, worked out
+    for all distances at once: the simulator (:func:`conflict`) still has the last word on every distance
+    this leaves (the SRAM hazards, the shared rates).
+    """
+    holdings = {}
+    for ins, occ in zip(chip_sim.program.instructions, chip_sim.costs):
+        if occ.busy > 0:
+            for resource in occ.exclusive:
+                holdings.setdefault(resource, []).append((ins.cycle, ins.cycle + occ.busy))
+    marks = np.zeros(limit + 2, np.int64)
+    steps_apart = chip_sim.program.predicted_cycles // max(floor, 1) + 1  # the most that can meet
+    for held in holdings.values():
+        start, end = np.array(held, np.int64).T
+        for rows in range(0, len(start), 256):  # pairs a block of rows at a time: memory stays small
+            low = (start[rows:rows + 256, None] - end[None, :]).ravel()  # s_a - e_b
+            high = (end[rows:rows + 256, None] - start[None, :]).ravel()  # e_a - s_b
+            keep = high > floor
+            low, high = low[keep], high[keep]
+            for j in range(1, steps_apart + 1):
+                first = np.maximum(low // j + 1, floor)  # the smallest P ≥ floor with j P > s_a - e_b
+                last = np.minimum(-(-high // j) - 1, limit)  # the largest P with j P < e_a - s_b
+                ok = first <= last
+                np.add.at(marks, first[ok], 1)
+                np.add.at(marks, last[ok] + 1, -1)
+    return np.cumsum(marks)[:limit + 1] > 0
 
 
 def steady_period(compiled, kv_bytes: dict) -> int:
     """The fewest cycles between two users' steps that keep the rules on every chip at once.
 
-    From a floor (no exclusive resource of a chip can take the next step before it has done this one's
-    work; nor its host link, its K/V write included), each distance is checked on every chip
-    (:func:`conflict`); where a rule breaks, the distance grows by what that conflict lacked (the cycles
-    until the resource or the buffer is free), else by one; then it steps back while one cycle less keeps
-    them too. The distance keeps every rule and one cycle less breaks one (the rules need not hold at every
-    larger distance, so a smaller one may exist below a break). A step of several programs (host work
-    between them) takes their sum.
+    Distances are tried upward from a floor (no unit a chip holds alone can take the next step before it
+    has done this one's work; nor its host link, its K/V write included). A distance at which two steps
+    would hold a unit at once (:func:`unit_clashes`) is passed over; every other one is checked on every
+    chip by the simulator (:func:`conflict`), and the first that keeps the rules on all of them is the
+    period. The rules need not hold at every larger distance, so the distances are tried in order, none
+    skipped unchecked. A step of several programs (host work between them) takes their sum.
     """
     config = single._chip_of(compiled)
     host = {chip: ceil(nbytes / config.host_bytes_per_cycle) for chip, nbytes in kv_bytes.items()}
@@ -76,18 +104,18 @@ def steady_period(compiled, kv_bytes: dict) -> int:
             floor = max(floor, max(held.values(), default=1),
                         chip_sim.stats.unit_busy.get("MEM", 0) + host.get(chip, 0))
         ceiling = max(chip_sim.program.predicted_cycles for _, chip_sim in sim.chips)
-        candidate = floor
-        while candidate < ceiling:
-            broken = next(filter(None, (conflict(s.program, s.config, candidate) for _, s in sim.chips)), None)
+        clash = np.zeros(ceiling + 1, bool)
+        for _, chip_sim in sim.chips:
+            clash |= unit_clashes(chip_sim, floor, ceiling)
+        chips = [chip_sim for _, chip_sim in sim.chips]
+        candidate = ceiling  # a step after the last one has finished always keeps the rules
+        for distance in np.flatnonzero(~clash[floor:ceiling]) + floor:
+            broken = next((s for s in chips if conflict(s.program, s.config, int(distance))), None)
             if broken is None:
+                candidate = int(distance)
                 break
-            lacked = _UNTIL.search(str(broken))
-            candidate += max(int(lacked.group(1)) - broken.cycle, 1) if lacked else 1
-        candidate = min(candidate, ceiling)
-        # a jump can pass distances that would do (a conflict two steps apart needed half of it): step back
-        # while one cycle less keeps the rules too
-        while candidate > floor and not any(conflict(s.program, s.config, candidate - 1) for _, s in sim.chips):
-            candidate -= 1
+            chips.remove(broken)
+            chips.insert(0, broken)  # the chip that broke a rule is asked first next time
         period += candidate
     return period
 

@@ -46,8 +46,11 @@ _FEW = 24  # entries a dependence query tests one by one in Python rather than i
 class _DepLog:
     """Earlier SRAM accesses by instruction, to find the ones a new access conflicts with.
 
-    Entries are filed by the 16 KiB blocks of SRAM they touch, so a query compares only against accesses
-    near it; an entry a later dense write covers whole is retired (see :meth:`add`).
+    An entry is filed by the blocks of SRAM it touches, in blocks of its own size's scale (16 KiB, or the
+    power of two at or above its span: an entry lies in one or two blocks of its scale), so a query compares
+    only against accesses near it, and a large access is not listed in every 16 KiB block it covers (a query
+    then gathered it from each of them). A query looks in every scale entries were filed at. An entry a later
+    dense write covers whole is retired (see :meth:`add`).
     """
 
     _SHIFT = 14
@@ -57,16 +60,20 @@ class _DepLog:
         self.keys = {"r": np.zeros((6, capacity), np.int64), "w": np.zeros((6, capacity), np.int64)}
         self.owner = {"r": np.zeros(capacity, np.int64), "w": np.zeros(capacity, np.int64)}
         self.n = {"r": 0, "w": 0}
-        self.blocks = {"r": defaultdict(list), "w": defaultdict(list)}
+        self.blocks = {"r": {}, "w": {}}  # kind -> scale (a shift) -> block -> entries
         self.key_tuples = {"r": [], "w": []}  # the same keys, for the pure-Python test of a few entries
 
-    def _spanned(self, lo: int, hi: int) -> range:
-        return range(lo >> self._SHIFT, ((hi - 1) >> self._SHIFT) + 1)
+    @staticmethod
+    def _spanned(lo: int, hi: int, shift: int) -> range:
+        return range(lo >> shift, ((hi - 1) >> shift) + 1)
+
+    def _found(self, kind: str, lo: int, hi: int) -> list:
+        return [entries for shift, blocks in self.blocks[kind].items() for b in self._spanned(lo, hi, shift)
+                if (entries := blocks.get(b))]
 
     def hits(self, kind: str, key: tuple):
         """Owners of the earlier accesses of ``kind`` that meet the footprint ``key``."""
-        blocks = self.blocks[kind]
-        found = [blocks[b] for b in self._spanned(key[0], key[1]) if blocks.get(b)]
+        found = self._found(kind, key[0], key[1])
         if sum(len(f) for f in found) <= _FEW:  # numpy's cost a call is most of the work for a few entries
             tuples, owner = self.key_tuples[kind], self.owner[kind]
             ids = found[0] if len(found) == 1 else sorted({j for f in found for j in f})
@@ -78,26 +85,28 @@ class _DepLog:
     def add(self, kind: str, key: tuple, index: int) -> None:
         """Log an access. A dense write first retires the earlier plain-range accesses inside it: a later
         access that meets them meets the write, which is ordered after them (write after write, write after
-        read), so the edge to the write implies theirs with at least their delay. A retired entry lies in the
-        blocks the write spans and nowhere else, so dropping it there forgets it."""
+        read), so the edge to the write implies theirs with at least their delay. A retired entry lies in
+        blocks the write spans (at the entry's scale) and nowhere else, so dropping it there forgets it."""
         lo, hi = key[0], key[1]
         if kind == "w" and key[2] == 0:
             # plain ranges only: a strided entry can meet a later access of another stride through its
             # bounding range (as :func:`overlaps` compares them) where that access misses the write
             for k in ("r", "w"):
-                tuples, blocks = self.key_tuples[k], self.blocks[k]
-                for b in self._spanned(lo, hi):
-                    entries = blocks.get(b)
-                    if entries:
-                        blocks[b] = [j for j in entries
-                                     if tuples[j][2] or tuples[j][0] < lo or tuples[j][1] > hi]
+                tuples = self.key_tuples[k]
+                for shift, blocks in self.blocks[k].items():
+                    for b in self._spanned(lo, hi, shift):
+                        entries = blocks.get(b)
+                        if entries:
+                            blocks[b] = [j for j in entries
+                                         if tuples[j][2] or tuples[j][0] < lo or tuples[j][1] > hi]
         n = self.n[kind]
         self.keys[kind][:, n] = key
         self.key_tuples[kind].append(tuple(int(v) for v in key))
         self.owner[kind][n] = index
         self.n[kind] = n + 1
-        blocks = self.blocks[kind]
-        for b in self._spanned(lo, hi):
+        shift = max(self._SHIFT, (hi - lo - 1).bit_length())
+        blocks = self.blocks[kind].setdefault(shift, defaultdict(list))
+        for b in self._spanned(lo, hi, shift):
             blocks[b].append(n)
 
 

@@ -97,15 +97,15 @@ def test_the_generate_command_takes_users(capsys):
 def test_the_plan_counts_users_in_flight_at_the_busiest_stages_pace(four_users):
     """The plan's users in flight start a step no more often than its busiest stage allows: llama-small on 4
     tsp chips holds a block a stage, and the last stage the LM head too, so a step can start every block +
-    head-after-a-block cycles (the plan's own measured block, and a block with the head after it less the
-    block, with no all-reduce at width 1). That pace is faster than 4 users' steps come: the 4 users bind,
+    head cycles (the plan's own measured block, and the head with its input on the chip: a block's closing
+    residual add with the head after it, less the add alone; no all-reduce at width 1). That pace is faster than 4 users' steps come: the 4 users bind,
     4 steps a step's time. The plan is within 5% of the steady state the compiled pipeline's rules allow
     (the issue's acceptance)."""
     from lpx_tvm.app.plan import block_cost, head_step_cycles, model_spec, plan, shard_shape
 
     spec, tsp = model_spec("llama-small"), load_config("tsp")
     shape, _, _ = shard_shape(spec, 1, 1, 128)
-    block, head = block_cost(tsp, shape, "fp32").cycles, head_step_cycles(tsp, shape, spec.vocab, "fp32")
+    block, head = block_cost(tsp, shape, "fp32").cycles, head_step_cycles(tsp, spec.hidden, spec.vocab, 1, "fp32")
     planned = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, mapping=(4, 1))
     assert planned["users"] == 4 and planned["period_cycles"] == block + head
     step = round(planned["per_token_us"] * 900)

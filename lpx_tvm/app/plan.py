@@ -199,10 +199,10 @@ def _as_built(chip: ChipConfig, dtype: str) -> tuple:
 
 
 @lru_cache(maxsize=512)
-def _blocks(chip: ChipConfig, shape: BlockShape, dtype: str, layers: int, head: int = 0) -> ShardCost | None:
-    """``layers`` block shards (and ``head`` LM-head columns after them) as one program, on the chip and in
-    the storage type they are built in (:func:`_as_built`)."""
-    return _measure(block_graph(shape, DType.from_name(dtype).np, layers, head), chip)
+def _blocks(chip: ChipConfig, shape: BlockShape, dtype: str, layers: int) -> ShardCost | None:
+    """``layers`` block shards as one program, on the chip and in the storage type they are built in
+    (:func:`_as_built`)."""
+    return _measure(block_graph(shape, DType.from_name(dtype).np, layers), chip)
 
 
 def block_cost(chip: ChipConfig, shape: BlockShape, dtype: str, alone: bool = False) -> ShardCost | None:
@@ -239,14 +239,18 @@ def head_cost(chip: ChipConfig, hidden: int, vocab: int, tokens: int, dtype: str
     return _measure(head_graph(hidden, vocab, tokens, DType.from_name(dtype).np), chip)
 
 
-def head_step_cycles(chip: ChipConfig, shape: BlockShape, vocab: int, dtype: str) -> int | None:
-    """What the LM head adds to the last stage: a block with the head after it, less the block alone (the
-    head's input arrives from the block, not over the host link). None where the two do not fit together."""
+@lru_cache(maxsize=64)
+def head_step_cycles(chip: ChipConfig, hidden: int, vocab: int, tokens: int, dtype: str) -> int | None:
+    """What the LM head adds to a pipeline's last stage, its input already on the chip: the residual add
+    that ends a block with the head after it, less the add alone (the host transfer of their input cancels).
+    None where the head does not fit."""
     chip, dtype = _as_built(chip, dtype)
-    one, with_head = _blocks(chip, shape, dtype, 1), _blocks(chip, shape, dtype, 1, vocab)
-    if one is None or with_head is None or one.streamed or with_head.streamed:
+    np_dtype = DType.from_name(dtype).np
+    with_head = _measure(head_graph(hidden, vocab, tokens, np_dtype, after=True), chip)
+    if with_head is None or with_head.streamed:
         return None
-    return with_head.cycles - one.cycles
+    alone = _measure(head_graph(hidden, vocab, tokens, np_dtype, after=True, head=False), chip)
+    return with_head.cycles - alone.cycles
 
 
 # ---- the network -----------------------------------------------------------------------------------------
@@ -385,7 +389,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     # evenly as they go, the last stage (with the LM head) holding the fewer
     block_step = block.cycles + block_hops * hop + block_serial  # a block and its all-reduces
     fewer, more = divmod(spec.layers, stages)
-    head_step = head_step_cycles(chip, shape, ceil(spec.vocab / width), dtype)
+    head_step = head_step_cycles(chip, spec.hidden, ceil(spec.vocab / width), batch * rows, dtype)
     period = max((fewer + (more > 0)) * block_step + (handoff if stages > 1 else 0),
                  fewer * block_step + (head.cycles if head_step is None else head_step))
     kv_bytes = per_stage * 2 * batch * rows * max(spec.kv_heads // width, 1) * spec.head_dim * 4  # fp32 from the host

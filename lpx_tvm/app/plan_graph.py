@@ -66,11 +66,10 @@ class _Builder:
         return self.node("MUL", [scaled, self.weight(shape[-1])], shape)
 
 
-def block_graph(shape: BlockShape, dtype, layers: int = 1, head: int = 0) -> Graph:
+def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
     """``layers`` consecutive block shards; inputs: the hidden state, the rotary tables, the mask and each
     layer's K/V cache (resident state); output: the hidden state after the last block (partial sums of
-    the row-split products, as the shard computes them), or with ``head`` the logits of that many vocabulary
-    columns after the final RMSNorm (a pipeline's last stage)."""
+    the row-split products, as the shard computes them)."""
     b = _Builder(dtype)
     g, s = b.g, shape
     hd, kvh, qh = s.head_dim, s.kv_heads, s.heads
@@ -133,18 +132,21 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1, head: int = 0) -> Gra
         up = b.node("matmul", [n, b.weight(s.hidden, s.ffn)], mlp)
         down = b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(s.ffn, s.hidden)], hidden)
         x = b.node("ADD", [down, x], hidden)
-    if head:
-        x = b.node("matmul", [b.rms_norm(x, hidden), b.weight(s.hidden, head)], (s.batch, s.tokens, head))
     g.outputs = [x]
     return g
 
 
-def head_graph(hidden: int, vocab: int, tokens: int, dtype) -> Graph:
-    """The final RMSNorm and this chip's columns of the LM head, for ``tokens`` positions."""
+def head_graph(hidden: int, vocab: int, tokens: int, dtype, after: bool = False, head: bool = True) -> Graph:
+    """The final RMSNorm and this chip's columns of the LM head, for ``tokens`` positions. With ``after``, the
+    residual add that ends a block comes first (its input is then on the chip when the head starts, as in a
+    pipeline's last stage); without ``head``, that add alone."""
     b = _Builder(dtype)
     g = b.g
-    x = g.add_tensor((1, tokens, hidden), b.dtype)
+    shape = (1, tokens, hidden)
+    x = g.add_tensor(shape, b.dtype)
     g.inputs = [x]
-    n = b.rms_norm(x, (1, tokens, hidden))
-    g.outputs = [b.node("matmul", [n, b.weight(hidden, vocab)], (1, tokens, vocab))]
+    if after:
+        x = b.node("ADD", [x, b.weight(hidden)], shape)
+    g.outputs = [b.node("matmul", [b.rms_norm(x, shape), b.weight(hidden, vocab)], (1, tokens, vocab))
+                 if head else x]
     return g

@@ -22,6 +22,7 @@ of the streams, SRAM bandwidth and vector ALUs. The rules are the machine's
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 
 import numpy as np
@@ -61,6 +62,7 @@ class _DepLog:
         self.owner = {"r": np.zeros(capacity, np.int64), "w": np.zeros(capacity, np.int64)}
         self.n = {"r": 0, "w": 0}
         self.blocks = {"r": {}, "w": {}}  # kind -> scale (a shift) -> block -> entries
+        self.filed = {"r": {}, "w": {}}  # kind -> scale -> the blocks filed into, in order
         self.key_tuples = {"r": [], "w": []}  # the same keys, for the pure-Python test of a few entries
 
     @staticmethod
@@ -68,8 +70,14 @@ class _DepLog:
         return range(lo >> shift, ((hi - 1) >> shift) + 1)
 
     def _found(self, kind: str, lo: int, hi: int) -> list:
-        return [entries for shift, blocks in self.blocks[kind].items() for b in self._spanned(lo, hi, shift)
-                if (entries := blocks.get(b))]
+        """The entry lists of the blocks ``[lo, hi)`` touches, at every scale (only the blocks ever filed
+        into are visited: most of a large query's blocks at a small scale hold nothing)."""
+        found = []
+        for shift, blocks in self.blocks[kind].items():
+            filed = self.filed[kind][shift]
+            first, last = bisect_left(filed, lo >> shift), bisect_right(filed, (hi - 1) >> shift)
+            found += [entries for b in filed[first:last] if (entries := blocks[b])]
+        return found
 
     def hits(self, kind: str, key: tuple):
         """Owners of the earlier accesses of ``kind`` that meet the footprint ``key``."""
@@ -94,8 +102,9 @@ class _DepLog:
             for k in ("r", "w"):
                 tuples = self.key_tuples[k]
                 for shift, blocks in self.blocks[k].items():
-                    for b in self._spanned(lo, hi, shift):
-                        entries = blocks.get(b)
+                    filed = self.filed[k][shift]
+                    for b in filed[bisect_left(filed, lo >> shift):bisect_right(filed, (hi - 1) >> shift)]:
+                        entries = blocks[b]
                         if entries:
                             blocks[b] = [j for j in entries
                                          if tuples[j][2] or tuples[j][0] < lo or tuples[j][1] > hi]
@@ -105,9 +114,14 @@ class _DepLog:
         self.owner[kind][n] = index
         self.n[kind] = n + 1
         shift = max(self._SHIFT, (hi - lo - 1).bit_length())
-        blocks = self.blocks[kind].setdefault(shift, defaultdict(list))
+        blocks = self.blocks[kind].setdefault(shift, {})
+        filed = self.filed[kind].setdefault(shift, [])
         for b in self._spanned(lo, hi, shift):
-            blocks[b].append(n)
+            entries = blocks.get(b)
+            if entries is None:
+                blocks[b] = entries = []
+                insort(filed, b)
+            entries.append(n)
 
 
 def dependences(instructions: list, occ: list) -> list:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from bisect import bisect_right
 from collections import defaultdict
 
 import numpy as np
@@ -95,8 +96,12 @@ class Simulator:
         if timing_only:
             return
         self._sram = chip.sram if chip is not None else np.zeros(self.sram_size, np.uint8)
-        for const in program.constants:
-            self._view(const.ref)[...] = const.data.view(const.ref.dtype.np).reshape(const.ref.shape)
+        # the weights are read where the program holds them, not copied into the SRAM image: they are never
+        # written, and the image's pages that nothing writes are never touched (so take no memory). A weight
+        # some operand reads only in part, beside other bytes, is placed in the image as well
+        self._weights = _WeightBytes(program)
+        for const in self._weights.placed:
+            self._view(const.ref, placing=True)[...] = const.data.view(const.ref.dtype.np).reshape(const.ref.shape)
         self._buffers = defaultdict(WeightBuffer)
         self._streams, self._stream_bytes = {}, {}
         self._stable_installs = _stable_installs(program, self.order)
@@ -111,11 +116,13 @@ class Simulator:
         """Each instruction's occupancy, by instruction index."""
         return self.timeline.occupancies
 
-    def _view(self, ref):
+    def _view(self, ref, placing: bool = False):
         item = ref.dtype.itemsize
+        memory, offset = (self._sram, 0) if placing else self._weights.holding(ref, self._sram)
+        lo = ref.addr - offset
         if ref.strides is None:
-            return self._sram[ref.addr:ref.addr + ref.nbytes].view(ref.dtype.np).reshape(ref.shape)
-        base = self._sram[ref.addr:ref.end].view(ref.dtype.np)
+            return memory[lo:lo + ref.nbytes].view(ref.dtype.np).reshape(ref.shape)
+        base = memory[lo:ref.end - offset].view(ref.dtype.np)
         return np.lib.stride_tricks.as_strided(base, ref.shape, tuple(s * item for s in ref.strides))
 
     def state_view(self, index: int) -> np.ndarray:
@@ -312,6 +319,39 @@ class _Session:
 
     def finish(self) -> list:
         return self.sim._widen(self.host_out, self.caller_out)
+
+
+class _WeightBytes:
+    """A program's dense weights as the bytes it holds them in, by SRAM address: where an operand lies wholly
+    inside one, it reads them there. ``placed``: the weights the SRAM image must hold too (one stored with
+    strides, or one an operand reads in part, beside other bytes)."""
+
+    def __init__(self, program):
+        weights = sorted((c for c in program.constants if c.ref.strides is None and c.ref.nbytes),
+                         key=lambda c: c.ref.addr)
+        self.starts = [c.ref.addr for c in weights]
+        self.ends = [c.ref.addr + c.ref.nbytes for c in weights]
+        self.bytes = [np.ascontiguousarray(c.data).reshape(-1).view(np.uint8) for c in weights]
+        placed = {id(c) for c in program.constants if c.ref.strides is not None}
+        for ins in program.instructions:
+            for ref in (*ins.srcs, *ins.dsts):
+                if not ref.in_sram:
+                    continue
+                k = bisect_right(self.starts, ref.addr) - 1
+                if k >= 0 and ref.end <= self.ends[k]:
+                    continue  # inside one weight
+                j = bisect_right(self.starts, ref.end - 1)  # weights starting before the operand ends
+                for w in range(max(k, 0), j):
+                    if self.ends[w] > ref.addr:
+                        placed.add(id(weights[w]))
+        self.placed = [c for c in program.constants if id(c) in placed]
+
+    def holding(self, ref, sram) -> tuple:
+        """``(memory, the SRAM address of its byte 0)`` that holds ``ref``'s bytes."""
+        k = bisect_right(self.starts, ref.addr) - 1
+        if k >= 0 and ref.end <= self.ends[k]:
+            return self.bytes[k], self.starts[k]
+        return sram, 0
 
 
 def _install_view(outs, ins, attrs):

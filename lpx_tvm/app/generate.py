@@ -118,6 +118,11 @@ class _BuiltDecoder:
     def drop_graphs(self) -> None:
         self.prefill_graph = self.decode_graph = None
 
+    def drop_prefill_graph(self) -> None:
+        """The prefill graph is compiled: its copy of the weights need not stay while the decode graph
+        compiles (ORT holds its own)."""
+        self.prefill_graph = None
+
     def quantize(self, seed: int = 0, steps: int = 4) -> str:
         """Replace both graphs by their QDQ int8 forms (ONNX Runtime's static quantiser), calibrated on ORT's run
         of a seeded prompt and ``steps`` decode steps after it; returns how, in words."""
@@ -300,10 +305,12 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     start = time.perf_counter()
     say("compiling the prefill graph ...")
     prefill = lpx_tvm.compile(prefill_graph, input_shapes=prefill_shapes, **options)
+    del prefill_graph
+    decoder.drop_prefill_graph()
     say("compiling the decode graph (KV cache resident) ...")
     decode = lpx_tvm.compile(decode_graph, input_shapes=decode_shapes, state=names, **options)
     compile_s = time.perf_counter() - start
-    del prefill_graph, decode_graph
+    del decode_graph
     decoder.drop_graphs()  # compiled, and ORT holds its own: their weights need not stay
     prompt = (np.asarray(given, np.int64) if given is not None
               else np.random.default_rng(seed + 1).integers(0, decoder.vocab_size, prompt_len).astype(np.int64))

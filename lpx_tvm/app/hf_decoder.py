@@ -177,6 +177,9 @@ class HFDecoder:
     def drop_graphs(self) -> None:
         self.graph = None
 
+    def drop_prefill_graph(self) -> None:
+        """Nothing to drop: one graph serves the prefill and the decode step."""
+
     def quantize(self, seed: int = 0, prompt_len: int = 8, steps: int = 4) -> str:
         """Replace the graph by its QDQ int8 form (ONNX Runtime's static quantiser), calibrated on ORT's own run
         of a seeded prompt and ``steps`` decode steps after it; returns how, in words. A graph that is QDQ

@@ -279,7 +279,12 @@ def test_a_format_1_system_program_still_loads():
     (n,) = struct.unpack_from("<I", blob, head)
     table = json.loads(blob[head + 4:head + 4 + n])
     table["outputs"] = [[1, 0]]
+    align, chips, at = table.pop("aligned"), [], head + 4 + n
+    for length in table["lengths"]:  # format 1 put the chips' programs one after another, unaligned
+        at += -at % align
+        chips.append(blob[at:at + length])
+        at += length
     text = json.dumps(table).encode()
-    body = struct.pack("<I", len(text)) + text + blob[head + 4 + n:]
+    body = struct.pack("<I", len(text)) + text + b"".join(chips)
     old = system_sim.HEADER.pack(system_sim.SYSTEM_MAGIC, 1, 0, len(body), hashlib.blake2b(body, digest_size=16).digest())
     assert decode_system(old + body).outputs == (((1, 0),),)

@@ -31,8 +31,11 @@ from .rules import (MAX_DIM, MAX_OPERAND_BYTES, ProgramFormatError, _check_ref, 
 
 MAGIC = b"LPXPROG\0"
 SYSTEM_MAGIC = b"LPXSYS\0\0"  # a system program (system_sim): the same header, one program per chip inside
-VERSION = 7  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
-# 6: resident state; 7: inputs the host converts, outputs it widens
+VERSION = 8  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
+# 6: resident state; 7: inputs the host converts, outputs it widens; 8: each constant's bytes start at a multiple
+# of 64 from the program's first byte (zeros before them), so a simulator reads them where they lie
+_ALIGN = 64
+_PAD = object()  # in an encoding's parts: zeros up to the next multiple of _ALIGN
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
 MAX_NAME = 4096
 
@@ -210,6 +213,7 @@ def _encode(program: Program, allocate):
     parts.append(struct.pack("<I", len(program.constants)))
     for const in program.constants:
         parts.append(_pack_ref(const.ref))
+        parts.append(_PAD)
         parts.append(const.data)
     parts.append(struct.pack("<I", len(program.streamed)))
     for weight in program.streamed:
@@ -222,11 +226,16 @@ def _encode(program: Program, allocate):
         parts.append(struct.pack("<I", len(conversions)))
         parts += [struct.pack("<Idi", *entry) for entry in conversions]
     # one buffer, written in place: weights are most of a program, and each copy of them costs their size
-    sizes = [p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts]
-    blob = allocate(HEADER.size + sum(sizes))
+    sizes, at = [], HEADER.size
+    for part in parts:
+        sizes.append(-at % _ALIGN if part is _PAD else part.nbytes if isinstance(part, np.ndarray) else len(part))
+        at += sizes[-1]
+    blob = allocate(at)
     view, at = memoryview(blob).cast("B"), HEADER.size
     for part, size in zip(parts, sizes):
-        if isinstance(part, np.ndarray):  # a weight, in any layout: its bytes in C order
+        if part is _PAD:
+            view[at:at + size] = bytes(size)
+        elif isinstance(part, np.ndarray):  # a weight, in any layout: its bytes in C order
             np.copyto(np.frombuffer(view[at:at + size], part.dtype).reshape(part.shape), part)
         else:
             view[at:at + size] = part
@@ -332,9 +341,9 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
 
 def decoded_columns(blob, config: ChipConfig | str | None = None):
     """:func:`decode`, returning the program as :class:`.columns.ProgramColumns` (see :func:`validated_columns`)."""
-    _, body, digest = opened(blob, MAGIC, (VERSION,), "program")
+    version, body, digest = opened(blob, MAGIC, (7, VERSION), "program")
     try:
-        program = _parse_body(_Reader(body), digest)
+        program = _parse_body(_Reader(body), digest, version)
     except ProgramFormatError:
         raise
     except (ValueError, struct.error) as err:  # defensive: any parse slip is still a format error
@@ -342,7 +351,7 @@ def decoded_columns(blob, config: ChipConfig | str | None = None):
     return validated_columns(program, config)
 
 
-def _parse_body(r: _Reader, digest: bytes) -> Program:
+def _parse_body(r: _Reader, digest: bytes, version: int = VERSION) -> Program:
     config_name = r.string("config name")
     config_digest = bytes(r.take(8, "config digest"))
     model, plan_bytes, activation_base = r.unpack("8sQQ", "SRAM plan")
@@ -381,6 +390,8 @@ def _parse_body(r: _Reader, digest: bytes) -> Program:
     constants = []
     for _ in range(n_const):
         ref = r.ref("constant")
+        if version >= 8:
+            r.take(-(HEADER.size + r.pos) % _ALIGN, "constant padding")
         data = np.frombuffer(r.take(ref.nbytes, "constant data"), dtype=np.uint8)
         constants.append(Constant(ref, data))
     n_streamed = r.count("streamed weight count", 2)

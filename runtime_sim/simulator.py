@@ -323,16 +323,22 @@ class _Session:
 
 class _WeightBytes:
     """A program's dense weights as the bytes it holds them in, by SRAM address: where an operand lies wholly
-    inside one, it reads them there. ``placed``: the weights the SRAM image must hold too (one stored with
-    strides, or one an operand reads in part, beside other bytes)."""
+    inside one, it reads them there. ``placed``: the weights the SRAM image must hold (one stored with
+    strides, one whose bytes are not aligned to its items, or one an operand reads in part, beside other
+    bytes)."""
 
     def __init__(self, program):
-        weights = sorted((c for c in program.constants if c.ref.strides is None and c.ref.nbytes),
+        held = {id(c): np.ascontiguousarray(c.data).reshape(-1).view(np.uint8) for c in program.constants}
+        # a weight stored with strides is laid out in SRAM unlike its bytes; one whose bytes do not start at a
+        # multiple of its item size (a format-7 program's, inside the encoding) would keep numpy off its fast
+        # paths: both are placed
+        placed = {id(c) for c in program.constants
+                  if c.ref.strides is not None or held[id(c)].ctypes.data % c.ref.dtype.itemsize}
+        weights = sorted((c for c in program.constants if id(c) not in placed and c.ref.nbytes),
                          key=lambda c: c.ref.addr)
         self.starts = [c.ref.addr for c in weights]
         self.ends = [c.ref.addr + c.ref.nbytes for c in weights]
-        self.bytes = [np.ascontiguousarray(c.data).reshape(-1).view(np.uint8) for c in weights]
-        placed = {id(c) for c in program.constants if c.ref.strides is not None}
+        self.bytes = [held[id(c)] for c in weights]
         for ins in program.instructions:
             for ref in (*ins.srcs, *ins.dsts):
                 if not ref.in_sram:

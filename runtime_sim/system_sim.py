@@ -39,7 +39,7 @@ import numpy as np
 from .check import ScheduleError
 from .container import HEADER, opened, seal
 from .isa import HostTensor, Opcode
-from .program import SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, decoded_columns, encode_array
+from .program import _ALIGN, SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, decoded_columns, encode_array
 from .simulator import CallError, Simulator
 from .stats import Timed
 from .system import SystemConfig, load_system
@@ -102,17 +102,20 @@ def encode_system(program: SystemProgram) -> np.ndarray:
                         "chips": list(program.chips), "inputs": [[list(d) for d in x] for x in program.inputs],
                         "outputs": [[list(d) for d in x] for x in program.outputs], "predicted": program.predicted_cycles,
                         "parallel": program.parallel, "notes": program.notes,
-                        "lengths": [len(b) for b in blobs]}).encode()
-    size = HEADER.size + 4 + len(table) + sum(len(b) for b in blobs)
-    out = aligned_array(size)
-    view = memoryview(out).cast("B")
-    at = HEADER.size
-    struct.pack_into("<I", view, at, len(table))
-    view[at + 4:at + 4 + len(table)] = table
-    at += 4 + len(table)
+                        "lengths": [len(b) for b in blobs], "aligned": _ALIGN}).encode()
+    # each chip's program starts at a multiple of 64 bytes (zeros before it), and so do its weights
+    starts, at = [], HEADER.size + 4 + len(table)
     for blob in blobs:
-        view[at:at + len(blob)] = memoryview(blob).cast("B")
+        at += -at % _ALIGN
+        starts.append(at)
         at += len(blob)
+    out = aligned_array(at)
+    view = memoryview(out).cast("B")
+    view[:] = bytes(len(view))
+    struct.pack_into("<I", view, HEADER.size, len(table))
+    view[HEADER.size + 4:HEADER.size + 4 + len(table)] = table
+    for blob, start in zip(blobs, starts):
+        view[start:start + len(blob)] = memoryview(blob).cast("B")
     seal(view, SYSTEM_MAGIC, SYSTEM_VERSION)
     return out
 
@@ -136,8 +139,9 @@ def _decoded_system(blob, system) -> tuple:
         raise ProgramFormatError(f"malformed system program: {err}") from None
     config = load_system(system if system is not None else name)
     _check_made_for(config, name, system_digest)  # before any chip program is decoded
-    columns, at = [], 4 + n
+    columns, at, align = [], 4 + n, int(table.get("aligned", 1))
     for length in lengths:  # each chip's program is validated against the system's chip
+        at += -(HEADER.size + at) % align
         columns.append(decoded_columns(body[at:at + length], config.chip))
         at += length
     try:

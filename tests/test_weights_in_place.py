@@ -42,3 +42,47 @@ def test_a_weight_read_in_part_beside_other_bytes_is_placed_in_the_image():
     np.testing.assert_array_equal(sim.run([])[0], want)
     np.testing.assert_array_equal(_stored(sim, a), np.arange(1, 5))
     np.testing.assert_array_equal(_stored(sim, b), np.full(4, 7.0))
+
+
+def test_a_weight_whose_bytes_are_not_aligned_to_its_items_is_placed_in_the_image():
+    """A format-7 program's weights lie anywhere in its encoding: one starting at an odd address is copied
+    into the image (numpy's fast paths need aligned items), and read there."""
+    from lpx_tvm.runtime_sim import Constant
+
+    layout = Layout()
+    a = layout.const(np.arange(4, dtype=np.float32))
+    odd = np.zeros(17, np.uint8)[1:]  # 16 bytes from an odd address
+    odd[:] = np.full(4, 2.0, np.float32).view(np.uint8)
+    b = layout.take((4,), F32)
+    layout.constants.append(Constant(b, odd))
+    out = layout.take((4,), F32)
+    code = [ins("ADD", [a, b], [out]), ins("STORE", [out], [], index=0, offset=0)]
+    sim = run_unchecked(program(code, layout, outputs=[((4,), F32)]))
+    np.testing.assert_array_equal(sim.run([])[0], np.arange(4) + 2.0)
+    assert not _stored(sim, a).any()
+    np.testing.assert_array_equal(_stored(sim, b), np.full(4, 2.0))
+
+
+def test_format_8_aligns_every_weight_and_a_format_7_program_still_loads(monkeypatch):
+    """Encoded, each weight's bytes start at a multiple of 64 from the program's first byte; the same program
+    written as format 7 (no padding: ``_ALIGN`` 1) decodes to the same weights and computes the same sum."""
+    from lpx_tvm.runtime_sim import Simulator, program as fmt
+
+    layout = Layout()
+    a = layout.const(np.arange(3, dtype=np.float32))  # 12 bytes: the next weight's bytes would be unaligned
+    b = layout.const(np.full(4, 5.0, np.float32))
+    out = layout.take((4,), F32)
+    code = [ins("ADD", [TensorRef(a.addr, (3,), F32), TensorRef(b.addr, (3,), F32)], [TensorRef(out.addr, (3,), F32)]),
+            ins("STORE", [TensorRef(out.addr, (3,), F32)], [], index=0, offset=0)]
+    prog = program(code, layout, outputs=[((3,), F32)])
+    blob = fmt.encode_array(prog)
+    decoded = fmt.decoded_columns(blob).program  # its weights are views of the blob's bytes
+    assert [(c.data.ctypes.data - blob.ctypes.data) % 64 for c in decoded.constants] == [0, 0]
+    monkeypatch.setattr(fmt, "VERSION", 7)
+    monkeypatch.setattr(fmt, "_ALIGN", 1)
+    old = fmt.encode_array(prog)
+    monkeypatch.undo()
+    assert old.nbytes < blob.nbytes and bytes(old[8:12]) != bytes(blob[8:12])  # the version field differs
+    for got in (decoded, fmt.decode(old)):
+        assert [bytes(c.data) for c in got.constants] == [bytes(c.data) for c in prog.constants]
+        np.testing.assert_array_equal(Simulator(got, check_schedule=False).run([])[0], np.arange(3) + 5.0)

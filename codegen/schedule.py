@@ -168,21 +168,21 @@ class _Resources:
             return [ins.unit_index]
         return list(range(self.config.unit_count(ins.unit.name)))
 
-    def fit(self, t: int, parts: list) -> int:
+    def fit(self, t: int, parts: list, pieces: dict | None = None) -> int:
         """``t`` if every part (offset, occupancy, exclusive keys) fits at ``t``, else the next cycle worth
         trying: the latest of the first cycles from which each part's resources are free.
 
         One pass, not a search to the end: the caller chooses the unit instances again at the cycle this
         returns (keys chosen at ``t`` can be the wrong ones later: a vector unit that frees last). Parts of
         one node (a chained pair) overlap in time, so a shared resource is checked against their combined
-        demand, piece by piece.
+        demand, piece by piece (``pieces``: :func:`_pieces` of each shared resource, when the caller has them).
         """
         start = t
         for offset, occ, keys in parts:
             for key in keys:
                 start = max(start, self.exclusive[key].earliest(t + offset, occ.busy) - offset)
         for name in _SHARED:
-            for lo, hi, demand in _pieces(parts, name):
+            for lo, hi, demand in (pieces[name] if pieces is not None else _pieces(parts, name)):
                 start = max(start, self.shared[name].earliest(t + lo, hi - lo, demand) - lo)
         return start
 
@@ -196,6 +196,10 @@ class _Resources:
 
 def _pieces(parts: list, name: str) -> list:
     """``(lo, hi, demand)``: a node's combined demand of one shared resource, constant on each piece."""
+    if len(parts) == 1:  # most nodes: one instruction, one piece
+        offset, occ, _ = parts[0]
+        demand = getattr(occ, name)
+        return [(offset, offset + occ.busy, demand)] if demand and occ.busy > 0 else []
     cuts = sorted({c for offset, occ, _ in parts for c in (offset, offset + occ.busy)})
     out = []
     for lo, hi in zip(cuts, cuts[1:]):
@@ -408,10 +412,13 @@ class _Placer:
         chosen again whenever the group has to move later: the instance free soonest at the first cycle tried
         may be the one that is busy at the cycle it lands on."""
         offsets = dict(group)
+        pieces = None  # the shared resources' demand: the same whichever instances the members take
         while True:
             choice = self._instances(group, t)
             parts = [(o, oc, keys) for o, oc, keys, _, _ in choice]
-            fitted = self.resources.fit(t, parts)
+            if pieces is None:
+                pieces = {name: _pieces(parts, name) for name in _SHARED}
+            fitted = self.resources.fit(t, parts, pieces)
             if fitted != t:
                 t = fitted
                 continue

@@ -111,11 +111,13 @@ def encode_system(program: SystemProgram) -> np.ndarray:
         at += len(blob)
     out = aligned_array(at)
     view = memoryview(out).cast("B")
-    view[:] = bytes(len(view))
     struct.pack_into("<I", view, HEADER.size, len(table))
     view[HEADER.size + 4:HEADER.size + 4 + len(table)] = table
+    end = HEADER.size + 4 + len(table)
     for blob, start in zip(blobs, starts):
+        view[end:start] = bytes(start - end)  # the padding: zeros (a gap, never the whole buffer, is written)
         view[start:start + len(blob)] = memoryview(blob).cast("B")
+        end = start + len(blob)
     seal(view, SYSTEM_MAGIC, SYSTEM_VERSION)
     return out
 

@@ -390,8 +390,8 @@ def _parse_body(r: _Reader, digest: bytes, version: int = VERSION) -> Program:
     constants = []
     for _ in range(n_const):
         ref = r.ref("constant")
-        if version >= 8:
-            r.take(-(HEADER.size + r.pos) % _ALIGN, "constant padding")
+        if version >= 8 and any(r.take(-(HEADER.size + r.pos) % _ALIGN, "constant padding")):
+            raise ProgramFormatError("constant padding is not zeros")
         data = np.frombuffer(r.take(ref.nbytes, "constant data"), dtype=np.uint8)
         constants.append(Constant(ref, data))
     n_streamed = r.count("streamed weight count", 2)

@@ -143,7 +143,10 @@ def _decoded_system(blob, system) -> tuple:
     _check_made_for(config, name, system_digest)  # before any chip program is decoded
     columns, at, align = [], 4 + n, int(table.get("aligned", 1))
     for length in lengths:  # each chip's program is validated against the system's chip
-        at += -(HEADER.size + at) % align
+        pad = -(HEADER.size + at) % align
+        if any(body[at:at + pad]):
+            raise ProgramFormatError("system program's padding before a chip's program is not zeros")
+        at += pad
         columns.append(decoded_columns(body[at:at + length], config.chip))
         at += length
     try:

@@ -86,3 +86,27 @@ def test_format_8_aligns_every_weight_and_a_format_7_program_still_loads(monkeyp
     for got in (decoded, fmt.decode(old)):
         assert [bytes(c.data) for c in got.constants] == [bytes(c.data) for c in prog.constants]
         np.testing.assert_array_equal(Simulator(got, check_schedule=False).run([])[0], np.arange(3) + 5.0)
+
+
+def test_padding_that_is_not_zeros_is_named_even_behind_a_valid_checksum():
+    """The bytes before a weight are zeros in format 8: a program whose padding holds anything else (damage
+    that a re-signed checksum hides) is refused, not run."""
+    import hashlib
+
+    import pytest
+
+    from lpx_tvm.runtime_sim import ProgramFormatError, program as fmt
+    from lpx_tvm.runtime_sim.container import HEADER
+
+    layout = Layout()
+    a = layout.const(np.arange(3, dtype=np.float32))  # 12 bytes: padding before the next weight
+    b = layout.const(np.full(3, 5.0, np.float32))
+    out = layout.take((3,), F32)
+    blob = fmt.encode_array(program([ins("ADD", [a, b], [out])], layout))
+    data_b = next(c.data for c in fmt.decoded_columns(blob).program.constants if c.ref == b)
+    body = bytearray(blob[HEADER.size:])
+    body[data_b.ctypes.data - blob.ctypes.data - HEADER.size - 1] = 7  # the byte just before b's
+    body = bytes(body)
+    signed = HEADER.pack(fmt.MAGIC, fmt.VERSION, 0, len(body), hashlib.blake2b(body, digest_size=16).digest()) + body
+    with pytest.raises(ProgramFormatError, match="constant padding is not zeros"):
+        fmt.decode(signed)

@@ -10,11 +10,12 @@ from .isa import DType, Opcode, Unit, Space, TensorRef, Instruction, OP_TABLE
 from .program import Program, Constant, StreamedWeight, ProgramFormatError, encode, decode, disassemble, validate
 from .check import ScheduleError, check_timing
 from .timing import Occupancy, occupancy
-from .simulator import Simulator, RunStats, CallError
+from .simulator import Simulator, RunStats, CallError, reference_arithmetic
 
 __all__ = [
     "ChipConfig", "load_config", "available_configs", "derive_config", "register_config",
     "DType", "Opcode", "Unit", "Space", "TensorRef", "Instruction", "OP_TABLE",
     "Program", "Constant", "StreamedWeight", "ProgramFormatError", "encode", "decode", "disassemble", "validate",
     "ScheduleError", "check_timing", "Occupancy", "occupancy", "Simulator", "RunStats", "CallError",
+    "reference_arithmetic",
 ]

@@ -11,6 +11,8 @@ data: each call then only does the arithmetic.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import warnings
 from bisect import bisect_right
@@ -24,10 +26,24 @@ from .columns import _END, _IN_SRAM, ProgramColumns
 from .config import ChipConfig
 from .isa import DType, HostTensor, Opcode, Space
 from .program import Program, aligned_array, decoded_columns, validated_columns
+from .merge import fast_entries
 from .semantics import SEMANTICS, WeightBuffer, host_convert, host_widen
 from .stats import RunStats, run_stats
 
-__all__ = ["Simulator", "RunStats", "ScheduleError", "CallError", "OverflowWarning"]
+__all__ = ["Simulator", "RunStats", "ScheduleError", "CallError", "OverflowWarning", "reference_arithmetic"]
+
+_REFERENCE = contextvars.ContextVar("lpx_reference_arithmetic", default=False)
+
+
+@contextlib.contextmanager
+def reference_arithmetic():
+    """Within this block, every program runs tile by tile, one instruction at a time (the definition the
+    fast path is checked against), wherever it is called from: a compiled model's call, ``generate``."""
+    token = _REFERENCE.set(True)
+    try:
+        yield
+    finally:
+        _REFERENCE.reset(token)
 
 
 class CallError(ValueError):
@@ -106,6 +122,7 @@ class Simulator:
         self._streams, self._stream_bytes = {}, {}
         self._stable_installs = _stable_installs(program, self.order)
         self._bound = [self._bind(i) for i in self.order]
+        self._fast = fast_entries(self)  # the same arithmetic, a product's tiles in one call where legal
         # positions (in issue order) of instructions that store a reduced-precision float
         self._reduced_dsts = {k for k, i in enumerate(self.order) if any(
             r.dtype in (DType.F16, DType.BF16) for r in program.instructions[i].dsts)}
@@ -231,7 +248,7 @@ class Simulator:
         start = attrs["offset"] // ref.dtype.itemsize
         return array.reshape(-1)[start:start + ref.size]
 
-    def run(self, inputs, outputs=None) -> list:
+    def run(self, inputs, outputs=None, reference: bool | None = None) -> list:
         """Execute the program on host arrays.
 
         Parameters
@@ -240,6 +257,10 @@ class Simulator:
             One per program input, with exactly its shape and dtype.
         outputs : sequence of numpy arrays, optional
             Buffers to write into; allocated when omitted.
+        reference : bool, optional
+            Run every instruction on its own, tile by tile (the definition the fast path, which runs the
+            tiles of one product as one call, is tested against: :mod:`.merge`). By default, as
+            :func:`reference_arithmetic` says (off outside it).
 
         Returns
         -------
@@ -257,8 +278,11 @@ class Simulator:
         # IEEE specials propagate silently, as on the hardware; a result too big for a reduced-precision
         # storage type is reported (numpy flags the overflowing cast, so this costs nothing otherwise)
         watch = dict(over="call", call=lambda *_: overflowed.add(current[0])) if self._reduced_dsts else {}
+        if reference is None:
+            reference = _REFERENCE.get()
+        entries = ((*entry, k) for k, entry in enumerate(self._bound)) if reference else self._fast
         with np.errstate(all="ignore", **watch), self._lock:
-            for k, (fn, op, outs, ins, attrs) in enumerate(self._bound):
+            for fn, op, outs, ins, attrs, k in entries:
                 current[0] = k
                 if op == Opcode.LOAD or op == Opcode.STORE:
                     self._host_move(k, op, outs, ins, attrs, host_in, host_out)

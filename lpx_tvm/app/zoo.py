@@ -143,6 +143,7 @@ def compare(outputs, references) -> dict:
     return {"max_abs_err": abs_err, "max_rel_err": rel, "cosine": cosine}
 
 
+FAST_PATH_FP32_TOLERANCE = 1e-4  # over the output's largest magnitude; the zoo's worst is 1.3e-5 (ppocr_det)
 REDUCED_PRECISION_MIN_COSINE = {"fp16": 0.999, "bf16": 0.999, "fp8": 0.99}  # against ORT in fp32
 
 
@@ -185,6 +186,7 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
     outputs = compiled(*args)
     record["lpx_calls"] = total_offloaded_calls() - calls_before
     record.update(compare(outputs, references))
+    record.update(fast_against_reference(compiled, args, outputs))
     record["lpx_subgraphs"] = compiled.report.lpx_functions
     record["flops_offloaded_pct"] = compiled.report.offloaded_pct
     record["gflops"] = compiled.report.flops_total / 1e9
@@ -206,10 +208,32 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
         record["ok"] = record["within_one_step_pct"] >= 99.0 and record["top1_agree"]
     else:
         record["ok"] = record["cosine"] >= REDUCED_PRECISION_MIN_COSINE[dtype]
-    if not record["ok"]:
+    # the fast path against the tile-by-tile reference: integer sums are exact, so int8 is bit-equal; fp32
+    # differs by the order a BLAS kernel adds in (a reduced-precision type's rounding can magnify that: it is
+    # judged against ONNX Runtime above, not here)
+    fast_ok = record["fast_bit_equal"] if dtype == "int8" else \
+        record["fast_max_diff"] <= FAST_PATH_FP32_TOLERANCE if dtype == "fp32" else True
+    if not fast_ok:
+        record["ok"] = False
+        record["error"] = f"the fast path differs from the tile-by-tile reference by {record['fast_max_diff']:.2e}"
+    if not record["ok"] and "error" not in record:
         record["error"] = (f"outside tolerance (rel {record['max_rel_err']:.2e}, cosine {record['cosine']:.6f}, "
                            f"{dtype})")
     return record
+
+
+def fast_against_reference(compiled, args, outputs) -> dict:
+    """The model run again tile by tile (:func:`reference_arithmetic`), against the fast path's ``outputs``:
+    ``fast_bit_equal``, and ``fast_max_diff``, the largest difference over the output's largest magnitude."""
+    from ..runtime_sim import reference_arithmetic
+
+    with reference_arithmetic():
+        references = compiled(*args)
+    pairs = [(np.asarray(f, np.float64), np.asarray(r, np.float64)) for f, r in zip(outputs, references)]
+    equal = all(np.array_equal(f, r, equal_nan=True) for f, r in pairs)
+    worst = max((float(np.nanmax(np.abs(f - r))) / max(float(np.nanmax(np.abs(r))), 1e-30) if r.size else 0.0
+                 for f, r in pairs), default=0.0)
+    return {"fast_bit_equal": equal, "fast_max_diff": 0.0 if equal else worst}
 
 
 def llvm_build(model, input_shapes: dict | None = None):

@@ -67,7 +67,8 @@ def fast_entries(sim) -> list:
     -------
     list of tuple
         ``(function, opcode, outs, ins, attrs, position)``: what :meth:`Simulator.run` calls, in order;
-        ``position`` is the issue position of the (first) instruction an entry stands for.
+        ``position`` is the issue position an entry runs at (a merged one's: that of the member the others
+        moved to).
     """
     program, order = sim.program, sim.order
     instructions = program.instructions
@@ -110,7 +111,7 @@ def fast_entries(sim) -> list:
 def _candidate_groups(matmuls) -> list:
     """Runs of MATMULs one call could compute: row blocks of one operand against one tile, or one operand
     against the column blocks of one tile, by address; each run as issue positions, largest first."""
-    rows, cols = defaultdict(list), defaultdict(list)
+    rows = defaultdict(list)
     for pos, ins, tile in matmuls:
         a, out = ins.srcs[0], ins.dsts[0]
         common = (ins.layer, a.dtype, out.dtype, len(ins.srcs), ins.attrs["zp_a"], ins.attrs["zp_b"])
@@ -178,9 +179,8 @@ def _merge(slots, positions, build) -> None:
         else None
     if fn is not None:
         target = max(positions) if _movable(slots, positions, max(positions)) else min(positions)
-        first = min(n.position for n in nodes)
-        merged = _Node((fn, nodes[0].entry[1], [], [], {}, first),
-                       [k for n in nodes for k in n.reads], [k for n in nodes for k in n.writes], first)
+        merged = _Node((fn, nodes[0].entry[1], [], [], {}, target),
+                       [k for n in nodes for k in n.reads], [k for n in nodes for k in n.writes], target)
         for p in positions:
             slots[p] = None
         slots[target] = merged

@@ -184,6 +184,11 @@ PRESETS = {
     "llama-gpt2s": LlamaConfig(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=12,
                                intermediate_size=2048, vocab_size=50257, max_context=1024,
                                tie_word_embeddings=False, dtype="fp16"),
+    # Llama 3.2 1B's dimensions (hidden 2048, 16 layers, 32 query and 8 K/V heads, FFN 8192, vocabulary 128,256,
+    # tied embeddings, RoPE theta 500,000): 1.236 B parameters, 2.47 GB in fp16
+    "llama-1b": LlamaConfig(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
+                            vocab_size=128256, rope_theta=500000.0, max_context=256, tie_word_embeddings=True,
+                            dtype="fp16"),
 }
 
 

@@ -2,12 +2,12 @@
 
 The schedule splits a product into tiles the size of a matrix plane; the
 numbers do not need the split. Where several MATMULs of one layer multiply the
-same installed tile by the row blocks of one operand, or one operand by the
-column blocks of one tile, and nothing between them touches what they read or
-write, they run as one larger numpy product, and each member's block is
-accumulated and stored as its own instruction would have done. The tile stays
-where the program put it: an installed tile nothing overwrites (the common case)
-is read in SRAM, not copied.
+same installed tile by row blocks of one operand that follow each other in
+memory, and nothing between them touches what they read or write, they run as
+one larger numpy product, and each member's block is accumulated and stored as
+its own instruction would have done; the bands of one convolution's IM2COL run
+as one. An installed tile nothing overwrites (the common case) is read where it
+lies in SRAM, not copied.
 
 Every result comes from the instruction stream, its addresses and its
 accumulation order: integer products are exact, so an int8 program's results
@@ -109,8 +109,8 @@ def fast_entries(sim) -> list:
 
 
 def _candidate_groups(matmuls) -> list:
-    """Runs of MATMULs one call could compute: row blocks of one operand against one tile, or one operand
-    against the column blocks of one tile, by address; each run as issue positions, largest first."""
+    """Runs of MATMULs one call could compute: row blocks of one operand, following each other in memory,
+    against one tile; each run as issue positions, largest first."""
     rows = defaultdict(list)
     for pos, ins, tile in matmuls:
         a, out = ins.srcs[0], ins.dsts[0]

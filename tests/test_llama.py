@@ -312,3 +312,15 @@ def test_greedy_generation_on_lpx_matches_ort():
     want = L.generate_reference(TINY, [10, 20, 30, 40], 3)
     assert got["tokens"] == want["tokens"]
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-4, atol=1e-4 * np.abs(want["logits"]).max())
+
+
+@pytest.mark.parametrize("build", [lambda c: L.build_decode(c), lambda c: L.build_prefill(c, 8)],
+                         ids=["decode", "prefill"])
+def test_a_graph_past_protobuf_s_2_gb_is_refused_before_its_weights_are_drawn(build):
+    """Llama 3.2 1B's sizes in fp16: (128,256·2048 + 16·60,821,504 + 2048) parameters · 2 bytes = 2.47 GB."""
+    config = L.PRESETS["llama-gpt2s"].replace(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+                                                  intermediate_size=8192, vocab_size=128256,
+                                                  tie_word_embeddings=True)
+    assert config.weight_bytes() == (128256 * 2048 + 16 * 60821504 + 2048) * 2
+    with pytest.raises(ValueError, match=r"1\.24 B parameters holds 2\.47 GB of fp16 weights, past ONNX's 2 GB"):
+        build(config)

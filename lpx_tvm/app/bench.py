@@ -43,12 +43,15 @@ def bench_model(model: str, repeat: int = 10) -> dict:
     Returns
     -------
     dict
-        Keys ``model``, ``sim_s``, ``ort_s``, ``sim_over_ort``, ``lpx_compile_s``,
+        Keys ``model``, ``sim_s``, ``reference_s`` (tile by tile), ``ort_s``, ``sim_over_ort``,
+        ``reference_over_ort``, ``gemm_floor_over_ort`` (the model's FLOPs at numpy's best fp32 GEMM rate, over
+        ORT's time), ``lpx_compile_s``,
         ``tvm_llvm_compile_s``, ``compile_over_tvm``, ``sim_peak_rss_mb``, ``ort_peak_rss_mb``.
     """
     import onnxruntime as ort
 
     from .. import compile as lpx_compile
+    from ..runtime_sim import reference_arithmetic
     from .zoo import ZOO, llvm_build, timed
 
     entry = ZOO[model]
@@ -63,11 +66,29 @@ def bench_model(model: str, repeat: int = 10) -> dict:
     args = [feeds[n] for n, _, _ in compiled.input_signature]
     sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
     sim_s = timed(lambda: compiled(*args), repeat)
+    with reference_arithmetic():
+        reference_s = timed(lambda: compiled(*args), repeat)
     ort_s = timed(lambda: sess.run(None, feeds), repeat)
-    return {"model": model, "sim_s": sim_s, "ort_s": ort_s, "sim_over_ort": sim_s / ort_s,
+    # the model's FLOPs at numpy's best GEMM rate here: no simulator that multiplies with numpy runs faster
+    floor_s = compiled.report.flops_total / numpy_gemm_flops()
+    return {"model": model, "sim_s": sim_s, "reference_s": reference_s, "ort_s": ort_s, "sim_over_ort": sim_s / ort_s,
+            "reference_over_ort": reference_s / ort_s, "gemm_floor_over_ort": floor_s / ort_s,
             "lpx_compile_s": lpx_compile_s, "tvm_llvm_compile_s": llvm_compile_s,
             "compile_over_tvm": lpx_compile_s / llvm_compile_s,
             "sim_peak_rss_mb": _child_peak_rss_mb(model, "lpx"), "ort_peak_rss_mb": _child_peak_rss_mb(model, "ort")}
+
+
+def numpy_gemm_flops(size: int = 1024, repeat: int = 5) -> float:
+    """numpy's fp32 GEMM rate in this process, on one large square product (its best case), in flop/s."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+    out = np.empty_like(a)
+    np.matmul(a, a, out=out)
+    start = time.perf_counter()
+    for _ in range(repeat):
+        np.matmul(a, a, out=out)
+    return 2 * size ** 3 * repeat / (time.perf_counter() - start)
 
 
 def run_bench(models=DEFAULT_BENCH_MODELS, repeat: int = 10, progress=None) -> list:
@@ -90,12 +111,14 @@ def bench_table(records: list) -> str:
     rows = []
     for r in records:
         if "error" in r:
-            rows.append([r["model"], r["error"]] + [""] * 7)
+            rows.append([r["model"], r["error"]] + [""] * 10)
             continue
-        rows.append([r["model"], f"{r['sim_s'] * 1e3:.1f}", f"{r['ort_s'] * 1e3:.1f}", f"{r['sim_over_ort']:.2f}",
+        rows.append([r["model"], f"{r['sim_s'] * 1e3:.1f}", f"{r['reference_s'] * 1e3:.1f}", f"{r['ort_s'] * 1e3:.1f}",
+                     f"{r['sim_over_ort']:.2f}", f"{r['reference_over_ort']:.2f}", f"{r['gemm_floor_over_ort']:.2f}",
                      f"{r['lpx_compile_s']:.2f}", f"{r['tvm_llvm_compile_s']:.2f}", f"{r['compile_over_tvm']:.2f}",
                      f"{r['sim_peak_rss_mb']:.0f}", f"{r['ort_peak_rss_mb']:.0f}"])
-    return tabulate(rows, headers=["model", "sim ms", "ORT ms", "sim/ORT", "lpx compile s", "llvm compile s",
+    return tabulate(rows, headers=["model", "sim ms", "tile by tile ms", "ORT ms", "sim/ORT", "tile by tile/ORT",
+                                   "GEMM floor/ORT", "lpx compile s", "llvm compile s",
                                    "compile/llvm", "sim RSS MB", "ORT RSS MB"], tablefmt="github",
                     disable_numparse=True)  # (its digits as formatted: tabulate would print 0.50 as 0.5)
 

@@ -184,11 +184,6 @@ PRESETS = {
     "llama-gpt2s": LlamaConfig(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=12,
                                intermediate_size=2048, vocab_size=50257, max_context=1024,
                                tie_word_embeddings=False, dtype="fp16"),
-    # Llama 3.2 1B's dimensions (hidden 2048, 16 layers, 32 query and 8 K/V heads, FFN 8192, vocabulary 128,256,
-    # tied embeddings, RoPE theta 500,000): 1.236 B parameters, 2.47 GB in fp16
-    "llama-1b": LlamaConfig(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
-                            vocab_size=128256, rope_theta=500000.0, max_context=256, tie_word_embeddings=True,
-                            dtype="fp16"),
 }
 
 
@@ -469,6 +464,18 @@ def _check_seq(config: LlamaConfig, prompt_len) -> int:
     return int(prompt_len)
 
 
+_PROTOBUF_LIMIT = 2 ** 31  # bytes: a serialised ONNX model holding its weights inside must stay under 2 GB
+
+
+def _check_graph_size(config) -> None:
+    """Refuse, before drawing any weight, a graph whose weights protobuf cannot hold."""
+    if config.weight_bytes() >= _PROTOBUF_LIMIT:
+        raise ValueError(f"a decoder of {config.parameter_count() / 1e9:.2f} B parameters holds "
+                         f"{config.weight_bytes() / 1e9:.2f} GB of {config.dtype} weights, past ONNX's 2 GB limit on "
+                         "a model with its weights inside; these graphs do not keep weights as external data (size "
+                         "it with lpx-tvm plan, which needs no graph)")
+
+
 def build_prefill(config, prompt_len: int, seed: int = 0) -> onnx.ModelProto:
     """The prefill graph for a prompt of ``prompt_len`` tokens (positions ``0 .. prompt_len-1``).
 
@@ -478,6 +485,7 @@ def build_prefill(config, prompt_len: int, seed: int = 0) -> onnx.ModelProto:
     """
     config = get_config(config)
     seq = _check_seq(config, prompt_len)
+    _check_graph_size(config)
     g = _Graph(config, llama_weights(config, seed))
     causal = np.triu(np.full((seq, seq), MASK_VALUE, np.float32), k=1)
     mask = g.const(np.tile(causal, (config.num_rep, 1)).astype(g.dtype), "causal_mask")  # [rep*seq, seq]
@@ -498,6 +506,7 @@ def build_decode(config, seed: int = 0) -> onnx.ModelProto:
     ``present.{i}.key`` / ``.value`` ``[1, kv_heads, 1, head_dim]`` (the new token's only).
     """
     config = get_config(config)
+    _check_graph_size(config)
     g = _Graph(config, llama_weights(config, seed))
     # the cache slots' mask, then the new token's own slot (always valid): [1, 1, 1, max_context + 1]
     mask = g.op("Concat", ["attention_mask", g.const(np.zeros((1, 1, 1, 1), g.dtype), "self_slot")], axis=3)

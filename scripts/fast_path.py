@@ -1,0 +1,58 @@
+"""Every zoo model in every dtype, fast path against the tile-by-tile reference (and both against ORT).
+
+    python scripts/fast_path.py [--models resnet50 ...] [--dtypes fp32 fp16 bf16 int8 fp8] [--json out.json]
+
+fp8 runs on lp30 (tsp has no fp8 matrix unit), the rest on tsp. A row is ``fast=ref`` when the two are
+bit-equal (int8 must be), else the largest difference over the output's largest magnitude. Exits 1 when an
+int8 model is not bit-equal or an fp32 one differs by more than the zoo's tolerance.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+from tabulate import tabulate
+
+from lpx_tvm.app.zoo import FAST_PATH_FP32_TOLERANCE, ZOO, run_model
+
+DTYPES = ("fp32", "fp16", "bf16", "int8", "fp8")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(ZOO), choices=list(ZOO))
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    parser.add_argument("--json", help="write the records here")
+    args = parser.parse_args(argv)
+    records, rows, bad = [], [], 0
+    for dtype in args.dtypes:
+        for name in args.models:
+            start = time.perf_counter()
+            config = "lp30" if dtype == "fp8" else "tsp"
+            try:
+                record = run_model(ZOO[name], config=config, llvm=False, repeat=1, dtype=dtype)
+            except Exception as err:  # one model's failure must not stop the sweep
+                record = {"model": name, "dtype": dtype, "error": f"{type(err).__name__}: {err}"[:160]}
+            record["wall_s"] = time.perf_counter() - start
+            records.append(record)
+            if "fast_bit_equal" not in record:
+                rows.append([name, dtype, config, record.get("error", "?"), "", "", f"{record['wall_s']:.1f}"])
+                continue
+            fast = "fast=ref" if record["fast_bit_equal"] else f"{record['fast_max_diff']:.2e}"
+            failed = (dtype == "int8" and not record["fast_bit_equal"]) or \
+                (dtype == "fp32" and record["fast_max_diff"] > FAST_PATH_FP32_TOLERANCE)
+            bad += failed
+            rows.append([name, dtype, config, fast, f"{record['cosine']:.6f}", "FAIL" if failed else "ok",
+                         f"{record['wall_s']:.1f}"])
+            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    print(tabulate(rows, headers=["model", "dtype", "config", "fast vs tile by tile", "cosine vs ORT fp32",
+                                  "fast path", "s"], tablefmt="github", disable_numparse=True))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1, default=str)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

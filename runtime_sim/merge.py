@@ -29,8 +29,7 @@ from collections import defaultdict
 import numpy as np
 
 from .hazards import footprint_key, meets, range_key
-from .isa import Opcode
-from .semantics import F32, _f32, _store, exact_in_fp32
+from .isa import BINARY_OPS, UNARY_OPS, Opcode
 
 # regions of their own, below SRAM's addresses: stream n, weight buffer (unit, buffer), host output n
 _SPAN = 1 << 40
@@ -47,10 +46,30 @@ def _key(ref) -> tuple:
 
 
 class _Node:
-    __slots__ = ("entry", "reads", "writes", "position")
+    """One entry of the fast path: a run of steps ``(function, opcode, outs, ins, attrs)``, each after the
+    first reading the one before it through a stream (``chained[k]``: which of step k's inputs)."""
 
-    def __init__(self, entry, reads, writes, position):
-        self.entry, self.reads, self.writes, self.position = entry, reads, writes, position
+    __slots__ = ("steps", "chained", "reads", "writes", "position", "outer", "merged")
+
+    def __init__(self, steps, chained, reads, writes, position, internal=(), merged=False):
+        self.steps, self.chained, self.reads, self.writes, self.position = steps, chained, reads, writes, position
+        self.merged = merged  # several entries' one call: not merged again
+        # without the streams between its steps: what it touches once stacked (a buffer of its own replaces them)
+        self.outer = _Node.__new__(_Node)
+        self.outer.reads = [k for k in reads if k not in internal]
+        self.outer.writes = [k for k in writes if k not in internal]
+
+    @property
+    def entry(self) -> tuple:
+        if len(self.steps) == 1:
+            return (*self.steps[0], self.position)
+        steps = self.steps
+
+        def run(_outs, _ins, _attrs):
+            for fn, _, outs, ins, attrs in steps:
+                fn(outs, ins, attrs)
+        run.opcodes = tuple(step[1] for step in steps)  # what one call runs, for whoever counts calls
+        return (run, steps[-1][1], [], [], {}, self.position)
 
 
 def _conflict(x: _Node, y: _Node) -> bool:
@@ -58,6 +77,27 @@ def _conflict(x: _Node, y: _Node) -> bool:
         if any(meets(w, r) for r in y.reads) or any(meets(w, v) for v in y.writes):
             return True
     return any(meets(r, w) for r in x.reads for w in y.writes)
+
+
+class _LiveTile:
+    """An installed tile read where it lies in SRAM (its INSTALL is stable): what a weight buffer answers,
+    converted at each call, since the SRAM it views changes between calls."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, view):
+        self.value = view
+
+    def converted(self, dtype, zero_point: int = 0):
+        if self.value.dtype == dtype and not zero_point:
+            return self.value
+        tile = self.value.astype(dtype)
+        return tile - dtype(zero_point) if zero_point else tile
+
+
+# what may be computed on stacked operands: elementwise ops along any axis, a product along its rows
+_ELEMENTWISE = {*UNARY_OPS, *BINARY_OPS, Opcode.EPILOGUE, Opcode.QADD, Opcode.QUANTIZE, Opcode.DEQUANTIZE}
+_STACKABLE = _ELEMENTWISE | {Opcode.MATMUL}
 
 
 def fast_entries(sim) -> list:
@@ -73,12 +113,13 @@ def fast_entries(sim) -> list:
     program, order = sim.program, sim.order
     instructions = program.instructions
     installer = {}  # (unit, buffer) -> (instruction index, its bound source) of the last INSTALL into it
-    slots, matmuls = [], []
+    slots, layers = [], []
     for pos, index in enumerate(order):
         ins = instructions[index]
         fn, op, outs, srcs, attrs = sim.bound(pos)
         reads = [_key(r) for r in ins.srcs]
         writes = [_key(r) for r in ins.dsts]
+        layers.append(ins.layer)
         if op == Opcode.INSTALL:
             unit = (ins.unit_index, attrs["buffer"])
             installer[unit] = (index, srcs[0])
@@ -90,45 +131,248 @@ def fast_entries(sim) -> list:
             unit = (ins.unit_index, attrs["buffer"])
             source_index, source = installer[unit]
             if source_index in sim._stable_installs:
-                tile_ref = instructions[source_index].srcs[0]
-                tile_key = footprint_key(tile_ref)
-                tile = (tile_key, tile_ref.shape, tile_ref.strides, tile_ref.dtype)  # the same tile: the same bytes
-                srcs = [srcs[0], source, *srcs[2:]]
-                fn = _matmul_tile
+                reads.append(footprint_key(instructions[source_index].srcs[0]))
+                srcs = [srcs[0], _tile_of(sim, instructions[source_index].srcs[0], source), *srcs[2:]]
             else:
-                tile_key = _region(_BUFFERS, ins.unit_index * 256 + attrs["buffer"])
-                tile = source_index  # the same INSTALL's copy, in one unit's buffer
-            reads.append(tile_key)
-            matmuls.append((pos, ins, tile))
+                reads.append(_region(_BUFFERS, ins.unit_index * 256 + attrs["buffer"]))
         elif op == Opcode.STORE:
             writes = [_region(_OUTPUTS, attrs["index"], attrs["offset"], attrs["offset"] + ins.srcs[0].nbytes)]
-        slots.append(_Node((fn, op, outs, srcs, attrs, pos), reads, writes, pos))
-    for build, members in _candidate_groups(matmuls) + _band_runs(slots, instructions, order):
+        slots.append(_Node([(fn, op, outs, srcs, attrs)], [None], reads, writes, pos))
+    _chain(slots, instructions, order)
+    for build, members in _stack_runs(slots, layers) + _band_runs(slots, instructions, order):
         _merge(slots, members, build)
     return [node.entry for node in slots if node is not None]
 
 
-def _candidate_groups(matmuls) -> list:
-    """Runs of MATMULs one call could compute: row blocks of one operand, following each other in memory,
-    against one tile; each run as issue positions, largest first."""
-    rows = defaultdict(list)
-    for pos, ins, tile in matmuls:
-        a, out = ins.srcs[0], ins.dsts[0]
-        common = (ins.layer, a.dtype, out.dtype, len(ins.srcs), ins.attrs["zp_a"], ins.attrs["zp_b"])
-        if a.in_sram:
-            rows[common + (tile, _strides(a), a.shape[1])].append((a.addr, a.shape[0], pos))
-    groups = []
-    for key, members in rows.items():
-        item, (s0, _) = key[1].itemsize, key[-2]
-        groups += _address_runs([(addr, addr + n * s0 * item, pos) for addr, n, pos in members])
-    return [(_row_group, g) for g in sorted(groups, key=len, reverse=True)]
+def _tile_of(sim, ref, view) -> _LiveTile:
+    """One live tile for every INSTALL of the same bytes (the same tile, on whichever plane)."""
+    tiles = sim.__dict__.setdefault("_live_tiles", {})
+    key = (footprint_key(ref), ref.shape, ref.strides, ref.dtype)
+    if key not in tiles:
+        tiles[key] = _LiveTile(view)
+    return tiles[key]
+
+
+def _chain(slots, instructions, order) -> None:
+    """Join each instruction whose result streams to exactly one consumer with that consumer, where it can
+    move down to it: a stream's contents are dead once read, so a stacked chain need not keep them."""
+    touches = defaultdict(list)  # stream key -> (position, writes it) of every access, in issue order
+    for pos, node in enumerate(slots):
+        if node is not None:
+            ins = instructions[order[pos]]
+            for ref in ins.srcs:
+                if not ref.in_sram:
+                    touches[_key(ref)].append((pos, False))
+            for ref in ins.dsts:
+                if not ref.in_sram:
+                    touches[_key(ref)].append((pos, True))
+    following = {}  # (stream key, position) -> the accesses after it
+    for key, accesses in touches.items():
+        for k, (pos, _) in enumerate(accesses):
+            following[(key, pos)] = accesses[k + 1:k + 3]
+    for pos, node in enumerate(slots):
+        if node is None or node.steps[-1][1] not in _STACKABLE:
+            continue
+        dsts = instructions[order[pos]].dsts
+        if len(dsts) != 1 or dsts[0].in_sram:
+            continue
+        after = following[(_key(dsts[0]), pos)]
+        # read next by one instruction, and written (or never touched) after that read
+        if not after or after[0][1] or (len(after) > 1 and not after[1][1]):
+            continue
+        consumer_at = after[0][0]
+        consumer = slots[consumer_at]
+        if consumer is None or len(consumer.steps) != 1 or consumer.steps[0][1] not in _STACKABLE:
+            continue
+        stream = node.steps[-1][2][0]
+        reading = [i for i, x in enumerate(consumer.steps[0][3]) if x is stream]
+        if len(reading) != 1 or not _movable(slots, [pos, consumer_at], consumer_at):
+            continue
+        internal = {k for k in node.writes if k not in node.outer.writes} | {_key(dsts[0])}
+        slots[consumer_at] = _Node(node.steps + consumer.steps, node.chained + reading, node.reads + consumer.reads,
+                                   node.writes + consumer.writes, consumer_at, internal)
+        slots[pos] = None
+
+
+def _signature(node: _Node, layer: int) -> tuple:
+    return (layer,) + tuple(
+        (op, repr(sorted(attrs.items())), chained, tuple(_kind(x) for x in ins), tuple(_kind(x) for x in outs))
+        for (_, op, outs, ins, attrs), chained in zip(node.steps, node.chained))
+
+
+def _kind(x) -> tuple:
+    return (x.ndim, x.dtype.str) if isinstance(x, np.ndarray) else (type(x).__name__,)
+
+
+def _stack_runs(slots, layers) -> list:
+    """Runs of entries that compute the same thing on blocks that follow each other in memory along one axis
+    (their results' blocks): each run as positions, largest first."""
+    alike = defaultdict(list)
+    for pos, node in enumerate(slots):
+        if node is not None and all(step[1] in _STACKABLE for step in node.steps):
+            alike[_signature(node, layers[pos])].append(pos)
+    runs = []
+    for positions in alike.values():
+        if len(positions) < 2:
+            continue
+        found = _adjacent_runs(positions, {p: slots[p].steps[-1][2][0] for p in positions})
+        if slots[positions[0]].steps[0][1] == Opcode.MATMUL:  # products of one tile by adjacent row blocks
+            by_tile = defaultdict(list)
+            for p in positions:
+                by_tile[id(slots[p].steps[0][3][1])].append(p)
+            for group in by_tile.values():
+                found += _adjacent_runs(group, {p: slots[p].steps[0][3][0] for p in group})
+        runs += found
+    return [(_stack_builder(axis), run) for axis, run in sorted(runs, key=lambda r: len(r[1]), reverse=True)]
+
+
+def _adjacent_runs(positions, blocks) -> list:
+    """``(axis, positions)`` runs whose ``blocks`` follow each other along one axis, in address order."""
+    arrays = [p for p in positions if isinstance(blocks[p], np.ndarray)]
+    by_address = sorted(arrays, key=lambda p: blocks[p].ctypes.data)
+    runs, run, axis = [], by_address[:1], None
+    for p in by_address[1:]:
+        here = _stack_axis(blocks[run[-1]], blocks[p])
+        if here is not None and here == (axis if axis is not None else here):
+            run.append(p)
+            axis = here
+            continue
+        if len(run) > 1:
+            runs.append((axis, run))
+        run, axis = [p], None
+    if len(run) > 1:
+        runs.append((axis, run))
+    return runs
+
+
+def _stack_axis(a: np.ndarray, b: np.ndarray):
+    """The axis along which block ``b`` follows block ``a`` in one array, or None."""
+    for axis in range(a.ndim):
+        if _stacked([a, b], axis)[0] is not None:
+            return axis
+    return None
+
+
+def _stack_builder(axis: int):
+    return lambda nodes: _stack_group(nodes, axis)
+
+
+def _stack_group(nodes, axis: int):
+    """One call per step for entries whose operands are blocks of one array along ``axis`` (or one array they
+    all read whole, broadcast along it); a product's row blocks that lie apart are gathered, and its result's
+    blocks scattered. None where the entries are not that."""
+    steps, scatters = [], []
+    previous = None
+    last = len(nodes[0].steps) - 1
+    # copies around a product cost little beside it: only where one runs are blocks gathered and scattered
+    with_product = any(step[1] == Opcode.MATMUL for step in nodes[0].steps)
+    for j, (fn, op, _, _, attrs) in enumerate(nodes[0].steps):
+        product = op == Opcode.MATMUL
+        if product and axis > 1:
+            return None
+        outs = [n.steps[j][2][0] for n in nodes]
+        out = _stacked(outs, axis)[0] if j == last else None
+        if out is None:
+            if j == last and not with_product:
+                return None
+            shape = list(outs[0].shape)  # a buffer as large as the members' blocks together
+            shape[axis] = sum(o.shape[axis] for o in outs)
+            out = np.empty(shape, outs[0].dtype)
+            if j == last:
+                scatters = _pieces(out, outs, axis)
+        ins = []
+        for i in range(len(nodes[0].steps[j][3])):
+            if i == nodes[0].chained[j]:
+                ins.append(previous)
+                continue
+            blocks = [n.steps[j][3][i] for n in nodes]
+            if product and i == 1:
+                operand = _tile(blocks, axis)
+            elif product and i == 0 and axis == 1:  # one operand against adjacent column blocks of tiles
+                operand = blocks[0] if _same(blocks) else None
+            else:
+                operand = _stacked_operand(blocks, outs, axis, gather=with_product)
+            if operand is None:
+                return None
+            ins.append(operand)
+        steps.append((fn, [out], ins, attrs))
+        previous = out
+    gathers = [x.pieces for _, _, ins, _ in steps for x in ins if isinstance(x, _Gathered)]
+    steps = [(fn, outs, [x.array if isinstance(x, _Gathered) else x for x in ins], attrs)
+             for fn, outs, ins, attrs in steps]
+
+    def run(_outs, _ins, _attrs):
+        for pieces in gathers:
+            for whole, block in pieces:
+                np.copyto(whole, block)
+        for fn, outs, ins, attrs in steps:
+            fn(outs, ins, attrs)
+        for whole, block in scatters:
+            np.copyto(block, whole)
+    run.opcodes = tuple(step[1] for step in nodes[0].steps)
+    return run
+
+
+class _Gathered:
+    """A buffer the members' blocks of one operand are copied into before each call."""
+
+    def __init__(self, blocks, outs, axis):
+        shape = list(blocks[0].shape)
+        shape[axis] = sum(b.shape[axis] for b in blocks)
+        self.array = np.empty(shape, blocks[0].dtype)
+        self.pieces = _pieces(self.array, blocks, axis)
+
+
+def _pieces(whole: np.ndarray, blocks, axis: int) -> list:
+    """``(block of whole, block)`` for each member's block, in order along ``axis``."""
+    pieces, start = [], 0
+    for block in blocks:
+        index = (slice(None),) * axis + (slice(start, start + block.shape[axis]),)
+        pieces.append((block, whole[index]))
+        start += block.shape[axis]
+    return [(whole_part, block) for block, whole_part in pieces]
+
+
+def _same(blocks) -> bool:
+    first = blocks[0]
+    return all(b is first for b in blocks) or (isinstance(first, np.ndarray) and all(
+        isinstance(b, np.ndarray) and b.ctypes.data == first.ctypes.data and b.shape == first.shape
+        and b.strides == first.strides and _root(b) is _root(first) for b in blocks))
+
+
+def _tile(blocks, axis: int):
+    """The tile of a product's stacked members: the one they share (row blocks), or their tiles side by side
+    (column blocks), read live; None where neither."""
+    if axis == 0:
+        return blocks[0] if _same(blocks) else None
+    if not all(isinstance(b, _LiveTile) for b in blocks):
+        return None
+    columns = _stacked([b.value for b in blocks], 1)[0]
+    return None if columns is None else _LiveTile(columns)
+
+
+def _stacked_operand(blocks, outs, axis: int, gather: bool = False):
+    """Members' ``blocks`` of one operand as one: the one array they all read whole (it broadcasts along
+    ``axis``), their blocks stacked, or (``gather``) a buffer they are copied into; None where none holds."""
+    first = blocks[0]
+    if not isinstance(first, np.ndarray):
+        return None
+    along = axis - (outs[0].ndim - first.ndim)  # numpy broadcasts from the right
+    if _same(blocks):
+        return first if along < 0 or first.shape[along] == 1 else None
+    if along != axis or any(b.shape[axis] != o.shape[axis] for b, o in zip(blocks, outs)):
+        return None
+    stacked = _stacked(blocks, axis)[0]
+    if stacked is None and gather:
+        return _Gathered(blocks, outs, axis)
+    return stacked
 
 
 def _band_runs(slots, instructions, order) -> list:
     """Runs of IM2COLs of one convolution whose column blocks follow each other: its bands."""
     bands = defaultdict(list)
     for node in slots:
-        if node is None or node.entry[1] != Opcode.IM2COL:
+        if node is None or node.steps[0][1] != Opcode.IM2COL:
             continue
         ins = instructions[order[node.position]]
         src, dst, attrs = ins.srcs[0], ins.dsts[0], ins.attrs
@@ -138,12 +382,6 @@ def _band_runs(slots, instructions, order) -> list:
         step = (dst.strides[3] if dst.strides else 1) * dst.dtype.itemsize
         bands[key].append((dst.addr, dst.addr + dst.shape[3] * step, node.position))
     return [(_band_group, run) for blocks in bands.values() for run in _address_runs(blocks)]
-
-
-def _strides(ref) -> tuple:
-    if ref.strides is not None:
-        return tuple(ref.strides)
-    return (ref.shape[1], 1)
 
 
 def _address_runs(blocks) -> list:
@@ -175,12 +413,12 @@ def _merge(slots, positions, build) -> None:
     if len(positions) < 2:
         return
     nodes = [slots[p] for p in positions]
-    fn = build([n.entry for n in nodes]) if all(n is not None for n in nodes) and _legal(slots, positions) \
+    fn = build(nodes) if all(n is not None and not n.merged for n in nodes) and _legal(slots, positions) \
         else None
     if fn is not None:
-        target = max(positions) if _movable(slots, positions, max(positions)) else min(positions)
-        merged = _Node((fn, nodes[0].entry[1], [], [], {}, target),
-                       [k for n in nodes for k in n.reads], [k for n in nodes for k in n.writes], target)
+        target = max(positions) if _movable(slots, positions, max(positions), True) else min(positions)
+        merged = _Node([(fn, nodes[0].steps[-1][1], [], [], {})], [None], [k for n in nodes for k in n.outer.reads],
+                       [k for n in nodes for k in n.outer.writes], target, merged=True)
         for p in positions:
             slots[p] = None
         slots[target] = merged
@@ -191,55 +429,29 @@ def _merge(slots, positions, build) -> None:
 
 
 def _legal(slots, positions) -> bool:
+    """Whether the stacked members (which no longer touch the streams between their steps) are independent
+    and can all move to the last one's place, or the first's."""
     if max(positions) - min(positions) > _MAX_SPAN:
         return False
-    nodes = [slots[p] for p in positions]
+    nodes = [slots[p].outer for p in positions]
     for i, x in enumerate(nodes):
         if any(_conflict(x, y) or _conflict(y, x) for y in nodes[i + 1:]):
             return False
-    return _movable(slots, positions, max(positions)) or _movable(slots, positions, min(positions))
+    return _movable(slots, positions, max(positions), True) or _movable(slots, positions, min(positions), True)
 
 
-def _movable(slots, positions, target: int) -> bool:
-    """Whether every member can move to ``target`` past the instructions between."""
+def _movable(slots, positions, target: int, stacked: bool = False) -> bool:
+    """Whether every member can move to ``target`` past the instructions between (``stacked``: as its
+    stacked form, which touches no stream between its steps)."""
     members = set(positions)
     for p in positions:
-        node = slots[p]
+        node = slots[p].outer if stacked else slots[p]
         lo, hi = (p, target) if p < target else (target, p)
         for s in range(lo + 1, hi):
             other = slots[s]
             if other is not None and s not in members and (_conflict(node, other) or _conflict(other, node)):
                 return False
     return True
-
-
-def _product(a, tile, attrs, int_out: bool) -> np.ndarray:
-    """``(a - zp_a) @ (tile - zp_b)`` as :func:`.semantics._matmul` computes it, before accumulating."""
-    if int_out:
-        wide = F32 if exact_in_fp32(a.dtype, attrs["zp_a"], tile.dtype, attrs["zp_b"], a.shape[-1]) else np.float64
-        shifted, weights = a.astype(wide), tile.astype(wide)
-        if attrs["zp_a"]:
-            shifted -= wide(attrs["zp_a"])
-        if attrs["zp_b"]:
-            weights -= wide(attrs["zp_b"])
-        return np.matmul(shifted, weights)
-    return np.matmul(_f32(a), _f32(tile))
-
-
-def _finish(out, part, acc) -> None:
-    """Accumulate and store one member's block as its MATMUL does."""
-    if acc is not None:
-        part += acc  # in place, in the product's type, as the reference adds it (then rounds once more)
-    if out.dtype == np.int32:
-        np.copyto(out, part, casting="unsafe")
-    else:
-        _store(out, part)
-
-
-def _matmul_tile(outs, ins, attrs):
-    """A MATMUL whose tile is read where it was installed from (nothing overwrote it since)."""
-    out = outs[0]
-    _finish(out, _product(ins[0], ins[1], attrs, out.dtype == np.int32), ins[2] if len(ins) == 3 else None)
 
 
 def _root(array: np.ndarray):
@@ -268,9 +480,10 @@ def _stacked(blocks, axis: int = 0):
     return np.lib.stride_tricks.as_strided(first, shape, first.strides), bounds
 
 
-def _band_group(entries):
+def _band_group(nodes):
     """One IM2COL for the bands of one convolution: the input rows they read, padded only where the whole
     input is, give the columns they write side by side. None where the bands are not that."""
+    entries = [n.steps[0] for n in nodes]
     attrs = [e[4] for e in entries]
     (kh, _), (sh, _), (dh, _) = attrs[0]["kernel"], attrs[0]["stride"], attrs[0]["dilation"]
     top, left, _, right = attrs[0]["pad"]
@@ -298,25 +511,8 @@ def _band_group(entries):
     rows = np.lib.stride_tricks.as_strided(first, first.shape[:2] + (height, first.shape[3]), first.strides)
     merged = dict(attrs[0], pad=(top, left, bottom, right))
     im2col = entries[0][0]
-    return lambda _outs, _ins, _attrs: im2col([columns], [rows], merged)
-
-
-def _row_group(entries):
-    """One call for MATMULs that multiply consecutive row blocks of one operand by one tile; None where the
-    blocks are not rows of one array (they lie in two weights' bytes)."""
-    stacked, bounds = _stacked([e[3][0] for e in entries])
-    if stacked is None:
-        return None
-    tile_of = entries[0][3][1]
-    outs = [e[2][0] for e in entries]
-    accs = [e[3][2] if len(e[3]) == 3 else None for e in entries]
-    attrs = entries[0][4]
-    int_out = outs[0].dtype == np.int32
-    installed = not isinstance(tile_of, np.ndarray)  # a weight buffer: its tile as the last INSTALL left it
 
     def run(_outs, _ins, _attrs):
-        tile = tile_of.value if installed else tile_of
-        product = _product(stacked, tile, attrs, int_out)
-        for k, out in enumerate(outs):
-            _finish(out, product[bounds[k]:bounds[k + 1]], accs[k])
+        im2col([columns], [rows], merged)
+    run.opcodes = (Opcode.IM2COL,)
     return run

@@ -181,3 +181,27 @@ def test_a_slice_runs_on_lpx_unless_it_steps_backwards(rng, starts, ends, axes, 
     x = rng.standard_normal((4, 8, 6)).astype(np.float32)
     (out,) = run_on_lpx(compiled, [x], host_ops={"relax.strided_slice": 1} if stays_on_host else None)
     np.testing.assert_array_equal(out, ort_run(model, {"x": x})[0])
+
+
+def test_identical_regions_compile_once_and_run_at_each_place(rng):
+    """Three MatMul+ReLU regions with the same weight, Floor (host) between them: one lpx function and one
+    program, called three times a run, agreeing with ONNX Runtime."""
+    from lpx_tvm.runtime import total_offloaded_calls
+
+    nodes, x = [], "x"
+    for i in range(3):
+        nodes += [helper.make_node("MatMul", [x, "w"], [f"a{i}"]), helper.make_node("Relu", [f"a{i}"], [f"b{i}"])]
+        x = f"b{i}"
+        if i < 2:
+            nodes.append(helper.make_node("Floor", [x], [f"c{i}"]))
+            x = f"c{i}"
+    nodes[-1].output[0] = "y"
+    model = make_model(nodes, [tensor_info("x", [4, 16])], [tensor_info("y", [4, 16])], [weights(rng, "w", (16, 16))])
+    compiled = lpx_tvm.compile(model, config="tiny")
+    assert len(compiled.programs) == 1
+    assert compiled.report.lpx_functions == 1 and dict(compiled.report.host_ops) == {"relax.floor": 2}
+    feed = (rng.standard_normal((4, 16)) * 4).astype(np.float32)
+    before = total_offloaded_calls()
+    (out,) = compiled(feed)
+    assert total_offloaded_calls() - before == 3
+    np.testing.assert_allclose(out, ort_run(model, {"x": feed})[0], rtol=1e-5, atol=1e-5)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import lpx_tvm
-from lpx_tvm.runtime_sim import Opcode, decode
+from lpx_tvm.runtime_sim import Opcode, decode, reference_arithmetic
 from conftest import cnn_model, mlp_model, host_op_between_model
 
 
@@ -28,7 +28,8 @@ def test_list_schedule_gives_the_same_values_as_in_order_and_overlaps_units(rng)
     x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
     listed = lpx_tvm.compile(model, config="tiny")
     in_order = lpx_tvm.compile(model, config="tiny", in_order=True)
-    np.testing.assert_array_equal(listed(x)[0], in_order(x)[0])
+    with reference_arithmetic():  # the same tiles in another order: tile by tile, the same bits
+        np.testing.assert_array_equal(listed(x)[0], in_order(x)[0])
     (a,), (b,) = listed.simulators.values(), in_order.simulators.values()
     assert a.stats.cycles < b.stats.cycles
     # the list schedule runs different units at once: some instruction starts while another one runs

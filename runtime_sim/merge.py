@@ -113,7 +113,7 @@ def fast_entries(sim) -> list:
     program, order = sim.program, sim.order
     instructions = program.instructions
     installer = {}  # (unit, buffer) -> (instruction index, its bound source) of the last INSTALL into it
-    slots, layers = [], []
+    slots, layers, tiles = [], [], {}
     for pos, index in enumerate(order):
         ins = instructions[index]
         fn, op, outs, srcs, attrs = sim.bound(pos)
@@ -132,7 +132,7 @@ def fast_entries(sim) -> list:
             source_index, source = installer[unit]
             if source_index in sim._stable_installs:
                 reads.append(footprint_key(instructions[source_index].srcs[0]))
-                srcs = [srcs[0], _tile_of(sim, instructions[source_index].srcs[0], source), *srcs[2:]]
+                srcs = [srcs[0], _tile_of(tiles, instructions[source_index].srcs[0], source), *srcs[2:]]
             else:
                 reads.append(_region(_BUFFERS, ins.unit_index * 256 + attrs["buffer"]))
         elif op == Opcode.STORE:
@@ -144,9 +144,8 @@ def fast_entries(sim) -> list:
     return [node.entry for node in slots if node is not None]
 
 
-def _tile_of(sim, ref, view) -> _LiveTile:
+def _tile_of(tiles: dict, ref, view) -> _LiveTile:
     """One live tile for every INSTALL of the same bytes (the same tile, on whichever plane)."""
-    tiles = sim.__dict__.setdefault("_live_tiles", {})
     key = (footprint_key(ref), ref.shape, ref.strides, ref.dtype)
     if key not in tiles:
         tiles[key] = _LiveTile(view)
@@ -188,7 +187,8 @@ def _chain(slots, instructions, order) -> None:
         reading = [i for i, x in enumerate(consumer.steps[0][3]) if x is stream]
         if len(reading) != 1 or not _movable(slots, [pos, consumer_at], consumer_at):
             continue
-        internal = {k for k in node.writes if k not in node.outer.writes} | {_key(dsts[0])}
+        # the streams between its steps; one the last step writes (a stream op in place) is its result, not that
+        internal = ({k for k in node.writes if k not in node.outer.writes} | {_key(dsts[0])}) - set(consumer.writes)
         slots[consumer_at] = _Node(node.steps + consumer.steps, node.chained + reading, node.reads + consumer.reads,
                                    node.writes + consumer.writes, consumer_at, internal)
         slots[pos] = None

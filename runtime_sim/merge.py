@@ -1,25 +1,30 @@
-"""The simulator's fast path: the tiles of one product run as one call.
+"""The simulator's fast path: what the schedule splits and the numbers do not need split, run as one call.
 
-The schedule splits a product into tiles the size of a matrix plane; the
-numbers do not need the split. Where several MATMULs of one layer multiply the
-same installed tile by row blocks of one operand that follow each other in
-memory, and nothing between them touches what they read or write, they run as
-one larger numpy product, and each member's block is accumulated and stored as
-its own instruction would have done; the bands of one convolution's IM2COL run
-as one. An installed tile nothing overwrites (the common case) is read where it
-lies in SRAM, not copied.
+The schedule splits a product into tiles the size of a matrix plane and
+elementwise work into bands; the numbers need neither split. Built once at
+load, over the bound instruction stream:
 
-Every result comes from the instruction stream, its addresses and its
-accumulation order: integer products are exact, so an int8 program's results
-are bit-equal to the tile-by-tile reference (:meth:`Simulator.run` with
-``reference=True``); a float product may differ only in the order a BLAS kernel
-adds within one dot product.
+- a result that streams to exactly one consumer joins that consumer (a
+  stream's contents are dead once read);
+- entries that compute the same steps on blocks of one array, along one axis,
+  run as one call of the same semantics functions on stacked views: a
+  product's row blocks against one installed tile (or one operand against its
+  tiles' column blocks), the bands of an elementwise chain; around a product,
+  blocks that lie apart are gathered and its result scattered;
+- the bands of one convolution's IM2COL run as one;
+- an installed tile nothing overwrites (the common case) is read where it lies
+  in SRAM, not copied.
 
-Moving an instruction is legal when no instruction it passes reads what it
-writes or writes what it reads or writes (:func:`.hazards.meets` on the SRAM
-footprints; a stream, a weight buffer and a host output are regions of their
-own). The members of a group move to the place of its last member, or else of
-its first.
+Every result comes from the instruction stream: its addresses, its tiles and
+its K-chunk accumulation. Integer products are exact, so an int8 program's
+results are bit-equal to the tile-by-tile reference (:meth:`Simulator.run`
+with ``reference=True``); a float product may differ only in the order a BLAS
+kernel adds within one dot product.
+
+Moving an entry is legal when no entry it passes reads what it writes or
+writes what it reads or writes (:func:`.hazards.meets` on the SRAM footprints;
+a stream, a weight buffer and a host output are regions of their own). The
+members of a group move to the place of its last member, or else of its first.
 """
 
 from __future__ import annotations

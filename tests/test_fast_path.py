@@ -89,3 +89,41 @@ def test_zoo_records_carry_the_fast_path_check(name, dtype):
         assert record["fast_bit_equal"] and record["fast_max_diff"] == 0.0
     else:  # fp32: the order a BLAS kernel adds in moves the last bits only
         assert record["fast_max_diff"] <= 1e-4
+
+
+def _two_row_blocks(rng, copy_reads_first_result: bool):
+    """x0 ─► A (16 × 8, two row blocks), x1 ─► B; one installed tile W; top = A[:8] @ W; COPY (top's result, or
+    B) ─► A[8:]; bottom = A[8:] @ W. The two products share the tile and their row blocks follow each other."""
+    from lpx_tvm.runtime_sim import DType, TensorRef
+    from programs import Layout, ins, program
+
+    f32 = DType.F32
+    layout = Layout()
+    w = layout.const(rng.integers(-2, 3, (8, 8)).astype(np.float32))
+    a, b = layout.take((16, 8), f32), layout.take((8, 8), f32)
+    top, bottom = TensorRef(a.addr, (8, 8), f32), TensorRef(a.addr + 8 * 8 * 4, (8, 8), f32)
+    out0, out1 = layout.take((8, 8), f32), layout.take((8, 8), f32)
+    code = [ins("LOAD", [], [a], cycle=0, index=0), ins("LOAD", [], [b], cycle=1, index=1),
+            ins("INSTALL", [w], [], cycle=10, buffer=0),
+            ins("MATMUL", [top], [out0], cycle=20, buffer=0),
+            ins("COPY", [out0 if copy_reads_first_result else b], [bottom], cycle=30),
+            ins("MATMUL", [bottom], [out1], cycle=40, buffer=0),
+            ins("STORE", [out0], [], cycle=50, index=0), ins("STORE", [out1], [], cycle=51, index=1)]
+    prog = program(code, layout, inputs=[((16, 8), f32), ((8, 8), f32)], outputs=[((8, 8), f32)] * 2)
+    return prog, np.frombuffer(layout.constants[0].data, np.float32).reshape(8, 8)
+
+
+@pytest.mark.parametrize("dependent", [False, True], ids=["independent", "copy-reads-the-first-result"])
+def test_products_merge_only_past_what_they_share_no_byte_with(rng, dependent):
+    """Independent, the first product moves down past the COPY (which touches neither its rows, its tile nor its
+    result) and both run as one call. Dependent, the COPY reads the first result and writes the second's rows:
+    neither product can move past it, and they run as two. Either way the values are numpy's."""
+    from lpx_tvm.runtime_sim import Simulator
+
+    prog, w = _two_row_blocks(rng, dependent)
+    x0, x1 = rng.integers(-2, 3, (16, 8)).astype(np.float32), rng.integers(-2, 3, (8, 8)).astype(np.float32)
+    sim = Simulator(prog, check_schedule=False)
+    top, bottom = sim.run([x0, x1])
+    np.testing.assert_array_equal(top, x0[:8] @ w)
+    np.testing.assert_array_equal(bottom, (top if dependent else x1) @ w)
+    assert _calls(sim)[Opcode.MATMUL] == (2 if dependent else 1)

@@ -418,10 +418,9 @@ def _merge(slots, positions, build) -> None:
     if len(positions) < 2:
         return
     nodes = [slots[p] for p in positions]
-    fn = build(nodes) if all(n is not None and not n.merged for n in nodes) and _legal(slots, positions) \
-        else None
+    target = _target(slots, positions) if all(n is not None and not n.merged for n in nodes) else None
+    fn = build(nodes) if target is not None else None
     if fn is not None:
-        target = max(positions) if _movable(slots, positions, max(positions), True) else min(positions)
         merged = _Node([(fn, nodes[0].steps[-1][1], [], [], {})], [None], [k for n in nodes for k in n.outer.reads],
                        [k for n in nodes for k in n.outer.writes], target, merged=True)
         for p in positions:
@@ -433,16 +432,20 @@ def _merge(slots, positions, build) -> None:
     _merge(slots, positions[half:], build)
 
 
-def _legal(slots, positions) -> bool:
-    """Whether the stacked members (which no longer touch the streams between their steps) are independent
-    and can all move to the last one's place, or the first's."""
+def _target(slots, positions):
+    """Where the stacked members (which no longer touch the streams between their steps) can all move to, when
+    they are independent: the last one's place, the first's, or another member's; None where nowhere."""
     if max(positions) - min(positions) > _MAX_SPAN:
-        return False
+        return None
     nodes = [slots[p].outer for p in positions]
     for i, x in enumerate(nodes):
         if any(_conflict(x, y) or _conflict(y, x) for y in nodes[i + 1:]):
-            return False
-    return _movable(slots, positions, max(positions), True) or _movable(slots, positions, min(positions), True)
+            return None
+    ordered = sorted(positions)
+    for target in [ordered[-1], ordered[0], *ordered[1:-1]]:
+        if _movable(slots, positions, target, True):
+            return target
+    return None
 
 
 def _movable(slots, positions, target: int, stacked: bool = False) -> bool:

@@ -1,16 +1,20 @@
 """Every zoo model in every dtype, fast path against the tile-by-tile reference (and both against ORT).
 
     python scripts/fast_path.py [--models resnet50 ...] [--dtypes fp32 fp16 bf16 int8 fp8] [--json out.json]
+    python scripts/fast_path.py --speed [--models resnet50 bert_encoder ppocr_rec]
 
 fp8 runs on lp30 (tsp has no fp8 matrix unit), the rest on tsp. A row is ``fast=ref`` when the two are
 bit-equal (int8 must be), else the largest difference over the output's largest magnitude. Exits 1 when an
-int8 model is not bit-equal or an fp32 one differs by more than the zoo's tolerance.
+int8 model is not bit-equal or an fp32 one differs by more than the zoo's tolerance. ``--speed`` instead
+times each model's programs (fp32, tsp) fast and tile by tile, alternated call by call in one process.
 """
 
 import argparse
 import json
 import sys
 import time
+
+import numpy as np
 
 from tabulate import tabulate
 
@@ -21,13 +25,20 @@ DTYPES = ("fp32", "fp16", "bf16", "int8", "fp8")
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(ZOO), choices=list(ZOO))
+    parser.add_argument("--models", nargs="+", choices=list(ZOO), help="default: the zoo (--speed: the bench's three)")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     parser.add_argument("--json", help="write the records here")
+    parser.add_argument("--speed", action="store_true", help="time fast against tile by tile instead")
     args = parser.parse_args(argv)
+    if args.speed:
+        models = args.models or ["resnet50", "bert_encoder", "ppocr_rec"]
+        print(tabulate([speed(name) for name in models], headers=["model", "tile by tile ms", "fast ms", "ratio",
+                                                                  "instructions", "fast calls"],
+                       tablefmt="github", disable_numparse=True))
+        return 0
     records, rows, bad = [], [], 0
     for dtype in args.dtypes:
-        for name in args.models:
+        for name in args.models or list(ZOO):
             start = time.perf_counter()
             config = "lp30" if dtype == "fp8" else "tsp"
             try:
@@ -52,6 +63,38 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1, default=str)
     return 1 if bad else 0
+
+
+def speed(name: str, calls: int = 9) -> list:
+    """Medians of ``calls`` alternated runs of every program of ``name`` (fp32 on tsp): tile by tile, then fast."""
+    import lpx_tvm
+    from lpx_tvm.runtime_sim import Simulator
+
+    entry = ZOO[name]
+    model = entry.load()
+    feeds = entry.feeds(model)
+    compiled = lpx_tvm.compile(model, config="tsp", input_shapes=entry.input_shapes)
+    captured, run = {}, Simulator.run
+
+    def capture(sim, inputs, outputs=None, reference=None):  # each program's own inputs, from one real call
+        captured.setdefault(id(sim), (sim, [np.array(x) for x in inputs]))
+        return run(sim, inputs, outputs, reference)
+    Simulator.run = capture
+    try:
+        compiled(*[feeds[n] for n, _, _ in compiled.input_signature])
+    finally:
+        Simulator.run = run
+    times = {True: [], False: []}
+    for _ in range(calls):
+        for reference in (True, False):
+            start = time.perf_counter()
+            for sim, inputs in captured.values():
+                sim.run(inputs, reference=reference)
+            times[reference].append(time.perf_counter() - start)
+    slow, fast = (float(np.median(times[k])) for k in (True, False))
+    sims = [sim for sim, _ in captured.values()]
+    return [name, f"{slow * 1e3:.1f}", f"{fast * 1e3:.1f}", f"{slow / fast:.2f}",
+            str(sum(len(s.program.instructions) for s in sims)), str(sum(len(s._fast) for s in sims))]
 
 
 if __name__ == "__main__":

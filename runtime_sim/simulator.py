@@ -123,6 +123,8 @@ class Simulator:
         self._stable_installs = _stable_installs(program, self.order)
         self._bound = [self._bind(i) for i in self.order]
         self._fast = fast_entries(self)  # the same arithmetic, a product's tiles in one call where legal
+        # the same by the position each runs at, for a system's sessions (a position whose work moved runs nothing)
+        self._fast_at = {entry[5]: entry[:5] for entry in self._fast}
         # positions (in issue order) of instructions that store a reduced-precision float
         self._reduced_dsts = {k for k, i in enumerate(self.order) if any(
             r.dtype in (DType.F16, DType.BF16) for r in program.instructions[i].dsts)}
@@ -332,8 +334,7 @@ class Simulator:
 class _Session:
     def __init__(self, sim, host_in, host_out, caller_out):
         self.sim, self.host_in, self.host_out, self.caller_out = sim, host_in, host_out, caller_out
-        # the fast path's entries by the position each runs at (a position whose work moved runs nothing)
-        self._at = None if _REFERENCE.get() else {entry[5]: entry[:5] for entry in sim._fast}
+        self._at = None if _REFERENCE.get() else sim._fast_at
 
     def step(self, position: int) -> None:
         if self._at is None:

@@ -143,7 +143,7 @@ def compare(outputs, references) -> dict:
     return {"max_abs_err": abs_err, "max_rel_err": rel, "cosine": cosine}
 
 
-FAST_PATH_FP32_TOLERANCE = 1e-4  # over the output's largest magnitude; the zoo's worst is 1.3e-5 (ppocr_det)
+FAST_PATH_FP32_TOLERANCE = 1e-4  # over the output's largest magnitude; the zoo's worst is 1.2e-5 (ppocr_det)
 REDUCED_PRECISION_MIN_COSINE = {"fp16": 0.999, "bf16": 0.999, "fp8": 0.99}  # against ORT in fp32
 
 

@@ -198,8 +198,9 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None):
         config = config.replace(dtype="fp32")
     if context is not None:
         config = config.replace(max_context=context)
-    return _BuiltDecoder(str(model), config, llama.build_prefill(config, prompt_len, seed),
-                         llama.build_decode(config, seed), prompt_len)
+    weights = llama.llama_weights(config, seed)  # one draw for both graphs
+    return _BuiltDecoder(str(model), config, llama.build_prefill(config, prompt_len, seed, weights),
+                         llama.build_decode(config, seed, weights), prompt_len)
 
 
 def kv_bytes_per_chip(compiled, names: list, nbytes: dict) -> dict:

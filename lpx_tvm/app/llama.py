@@ -476,17 +476,19 @@ def _check_graph_size(config) -> None:
                          "it with lpx-tvm plan, which needs no graph)")
 
 
-def build_prefill(config, prompt_len: int, seed: int = 0) -> onnx.ModelProto:
+def build_prefill(config, prompt_len: int, seed: int = 0, weights: dict | None = None) -> onnx.ModelProto:
     """The prefill graph for a prompt of ``prompt_len`` tokens (positions ``0 .. prompt_len-1``).
 
     Inputs: ``input_ids`` int64 ``[1, prompt_len]``, ``rope_cos`` / ``rope_sin`` ``[prompt_len, head_dim]``
     (:func:`rope_tables`). Outputs: ``logits`` ``[1, prompt_len, vocab]``, ``present.{i}.key`` /
-    ``.value`` ``[1, kv_heads, prompt_len, head_dim]``. The causal mask is a constant.
+    ``.value`` ``[1, kv_heads, prompt_len, head_dim]``. The causal mask is a constant. ``weights``: what
+    :func:`llama_weights` draws for ``config`` and ``seed``, where the caller holds them already (one draw serves
+    a model's prefill and decode graphs).
     """
     config = get_config(config)
     seq = _check_seq(config, prompt_len)
     _check_graph_size(config)
-    g = _Graph(config, llama_weights(config, seed))
+    g = _Graph(config, llama_weights(config, seed) if weights is None else weights)
     causal = np.triu(np.full((seq, seq), MASK_VALUE, np.float32), k=1)
     mask = g.const(np.tile(causal, (config.num_rep, 1)).astype(g.dtype), "causal_mask")  # [rep*seq, seq]
     g.decoder(seq, mask, past=None)
@@ -497,17 +499,18 @@ def build_prefill(config, prompt_len: int, seed: int = 0) -> onnx.ModelProto:
     return g.model(f"llama_prefill_{seq}", inputs, seq)
 
 
-def build_decode(config, seed: int = 0) -> onnx.ModelProto:
+def build_decode(config, seed: int = 0, weights: dict | None = None) -> onnx.ModelProto:
     """The one-token decode graph over the static cache (see the module docstring).
 
     Inputs: ``input_ids`` int64 ``[1, 1]``, ``rope_cos`` / ``rope_sin`` ``[1, head_dim]``,
     ``attention_mask`` ``[1, 1, 1, max_context]`` (:func:`decode_mask`), ``past_key_values.{i}.key`` /
     ``.value`` ``[1, kv_heads, max_context, head_dim]``. Outputs: ``logits`` ``[1, 1, vocab]``,
-    ``present.{i}.key`` / ``.value`` ``[1, kv_heads, 1, head_dim]`` (the new token's only).
+    ``present.{i}.key`` / ``.value`` ``[1, kv_heads, 1, head_dim]`` (the new token's only). ``weights``: as for
+    :func:`build_prefill`.
     """
     config = get_config(config)
     _check_graph_size(config)
-    g = _Graph(config, llama_weights(config, seed))
+    g = _Graph(config, llama_weights(config, seed) if weights is None else weights)
     # the cache slots' mask, then the new token's own slot (always valid): [1, 1, 1, max_context + 1]
     mask = g.op("Concat", ["attention_mask", g.const(np.zeros((1, 1, 1, 1), g.dtype), "self_slot")], axis=3)
     names = cache_names(config)

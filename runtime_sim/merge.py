@@ -50,6 +50,20 @@ def _key(ref) -> tuple:
     return footprint_key(ref) if ref.in_sram else _region(_STREAMS, ref.addr)
 
 
+def _buffer_key(ins) -> tuple:
+    """The weight buffer an INSTALL fills and a MATMUL reads."""
+    return _region(_BUFFERS, ins.unit_index * 256 + ins.attrs["buffer"])
+
+
+class _Accesses:
+    """What an entry reads and writes: footprint keys (:func:`_key`)."""
+
+    __slots__ = ("reads", "writes")
+
+    def __init__(self, reads, writes):
+        self.reads, self.writes = reads, writes
+
+
 class _Node:
     """One entry of the fast path: a run of steps ``(function, opcode, outs, ins, attrs)``, each after the
     first reading the one before it through a stream (``chained[k]``: which of step k's inputs)."""
@@ -60,9 +74,7 @@ class _Node:
         self.steps, self.chained, self.reads, self.writes, self.position = steps, chained, reads, writes, position
         self.merged = merged  # several entries' one call: not merged again
         # without the streams between its steps: what it touches once stacked (a buffer of its own replaces them)
-        self.outer = _Node.__new__(_Node)
-        self.outer.reads = [k for k in reads if k not in internal]
-        self.outer.writes = [k for k in writes if k not in internal]
+        self.outer = _Accesses([k for k in reads if k not in internal], [k for k in writes if k not in internal])
 
     @property
     def entry(self) -> tuple:
@@ -77,7 +89,8 @@ class _Node:
         return (run, steps[-1][1], [], [], {}, self.position)
 
 
-def _conflict(x: _Node, y: _Node) -> bool:
+def _conflict(x, y) -> bool:
+    """Whether ``x`` writes what ``y`` reads or writes, or reads what ``y`` writes (nodes or their accesses)."""
     for w in x.writes:
         if any(meets(w, r) for r in y.reads) or any(meets(w, v) for v in y.writes):
             return True
@@ -118,33 +131,31 @@ def fast_entries(sim) -> list:
     program, order = sim.program, sim.order
     instructions = program.instructions
     installer = {}  # (unit, buffer) -> (instruction index, its bound source) of the last INSTALL into it
-    slots, layers, tiles = [], [], {}
+    slots, tiles = [], {}
     for pos, index in enumerate(order):
         ins = instructions[index]
         fn, op, outs, srcs, attrs = sim.bound(pos)
         reads = [_key(r) for r in ins.srcs]
         writes = [_key(r) for r in ins.dsts]
-        layers.append(ins.layer)
         if op == Opcode.INSTALL:
             unit = (ins.unit_index, attrs["buffer"])
             installer[unit] = (index, srcs[0])
             if index in sim._stable_installs:  # its MATMULs read the tile where it lies: nothing to do here
                 slots.append(None)
                 continue
-            writes = [_region(_BUFFERS, ins.unit_index * 256 + attrs["buffer"])]
+            writes = [_buffer_key(ins)]
         elif op == Opcode.MATMUL:
-            unit = (ins.unit_index, attrs["buffer"])
-            source_index, source = installer[unit]
+            source_index, source = installer[(ins.unit_index, attrs["buffer"])]
             if source_index in sim._stable_installs:
                 reads.append(footprint_key(instructions[source_index].srcs[0]))
                 srcs = [srcs[0], _tile_of(tiles, instructions[source_index].srcs[0], source), *srcs[2:]]
             else:
-                reads.append(_region(_BUFFERS, ins.unit_index * 256 + attrs["buffer"]))
+                reads.append(_buffer_key(ins))
         elif op == Opcode.STORE:
             writes = [_region(_OUTPUTS, attrs["index"], attrs["offset"], attrs["offset"] + ins.srcs[0].nbytes)]
         slots.append(_Node([(fn, op, outs, srcs, attrs)], [None], reads, writes, pos))
     _chain(slots, instructions, order)
-    for build, members in _stack_runs(slots, layers) + _band_runs(slots, instructions, order):
+    for build, members in _stack_runs(slots, instructions, order) + _band_runs(slots, instructions, order):
         _merge(slots, members, build)
     return [node.entry for node in slots if node is not None]
 
@@ -209,13 +220,13 @@ def _kind(x) -> tuple:
     return (x.ndim, x.dtype.str) if isinstance(x, np.ndarray) else (type(x).__name__,)
 
 
-def _stack_runs(slots, layers) -> list:
+def _stack_runs(slots, instructions, order) -> list:
     """Runs of entries that compute the same thing on blocks that follow each other in memory along one axis
     (their results' blocks): each run as positions, largest first."""
     alike = defaultdict(list)
     for pos, node in enumerate(slots):
         if node is not None and all(step[1] in _STACKABLE for step in node.steps):
-            alike[_signature(node, layers[pos])].append(pos)
+            alike[_signature(node, instructions[order[pos]].layer)].append(pos)
     runs = []
     for positions in alike.values():
         if len(positions) < 2:
@@ -266,7 +277,7 @@ def _stack_group(nodes, axis: int):
     """One call per step for entries whose operands are blocks of one array along ``axis`` (or one array they
     all read whole, broadcast along it); a product's row blocks that lie apart are gathered, and its result's
     blocks scattered. None where the entries are not that."""
-    steps, scatters = [], []
+    steps, gathers, scatters = [], [], []
     previous = None
     last = len(nodes[0].steps) - 1
     # copies around a product cost little beside it: only where one runs are blocks gathered and scattered
@@ -299,12 +310,12 @@ def _stack_group(nodes, axis: int):
                 operand = _stacked_operand(blocks, outs, axis, gather=with_product)
             if operand is None:
                 return None
+            if isinstance(operand, _Gathered):
+                gathers.append(operand.pieces)
+                operand = operand.array
             ins.append(operand)
         steps.append((fn, [out], ins, attrs))
         previous = out
-    gathers = [x.pieces for _, _, ins, _ in steps for x in ins if isinstance(x, _Gathered)]
-    steps = [(fn, outs, [x.array if isinstance(x, _Gathered) else x for x in ins], attrs)
-             for fn, outs, ins, attrs in steps]
 
     def run(_outs, _ins, _attrs):
         for pieces in gathers:
@@ -321,7 +332,7 @@ def _stack_group(nodes, axis: int):
 class _Gathered:
     """A buffer the members' blocks of one operand are copied into before each call."""
 
-    def __init__(self, blocks, outs, axis):
+    def __init__(self, blocks, axis):
         shape = list(blocks[0].shape)
         shape[axis] = sum(b.shape[axis] for b in blocks)
         self.array = np.empty(shape, blocks[0].dtype)
@@ -332,10 +343,9 @@ def _pieces(whole: np.ndarray, blocks, axis: int) -> list:
     """``(block of whole, block)`` for each member's block, in order along ``axis``."""
     pieces, start = [], 0
     for block in blocks:
-        index = (slice(None),) * axis + (slice(start, start + block.shape[axis]),)
-        pieces.append((block, whole[index]))
+        pieces.append((whole[(slice(None),) * axis + (slice(start, start + block.shape[axis]),)], block))
         start += block.shape[axis]
-    return [(whole_part, block) for block, whole_part in pieces]
+    return pieces
 
 
 def _same(blocks) -> bool:
@@ -369,47 +379,24 @@ def _stacked_operand(blocks, outs, axis: int, gather: bool = False):
         return None
     stacked = _stacked(blocks, axis)[0]
     if stacked is None and gather:
-        return _Gathered(blocks, outs, axis)
+        return _Gathered(blocks, axis)
     return stacked
 
 
 def _band_runs(slots, instructions, order) -> list:
     """Runs of IM2COLs of one convolution whose column blocks follow each other: its bands."""
     bands = defaultdict(list)
-    for node in slots:
+    for pos, node in enumerate(slots):
         if node is None or node.steps[0][1] != Opcode.IM2COL:
             continue
-        ins = instructions[order[node.position]]
+        ins = instructions[order[pos]]
         src, dst, attrs = ins.srcs[0], ins.dsts[0], ins.attrs
         key = (ins.layer, src.dtype, src.shape[:2], src.shape[3], src.strides, dst.shape[:3], dst.strides,
                *(tuple(attrs[k]) for k in ("kernel", "stride", "dilation")), attrs["groups"], attrs["pad_value"],
                attrs["pad"][1], attrs["pad"][3])
-        step = (dst.strides[3] if dst.strides else 1) * dst.dtype.itemsize
-        bands[key].append((dst.addr, dst.addr + dst.shape[3] * step, node.position))
-    return [(_band_group, run) for blocks in bands.values() for run in _address_runs(blocks)]
-
-
-def _address_runs(blocks) -> list:
-    """Split ``(start, next start, position)`` blocks into runs where each block starts where the last ends."""
-    by_start = defaultdict(list)
-    for block in blocks:
-        by_start[block[0]].append(block)
-    runs, used = [], set()
-    for block in sorted(blocks):
-        if block[2] in used:
-            continue
-        run = [block]
-        used.add(block[2])
-        while True:
-            following = [b for b in by_start.get(run[-1][1], ()) if b[2] not in used]
-            if not following:
-                break
-            nearest = min(following, key=lambda b: abs(b[2] - run[-1][2]))
-            run.append(nearest)
-            used.add(nearest[2])
-        if len(run) > 1:
-            runs.append([pos for _, _, pos in run])
-    return runs
+        bands[key].append(pos)
+    return [(_band_group, run) for positions in bands.values()
+            for _, run in _adjacent_runs(positions, {p: slots[p].steps[0][2][0] for p in positions})]
 
 
 def _merge(slots, positions, build) -> None:
@@ -493,7 +480,7 @@ def _band_group(nodes):
     input is, give the columns they write side by side. None where the bands are not that."""
     entries = [n.steps[0] for n in nodes]
     attrs = [e[4] for e in entries]
-    (kh, _), (sh, _), (dh, _) = attrs[0]["kernel"], attrs[0]["stride"], attrs[0]["dilation"]
+    (kh, kw), (sh, sw), (dh, dw) = attrs[0]["kernel"], attrs[0]["stride"], attrs[0]["dilation"]
     top, left, _, right = attrs[0]["pad"]
     bottom = attrs[-1]["pad"][2]
     if any(a["pad"][0] for a in attrs[1:]) or any(a["pad"][2] for a in attrs[:-1]):
@@ -506,8 +493,7 @@ def _band_group(nodes):
             or _root(s) is not _root(first) for s in sources) or any(o != int(o) or o < 0 for o in offsets)):
         return None
     columns, starts = _stacked([e[2][0] for e in entries], axis=3)
-    width = (first.shape[3] + left + right - (attrs[0]["kernel"][1] - 1) * attrs[0]["dilation"][1] - 1) \
-        // attrs[0]["stride"][1] + 1
+    width = (first.shape[3] + left + right - (kw - 1) * dw - 1) // sw + 1
     if columns is None or any(start % width for start in starts):
         return None
     # band k's first output row must read the input row the whole convolution's would

@@ -74,7 +74,7 @@ def _try_fold(g: Graph, node: Node, consumer: Node) -> bool:
         weight_id = node.inputs[1]
         weight = g.tensors[g.base(weight_id)].data.reshape(g.tensors[weight_id].shape)
         scale = vec.reshape(-1, 1, 1, 1) if node.kind == "conv2d" else vec
-        node.inputs[1] = g.constant((weight * scale).astype(weight.dtype))
+        node.inputs[1] = g.constant((weight * scale).astype(g.tensors[g.base(weight_id)].dtype))
         bias = bias * vec
     else:
         bias = bias + vec

@@ -66,11 +66,17 @@ class Graph:
         self.tensors.append(Tensor(tuple(int(d) for d in shape), np.dtype(str(dtype)), data, alias_of))
         return len(self.tensors) - 1
 
-    def constant(self, array: np.ndarray) -> int:
+    def constant(self, array: np.ndarray, dtype=None) -> int:
+        """A constant tensor of ``array``'s type, or of ``dtype``: a float32 tensor may keep float16 data (a
+        weight the model stores in fp16 and widens exactly), which ``lower_precision`` stores as it is in
+        fp16 and widens for fp32, so that no fp32 copy of the weights is ever made."""
         array = np.asarray(array)
+        dtype = array.dtype if dtype is None else np.dtype(str(dtype))
+        if array.dtype != dtype and not (dtype == np.float32 and array.dtype == np.float16):
+            array = array.astype(dtype)
         if not array.flags.c_contiguous:  # not np.ascontiguousarray: it turns a 0-d scalar into shape (1,)
             array = array.copy(order="C")
-        return self.add_tensor(array.shape, array.dtype, data=array)
+        return self.add_tensor(array.shape, dtype, data=array)
 
     def is_constant(self, tid: int) -> bool:
         return self.tensors[tid].data is not None

@@ -98,7 +98,7 @@ class _Lowerer:
     def alias(self, tid, shape) -> int:
         t = self.graph.tensors[tid]
         if t.data is not None:
-            return self.graph.constant(t.data.reshape(shape))
+            return self.graph.constant(t.data.reshape(shape), t.dtype)
         return self.graph.add_tensor(shape, t.dtype, alias_of=tid)
 
 

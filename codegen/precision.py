@@ -34,6 +34,9 @@ def lower_precision(g: Graph, dtype: str) -> None:
         raise ValueError(f"precision {dtype!r} is not a float storage type ({', '.join(STORAGE)})")
     target = STORAGE[dtype]
     if target == F32:
+        for tensor in g.tensors:  # fp16 weights the model widens (Graph.constant): stored widened
+            if tensor.data is not None and tensor.data.dtype != tensor.dtype:
+                tensor.data = tensor.data.astype(tensor.dtype)
         return
     keep, one_byte = set(), set()
     if dtype == "fp8":  # products in fp8, everything else in fp16 (see the module docstring)
@@ -48,7 +51,7 @@ def lower_precision(g: Graph, dtype: str) -> None:
     for tid, tensor in enumerate(g.tensors):
         if tensor.dtype == F32 and tid not in keep:
             tensor.dtype = STORAGE["fp8"] if tid in one_byte else target
-            if tensor.data is not None:
+            if tensor.data is not None and tensor.data.dtype != tensor.dtype:  # (fp16 data is stored as it is)
                 with np.errstate(over="ignore", invalid="ignore"):
                     stored = tensor.data.astype(tensor.dtype)
                 finite = np.isfinite(tensor.data)

@@ -131,6 +131,7 @@ def elementwise(opcode: Opcode, numpy_fn=None, attrs_of=lambda call: {}):
         tensors = [a for a in args if isinstance(a, int)]
         values = [lw.const_value(a) for a in tensors]
         if numpy_fn is not None and values and all(v is not None for v in values):
+            values = [v.astype(np.float32) if v.dtype == np.float16 else v for v in values]  # fp32 arithmetic
             return lw.graph.constant(np.asarray(numpy_fn(*values)).astype(dtype_of(call)))
         return lw.node(opcode.name, tensors, call, layer, **attrs_of(call))
     return rule
@@ -266,7 +267,7 @@ def _permute(lw, call, args, layer):
     value = lw.const_value(args[0])
     if value is not None:
         g = lw.graph
-        tid = g.constant(np.ascontiguousarray(value.transpose(perm)))
+        tid = g.constant(np.ascontiguousarray(value.transpose(perm)), dtype_of(call))
         if args[0] in g.quantized:  # a transposed quantised weight (Gemm's transB) keeps its integers
             g.quantized[tid] = tuple(np.ascontiguousarray(part.transpose(perm)) for part in g.quantized[args[0]])
         return tid
@@ -342,7 +343,7 @@ def _strided_slice(lw, call, args, layer):
     out = shape_of(call)
     if value is not None:
         index = tuple(slice(b, b + s * n, s) for b, s, n in zip(begin, step, out))
-        return lw.graph.constant(np.ascontiguousarray(value[index]))
+        return lw.graph.constant(np.ascontiguousarray(value[index]), dtype_of(call))
     return lw.node("SLICE", args[:1], call, layer, begin=begin, step=step)
 
 
@@ -360,7 +361,7 @@ def _broadcast_to(lw, call, args, layer):
     out = shape_of(call)
     value = lw.const_value(args[0])
     if value is not None:
-        return lw.graph.constant(np.ascontiguousarray(np.broadcast_to(value, out)))
+        return lw.graph.constant(np.ascontiguousarray(np.broadcast_to(value, out)), dtype_of(call))
     return lw.node("broadcast", args[:1], call, layer)
 
 
@@ -372,8 +373,8 @@ def _broadcast_to_unsupported(call):
 
 def _astype(lw, call, args, layer):
     value = lw.const_value(args[0])
-    if value is not None:
-        return lw.graph.constant(value.astype(dtype_of(call)))
+    if value is not None:  # (an fp16 weight widened to fp32 keeps its fp16 data: Graph.constant)
+        return lw.graph.constant(value, dtype_of(call))
     if np.dtype(dtype_of(call)) == lw.graph.tensors[args[0]].dtype:
         return args[0]
     return lw.node("CAST", args, call, layer)

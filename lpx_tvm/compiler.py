@@ -197,7 +197,8 @@ def _to_numpy(result) -> list:
 
 def compile(model, config: str | None = None, input_shapes: dict | None = None, in_order: bool = False,
             dump_dir: str | None = None, dtype: str = "fp32", system: str | None = None,
-            parallel: str = "pipeline", chips: int | None = None, state=(), example_inputs=None) -> CompiledModel:
+            parallel: str = "pipeline", chips: int | None = None, state=(), example_inputs=None,
+            weights: dict | None = None) -> CompiledModel:
     """Compile an ONNX model (or a Relax module, or a PyTorch module) for lpx with host fallback.
 
     Parameters
@@ -229,6 +230,10 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         never sent by the host; :meth:`CompiledModel.write_state` updates them between calls.
     example_inputs : torch.Tensor or tuple of torch.Tensor, optional
         For a PyTorch module: the inputs it is exported on (:func:`lpx_tvm.from_pytorch`).
+    weights : dict, optional
+        ``{initializer name: array}`` for an ONNX model that holds its weights as external data not loaded
+        (``lpx_tvm.app.llama`` builds a decoder's two graphs so): bound in place, never copied
+        (:func:`lpx_tvm.frontend.from_onnx`).
 
     Returns
     -------
@@ -245,7 +250,8 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
     elif example_inputs is not None:
         raise ValueError("example_inputs are for a PyTorch module; an ONNX model's inputs are in its graph "
                          "(input_shapes pins a dynamic one)")
-    options, mod = _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips)
+    options, mod = _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips,
+                             weights)
     params = list(mod["main"].params)
     input_names = (mod["main"].attrs or {}).get("onnx_input_names")
     input_names = [str(n) for n in input_names] if input_names is not None else None
@@ -264,7 +270,7 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
 
 
 def compile_programs(model, config: str | None = "tsp", input_shapes: dict | None = None,
-                     dtype: str = "fp32") -> tuple:
+                     dtype: str = "fp32", weights: dict | None = None) -> tuple:
     """A model's LPX programs, without building its host part: what a design sweep or a planner measures.
 
     Parameters are those of :func:`compile`.
@@ -276,7 +282,7 @@ def compile_programs(model, config: str | None = "tsp", input_shapes: dict | Non
     """
     from .codegen import compile_model
 
-    options, functions, report = _lpx_functions(model, config, input_shapes, dtype)
+    options, functions, report = _lpx_functions(model, config, input_shapes, dtype, weights)
     with native_output_to_log("TVM"):
         return compile_model(functions, options), report
 
@@ -302,15 +308,16 @@ def compile_stream(model, copies: int, config: str | None = "tsp", input_shapes:
         return stream_program(function, options, copies)
 
 
-def _lpx_functions(model, config, input_shapes, dtype) -> tuple:
+def _lpx_functions(model, config, input_shapes, dtype, weights=None) -> tuple:
     """(options, the partitioned model's lpx functions by symbol, the offload report), on one chip."""
-    options, mod = _prepared(model, config, input_shapes, False, None, dtype, None, "pipeline", None)
+    options, mod = _prepared(model, config, input_shapes, False, None, dtype, None, "pipeline", None, weights)
     with native_output_to_log("TVM"):
         partitioned = partition_for_lpx(mod, options.config, dtype)
     return options, lpx_functions(partitioned), offload_report(partitioned)
 
 
-def _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips) -> tuple:
+def _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips,
+              weights=None) -> tuple:
     """Options (a config object registered, so its programs load by name) and the imported module."""
     if config is None:
         config = load_system(system).chip.name if system is not None else "tsp"
@@ -320,7 +327,7 @@ def _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, pa
         config = str(config)
     options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype,
                              system=None if system is None else str(system), parallel=parallel, chips=chips)
-    mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes)
+    mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes, weights)
     if dtype == "int8" and not _has_quantize(mod):
         raise ValueError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
                          "conv/matmul); make one with `lpx-tvm quantize MODEL.onnx -o MODEL_int8.onnx` or "

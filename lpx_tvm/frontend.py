@@ -27,7 +27,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .diagnostics import native_output_to_log
 from .recurrent import RecurrentError, has_recurrent, unroll_recurrent
-from .runtime_sim.program import aligned_array
+from .runtime_sim.program import aligned_copy
 from .codegen.relax_ops import PRIM_TYPES, Constant, axis_params, constant_value, quantize_array
 
 
@@ -228,11 +228,14 @@ class _GraphView:
         return getattr(self._graph, name)
 
 
-def _import_view(model: onnx.ModelProto, input_shapes: dict | None):
+def _import_view(model: onnx.ModelProto, input_shapes: dict | None, external: dict | None = None):
     """What TVM's importer needs of ``model`` after :func:`prepare_onnx`, without copying the weights
     (shape folding runs ONNX Runtime on a serialised copy, so it takes the copying route)."""
     view = _GraphView(model.graph, input_shapes)
     if _needs_shape_folding(view) or has_recurrent(view):
+        if external:
+            raise FrontendError("a graph whose weights are held apart (weights=...) must have its shape "
+                                "computations folded already (it has Shape ops or recurrent layers)")
         return prepare_onnx(model, input_shapes)
     return _ModelView(graph=view, opset_import=model.opset_import, ir_version=max(model.ir_version, 4))
 
@@ -286,16 +289,25 @@ def _owned_const(array: np.ndarray) -> relax.Constant:
     a folded weight would exist three times at once)."""
     if array.dtype.kind not in "iuf" or array.size == 0:
         return relax.const(np.ascontiguousarray(array))
-    owned = aligned_array(array.nbytes).view(array.dtype).reshape(array.shape)
-    np.copyto(owned, array)
-    return relax.const(tvm.runtime.from_dlpack(owned))
+    return relax.const(tvm.runtime.from_dlpack(aligned_copy(array)))
+
+
+NARROW_WEIGHT_BYTES = 1 << 16  # a widened constant this large is a weight the model stores narrow
+
+
+def _stored_narrow(value: np.ndarray, dtype: str) -> bool:
+    """Whether ``astype(value, dtype)`` widens a large fp16 weight to fp32: left as it is, so that lpx stores
+    the fp16 bytes the model holds (widening is exact) and no fp32 copy is made; the host widens at run time
+    what lpx does not take."""
+    return value.dtype == np.float16 and dtype == "float32" and value.nbytes >= NARROW_WEIGHT_BYTES
 
 
 @mutator
 class _FoldConstantShapes(PyExprMutator):
     """Numpy folding the importer leaves undone, so that patterns see plain ops.
 
-    - reshape / permute_dims / astype of a constant ─► a constant;
+    - reshape / permute_dims / astype of a constant ─► a constant (but a large fp16 weight's widening:
+      :func:`_stored_narrow`);
     - elementwise arithmetic on constants alone (sqrt, add, ...) ─► a constant;
     - isnan / where on constants ─► a constant (the importer's NaN-bound guard for Clip);
     - quantize of a constant ─► integers (a QDQ weight stored as Q(float));
@@ -331,6 +343,8 @@ class _FoldConstantShapes(PyExprMutator):
             axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
             return _owned_const(value.transpose(axes))
         if name == "relax.astype":
+            if _stored_narrow(value, str(call.ty.dtype)):
+                return call
             return _owned_const(value.astype(str(call.ty.dtype), copy=False))
         if name == "relax.quantize" and all(c is not None for c in consts):
             return relax.const(quantize_array(value, *(constant_value(c) for c in consts[1:]),
@@ -396,20 +410,29 @@ def fold_constant_shapes(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination(["main"])(mod)
 
 
-def _import_named(view) -> tvm.IRModule:
+def _import_named(view, weights: dict | None = None) -> tvm.IRModule:
     """TVM's ONNX importer, each op it makes spanned with the ONNX tensor the op computes (so that reports can
     name a layer as ``compare`` and ONNX Runtime do). As TVM's ``from_onnx``, but for onnx's checker, which
-    cannot read a view (and :func:`from_onnx` keeps its warnings for ``--debug`` anyway)."""
+    cannot read a view (and :func:`from_onnx` keeps its warnings for ``--debug`` anyway). An initializer
+    held as external data is bound from ``weights`` in place (see :func:`from_onnx`)."""
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
     class NamingImporter(ONNXGraphImporter):
+        def _parse_array(self, tensor_proto):
+            if weights is not None and _is_external(tensor_proto) and tensor_proto.name in weights:
+                return tvm.runtime.from_dlpack(weights[tensor_proto.name])
+            return super()._parse_array(tensor_proto)
+
         def _parse_value_proto(self, value_proto):
             if isinstance(value_proto, onnx.NodeProto) and value_proto.output:  # (only a node's "name" is a node)
                 return value_proto.output[0]
             return super()._parse_value_proto(value_proto)
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
-            out = super()._convert_operator(op_name, inputs, attrs, opset)
+            if op_name == "Cast" and _widens_narrow_weight(inputs[0], attrs.get("to")):
+                out = self.bb.normalize(relax.op.astype(inputs[0], "float32"))  # (TVM's Cast would fold it)
+            else:
+                out = super()._convert_operator(op_name, inputs, attrs, opset)
             tensor = attrs.get("tvm_custom", {}).get("name")
             if isinstance(out, relax.Call) and tensor:
                 span = tvm.ir.Span(tvm.ir.SourceName(tensor), 0, 0, 0, 0)
@@ -422,7 +445,40 @@ def _import_named(view) -> tvm.IRModule:
     return NamingImporter(None, "float32", keep_params_in_input=False, sanitize=True).from_onnx(view.graph, opset)
 
 
-def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
+def _widens_narrow_weight(value, to) -> bool:
+    """Whether an ONNX Cast to ``to`` of ``value`` widens a large fp16 weight (:func:`_stored_narrow`)."""
+    return (isinstance(value, Constant) and to is not None
+            and _stored_narrow(constant_value(value), str(onnx.helper.tensor_dtype_to_np_dtype(int(to)))))
+
+
+def _is_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def external_weights(graph, weights: dict | None) -> dict:
+    """The arrays that ``graph``'s external-data initializers bind to, checked against them: each name
+    given, of the initializer's dtype and shape, and 64-byte aligned (TVM binds it without a copy)."""
+    given = weights or {}
+    bound = {}
+    for init in graph.initializer:
+        if not _is_external(init):
+            continue
+        if init.name not in given:
+            where = next((e.value for e in init.external_data if e.key == "location"), "?")
+            raise FrontendError(f"initializer {init.name!r} is held as external data ({where}) that was not "
+                                "loaded: load the model from its file, or pass its arrays as weights={name: array}")
+        array = np.asarray(given[init.name])
+        want = (onnx.helper.tensor_dtype_to_np_dtype(init.data_type), tuple(init.dims))
+        if (array.dtype, array.shape) != want:
+            raise FrontendError(f"weights[{init.name!r}] is {array.dtype} {list(array.shape)}; the graph's "
+                                f"initializer is {want[0]} {list(want[1])}")
+        if array.size and (array.ctypes.data % 64 or not array.flags.c_contiguous):
+            array = aligned_copy(array)  # (TVM wants 64-byte aligned, contiguous data to bind in place)
+        bound[init.name] = array
+    return bound
+
+
+def from_onnx(model, input_shapes: dict | None = None, weights: dict | None = None) -> tvm.IRModule:
     """Import an ONNX model as a Relax module with its weights bound as constants.
 
     Parameters
@@ -430,6 +486,10 @@ def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
     model : str, Path, bytes or onnx.ModelProto
     input_shapes : dict, optional
         ``{input name: dims}`` to pin dynamic input shapes.
+    weights : dict, optional
+        ``{initializer name: array}`` for initializers the model holds as external data that is not loaded
+        (a decoder's graphs sharing one set of weights): each is bound as a constant in place, never
+        copied (a 64-byte aligned array; another is copied once).
 
     Raises
     ------
@@ -439,7 +499,8 @@ def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
     name = model if isinstance(model, (str, Path)) else getattr(model, "name", "") or "model"
     proto = load_onnx(model)
     try:
-        view = _import_view(proto, input_shapes)
+        bound = external_weights(proto.graph, weights)
+        view = _import_view(proto, input_shapes, bound)
     except FrontendError as err:
         raise FrontendError(f"{name}: {err}") from None
     dynamic = dynamic_inputs(view.graph)
@@ -450,7 +511,7 @@ def from_onnx(model, input_shapes: dict | None = None) -> tvm.IRModule:
         warnings.simplefilter("always")
         try:
             with contextlib.redirect_stdout(_DebugLog("TVM's ONNX importer")):
-                mod = fold_constant_shapes(_import_named(view))
+                mod = fold_constant_shapes(_import_named(view, bound))
         except Exception as err:  # the importer raises assorted types; name the model and the reason
             failure = _last_line(err)
             del err

@@ -26,9 +26,10 @@ from .codegen.tile import stream_tile_bytes
 from .runtime_sim import load_config
 
 SUPPORTED_DTYPES = ("float32",)
+NARROW_DTYPES = ("float16",)  # a weight stored in fp16 and widened by the graph: lpx keeps its bytes
 QUANT_DTYPES = ("int8", "uint8", "int32")  # only as operands of quantize / dequantize
 ACTIVATIONS = ("relu", "clip", "gelu", "leakyrelu")
-_WEIGHT_PREPARATION = ("relax.dequantize", "relax.permute_dims", "relax.reshape")
+_WEIGHT_PREPARATION = ("relax.dequantize", "relax.astype", "relax.permute_dims", "relax.reshape")
 
 
 class CapacityWarning(UserWarning):
@@ -97,7 +98,14 @@ def _is_weight(expr, resolve) -> bool:
         return False
     if expr.op.name == "relax.dequantize":
         return all(isinstance(a, Constant) for a in expr.args)
-    return expr.op.name in _WEIGHT_PREPARATION[1:] and _is_weight(expr.args[0], resolve)
+    if expr.op.name == "relax.astype":  # an fp16 weight widened (the frontend leaves it: _stored_narrow)
+        return isinstance(resolve(expr.args[0]), Constant) and _is_narrow_weight(expr, resolve)
+    return expr.op.name in _WEIGHT_PREPARATION[2:] and _is_weight(expr.args[0], resolve)
+
+
+def _is_narrow_weight(call, resolve) -> bool:
+    source = _static_tensor(resolve(call.args[0]))
+    return source is not None and source[1] in NARROW_DTYPES and _static_tensor(call)[1] == "float32"
 
 
 def _why_not(call, resolve) -> str | None:
@@ -107,6 +115,8 @@ def _why_not(call, resolve) -> str | None:
     if row is None:
         return f"{name} has no lpx lowering"
     dtypes = SUPPORTED_DTYPES + QUANT_DTYPES if name in ("quantize", "dequantize") else SUPPORTED_DTYPES
+    if name == "astype" and _is_weight(call, resolve):
+        dtypes = SUPPORTED_DTYPES + NARROW_DTYPES
     if not _tensors_ok(list(call.args) + [call], dtypes):
         return "dtype or shape (dynamic, empty or rank > 8)"
     for position in row.weights:
@@ -195,7 +205,8 @@ def _make_check(config, dtype: str = "fp32", idiom=None):
 def _weight():
     """A weight: a constant, or integers a QDQ model dequantises. A fresh pattern per use, because one
     pattern object used twice in a pattern must match the same expression twice."""
-    return is_const() | is_op("relax.dequantize")(is_const(), is_const(), is_const())
+    return (is_const() | is_op("relax.dequantize")(is_const(), is_const(), is_const())
+            | is_op("relax.astype")(is_const()))
 
 
 def _activation(name, inner):

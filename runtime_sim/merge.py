@@ -155,7 +155,8 @@ def fast_entries(sim) -> list:
             writes = [_region(_OUTPUTS, attrs["index"], attrs["offset"], attrs["offset"] + ins.srcs[0].nbytes)]
         slots.append(_Node([(fn, op, outs, srcs, attrs)], [None], reads, writes, pos))
     _chain(slots, instructions, order)
-    for build, members in _stack_runs(slots, instructions, order) + _band_runs(slots, instructions, order):
+    scratch = _Scratch()
+    for build, members in _stack_runs(slots, instructions, order, scratch) + _band_runs(slots, instructions, order):
         _merge(slots, members, build)
     return [node.entry for node in slots if node is not None]
 
@@ -220,7 +221,7 @@ def _kind(x) -> tuple:
     return (x.ndim, x.dtype.str) if isinstance(x, np.ndarray) else (type(x).__name__,)
 
 
-def _stack_runs(slots, instructions, order) -> list:
+def _stack_runs(slots, instructions, order, scratch) -> list:
     """Runs of entries that compute the same thing on blocks that follow each other in memory along one axis
     (their results' blocks): each run as positions, largest first."""
     alike = defaultdict(list)
@@ -239,7 +240,7 @@ def _stack_runs(slots, instructions, order) -> list:
             for group in by_tile.values():
                 found += _adjacent_runs(group, {p: slots[p].steps[0][3][0] for p in group})
         runs += found
-    return [(_stack_builder(axis), run) for axis, run in sorted(runs, key=lambda r: len(r[1]), reverse=True)]
+    return [(_stack_builder(axis, scratch), run) for axis, run in sorted(runs, key=lambda r: len(r[1]), reverse=True)]
 
 
 def _adjacent_runs(positions, blocks) -> list:
@@ -269,15 +270,37 @@ def _stack_axis(a: np.ndarray, b: np.ndarray):
     return None
 
 
-def _stack_builder(axis: int):
-    return lambda nodes: _stack_group(nodes, axis)
+def _stack_builder(axis: int, scratch):
+    return lambda nodes: _stack_group(nodes, axis, scratch)
 
 
-def _stack_group(nodes, axis: int):
+class _Scratch:
+    """The buffers merged entries gather blocks into and scatter results from, shared by every entry of one
+    simulator: an entry needs its own only during its call, so the entries' k-th buffers of one dtype are one
+    buffer as large as the largest of them, not one each (a long prompt's products gather megabytes each)."""
+
+    def __init__(self):
+        self._flat = {}
+
+    def user(self):
+        """A function ``(shape, dtype) -> buffer`` for one entry: its k-th request gets the k-th buffer."""
+        slots = iter(range(1 << 30))
+        return lambda shape, dtype: self._take(next(slots), tuple(shape), np.dtype(dtype))
+
+    def _take(self, slot: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        flat = self._flat.get((slot, dtype))
+        if flat is None or flat.nbytes < nbytes:  # (entries built before keep the smaller one)
+            flat = self._flat[(slot, dtype)] = np.empty(nbytes, np.uint8)
+        return flat[:nbytes].view(dtype).reshape(shape)
+
+
+def _stack_group(nodes, axis: int, scratch: _Scratch):
     """One call per step for entries whose operands are blocks of one array along ``axis`` (or one array they
     all read whole, broadcast along it); a product's row blocks that lie apart are gathered, and its result's
     blocks scattered. None where the entries are not that."""
     steps, gathers, scatters = [], [], []
+    buffer = scratch.user()
     previous = None
     last = len(nodes[0].steps) - 1
     # copies around a product cost little beside it: only where one runs are blocks gathered and scattered
@@ -293,7 +316,7 @@ def _stack_group(nodes, axis: int):
                 return None
             shape = list(outs[0].shape)  # a buffer as large as the members' blocks together
             shape[axis] = sum(o.shape[axis] for o in outs)
-            out = np.empty(shape, outs[0].dtype)
+            out = buffer(shape, outs[0].dtype)
             if j == last:
                 scatters = _pieces(out, outs, axis)
         ins = []
@@ -307,7 +330,7 @@ def _stack_group(nodes, axis: int):
             elif product and i == 0 and axis == 1:  # one operand against adjacent column blocks of tiles
                 operand = blocks[0] if _same(blocks) else None
             else:
-                operand = _stacked_operand(blocks, outs, axis, gather=with_product)
+                operand = _stacked_operand(blocks, outs, axis, buffer if with_product else None)
             if operand is None:
                 return None
             if isinstance(operand, _Gathered):
@@ -332,10 +355,10 @@ def _stack_group(nodes, axis: int):
 class _Gathered:
     """A buffer the members' blocks of one operand are copied into before each call."""
 
-    def __init__(self, blocks, axis):
+    def __init__(self, blocks, axis, buffer):
         shape = list(blocks[0].shape)
         shape[axis] = sum(b.shape[axis] for b in blocks)
-        self.array = np.empty(shape, blocks[0].dtype)
+        self.array = buffer(shape, blocks[0].dtype)
         self.pieces = _pieces(self.array, blocks, axis)
 
 
@@ -366,9 +389,9 @@ def _tile(blocks, axis: int):
     return None if columns is None else _LiveTile(columns)
 
 
-def _stacked_operand(blocks, outs, axis: int, gather: bool = False):
+def _stacked_operand(blocks, outs, axis: int, gather=None):
     """Members' ``blocks`` of one operand as one: the one array they all read whole (it broadcasts along
-    ``axis``), their blocks stacked, or (``gather``) a buffer they are copied into; None where none holds."""
+    ``axis``), their blocks stacked, or a buffer from ``gather`` they are copied into; None where none holds."""
     first = blocks[0]
     if not isinstance(first, np.ndarray):
         return None
@@ -378,8 +401,8 @@ def _stacked_operand(blocks, outs, axis: int, gather: bool = False):
     if along != axis or any(b.shape[axis] != o.shape[axis] for b, o in zip(blocks, outs)):
         return None
     stacked = _stacked(blocks, axis)[0]
-    if stacked is None and gather:
-        return _Gathered(blocks, axis)
+    if stacked is None and gather is not None:
+        return _Gathered(blocks, axis, gather)
     return stacked
 
 

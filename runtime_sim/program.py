@@ -189,12 +189,55 @@ def aligned_array(size: int) -> np.ndarray:
     return raw[start:start + size]
 
 
+def aligned_copy(array: np.ndarray, dtype=None) -> np.ndarray:
+    """``array`` (converted to ``dtype``) in a fresh 64-byte aligned buffer, which TVM binds without a copy."""
+    dtype = np.dtype(array.dtype if dtype is None else dtype)
+    owned = aligned_array(array.size * dtype.itemsize).view(dtype).reshape(array.shape)
+    np.copyto(owned, array, casting="unsafe")
+    return owned
+
+
 def encode_array(program: Program) -> np.ndarray:
     """Serialize a program into a 64-byte aligned uint8 array (TVM takes it as a tensor without a copy)."""
     return _encode(program, aligned_array)
 
 
 def _encode(program: Program, allocate):
+    encoding = Encoding(program)
+    blob = allocate(encoding.nbytes)
+    encoding.write(memoryview(blob).cast("B"))
+    return blob
+
+
+class Encoding:
+    """A program's bytes, laid out but not written: ``nbytes``, then :meth:`write` into a buffer of that size
+    (a system program writes each chip's straight into its own buffer: weights are most of a program, and
+    each copy of them costs their size)."""
+
+    def __init__(self, program: Program):
+        self.parts = _parts(program)
+        self.sizes, at = [], HEADER.size
+        for part in self.parts:
+            self.sizes.append(-at % _ALIGN if part is _PAD else part.nbytes if isinstance(part, np.ndarray)
+                              else len(part))
+            at += self.sizes[-1]
+        self.nbytes = at
+
+    def write(self, view: memoryview) -> None:
+        """Write the program into ``view`` (``nbytes`` bytes, starting 64-byte aligned) and seal it."""
+        at = HEADER.size
+        for part, size in zip(self.parts, self.sizes):
+            if part is _PAD:
+                view[at:at + size] = bytes(size)
+            elif isinstance(part, np.ndarray):  # a weight, in any layout: its bytes in C order
+                np.copyto(np.frombuffer(view[at:at + size], part.dtype).reshape(part.shape), part)
+            else:
+                view[at:at + size] = part
+            at += size
+        seal(view[:self.nbytes], MAGIC, VERSION)
+
+
+def _parts(program: Program) -> list:
     plan = program.plan
     parts = [_pack_str(program.config_name), program.config_digest,
              struct.pack("<8sQQ", plan.model.ljust(8, b"\0"), plan.sram_bytes, plan.activation_base),
@@ -225,23 +268,7 @@ def _encode(program: Program, allocate):
     for conversions in (program.host_converted, program.widened_outputs):
         parts.append(struct.pack("<I", len(conversions)))
         parts += [struct.pack("<Idi", *entry) for entry in conversions]
-    # one buffer, written in place: weights are most of a program, and each copy of them costs their size
-    sizes, at = [], HEADER.size
-    for part in parts:
-        sizes.append(-at % _ALIGN if part is _PAD else part.nbytes if isinstance(part, np.ndarray) else len(part))
-        at += sizes[-1]
-    blob = allocate(at)
-    view, at = memoryview(blob).cast("B"), HEADER.size
-    for part, size in zip(parts, sizes):
-        if part is _PAD:
-            view[at:at + size] = bytes(size)
-        elif isinstance(part, np.ndarray):  # a weight, in any layout: its bytes in C order
-            np.copyto(np.frombuffer(view[at:at + size], part.dtype).reshape(part.shape), part)
-        else:
-            view[at:at + size] = part
-        at += size
-    seal(view, MAGIC, VERSION)
-    return blob
+    return parts
 
 
 # ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import numpy as np
 from .check import ScheduleError
 from .container import HEADER, opened, seal
 from .isa import HostTensor, Opcode
-from .program import _ALIGN, SYSTEM_MAGIC, Program, ProgramFormatError, aligned_array, decoded_columns, encode_array
+from .program import _ALIGN, SYSTEM_MAGIC, Encoding, Program, ProgramFormatError, aligned_array, decoded_columns
 from .simulator import CallError, Simulator
 from .stats import Timed
 from .system import SystemConfig, load_system
@@ -97,27 +97,27 @@ def is_system_program(blob) -> bool:
 
 def encode_system(program: SystemProgram) -> np.ndarray:
     """Serialize a system program into one 64-byte aligned uint8 array."""
-    blobs = [encode_array(p) for p in program.programs]
+    blobs = [Encoding(p) for p in program.programs]
     table = json.dumps({"system": program.system_name, "digest": program.system_digest.hex(),
                         "chips": list(program.chips), "inputs": [[list(d) for d in x] for x in program.inputs],
                         "outputs": [[list(d) for d in x] for x in program.outputs], "predicted": program.predicted_cycles,
                         "parallel": program.parallel, "notes": program.notes,
-                        "lengths": [len(b) for b in blobs], "aligned": _ALIGN}).encode()
+                        "lengths": [b.nbytes for b in blobs], "aligned": _ALIGN}).encode()
     # each chip's program starts at a multiple of 64 bytes (zeros before it), and so do its weights
     starts, at = [], HEADER.size + 4 + len(table)
     for blob in blobs:
         at += -at % _ALIGN
         starts.append(at)
-        at += len(blob)
+        at += blob.nbytes
     out = aligned_array(at)
     view = memoryview(out).cast("B")
     struct.pack_into("<I", view, HEADER.size, len(table))
     view[HEADER.size + 4:HEADER.size + 4 + len(table)] = table
     end = HEADER.size + 4 + len(table)
-    for blob, start in zip(blobs, starts):
+    for blob, start in zip(blobs, starts):  # each chip's program written in its place: no copy of its own
         view[end:start] = bytes(start - end)  # the padding: zeros (a gap, never the whole buffer, is written)
-        view[start:start + len(blob)] = memoryview(blob).cast("B")
-        end = start + len(blob)
+        blob.write(view[start:start + blob.nbytes])
+        end = start + blob.nbytes
     seal(view, SYSTEM_MAGIC, SYSTEM_VERSION)
     return out
 

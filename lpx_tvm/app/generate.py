@@ -15,6 +15,7 @@ apart their logits are.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from math import ceil
@@ -77,9 +78,9 @@ class _BuiltDecoder:
     """The project's own decoder graphs (a preset, or a ``save_llama`` folder): a prefill graph for the prompt
     and a decode graph over ``config.max_context`` slots, both returning only the new K/V."""
 
-    def __init__(self, name: str, config, prefill, decode, prompt_len: int):
+    def __init__(self, name: str, config, prefill, decode, prompt_len: int, weights: dict | None = None):
         self.name, self.config, self.prefill_graph, self.decode_graph = name, config, prefill, decode
-        self.prompt_len = prompt_len
+        self.prompt_len, self.weights = prompt_len, weights  # (weights: the graphs' external data, by name)
         self.cache_names, self.new_kv_names = llama.cache_names(config), llama.present_names(config)
         self.outputs = llama.output_names(config)
         self.vocab_size, self.max_context = config.vocab_size, config.max_context
@@ -113,7 +114,8 @@ class _BuiltDecoder:
         return llama.decode_feeds(self.config, token, position, {})
 
     def reference(self) -> "_BuiltReference":
-        return _BuiltReference(self.config, *llama.ort_sessions(self.prefill_graph, self.decode_graph))
+        sessions = llama.ort_sessions(self.prefill_graph, self.decode_graph, weights=self.weights)
+        return _BuiltReference(self.config, *sessions)
 
     def drop_graphs(self) -> None:
         self.prefill_graph = self.decode_graph = None
@@ -164,7 +166,7 @@ class _BuiltReference:
         return want[0][0, -1]
 
 
-def _open_decoder(model, prompt_len: int, seed: int, context: int | None):
+def _open_decoder(model, prompt_len: int, seed: int, context: int | None, dtype: str = "fp32"):
     """The decoder a ``generate`` MODEL names: a preset, a ``save_llama`` folder, or a graph in Hugging Face
     form (an ``.onnx`` file or an optimum folder)."""
     path = Path(str(model))
@@ -198,9 +200,14 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None):
         config = config.replace(dtype="fp32")
     if context is not None:
         config = config.replace(max_context=context)
-    weights = llama.llama_weights(config, seed)  # one draw for both graphs
-    return _BuiltDecoder(str(model), config, llama.build_prefill(config, prompt_len, seed, weights),
-                         llama.build_decode(config, seed, weights), prompt_len)
+    # one draw for both graphs, held apart from them (external data: no copy in either graph, nor in ONNX
+    # Runtime or TVM), in fp16 where the chips store fp16 (the graphs widen it exactly, so lpx and ONNX Runtime
+    # compute with the same weights, and no fp32 copy exists); ORT's quantiser needs the weights inside
+    external = dtype != "int8"
+    weights = llama.llama_weights(config.replace(dtype="fp16") if dtype == "fp16" else config, seed)
+    return _BuiltDecoder(str(model), config, llama.build_prefill(config, prompt_len, seed, weights, external),
+                         llama.build_decode(config, seed, weights, external), prompt_len,
+                         weights if external else None)
 
 
 def kv_bytes_per_chip(compiled, names: list, nbytes: dict) -> dict:
@@ -284,7 +291,7 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         raise ValueError(f"context must be a positive integer, got {context!r}")
     if not Path(str(model)).exists() and Path(str(model)).suffix != ".onnx":  # a preset: built for the prompt
         given = _prompt_ids(model, None, prompt_ids, prompt, llama.get_config(model).vocab_size)
-        decoder = _open_decoder(model, len(given) if given else prompt_len, seed, context)
+        decoder = _open_decoder(model, len(given) if given else prompt_len, seed, context, dtype)
     else:
         decoder = _open_decoder(model, prompt_len, seed, context)
         given = _prompt_ids(model, decoder.tokenizer, prompt_ids, prompt, decoder.vocab_size)
@@ -303,16 +310,13 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         quantised = decoder.quantize(seed)
     reference = decoder.reference()  # ORT on the graphs as they came, before lpx pins and edits them
     (prefill_graph, prefill_shapes), (decode_graph, decode_shapes) = decoder.graphs(prompt_len, context)
+    weights = getattr(decoder, "weights", None)
     start = time.perf_counter()
     say("compiling the prefill graph ...")
-    prefill = lpx_tvm.compile(prefill_graph, input_shapes=prefill_shapes, **options)
+    prefill = lpx_tvm.compile(prefill_graph, input_shapes=prefill_shapes, weights=weights, **options)
+    compile_s = time.perf_counter() - start
     del prefill_graph
     decoder.drop_prefill_graph()
-    say("compiling the decode graph (KV cache resident) ...")
-    decode = lpx_tvm.compile(decode_graph, input_shapes=decode_shapes, state=names, **options)
-    compile_s = time.perf_counter() - start
-    del decode_graph
-    decoder.drop_graphs()  # compiled, and ORT holds its own: their weights need not stay
     prompt = (np.asarray(given, np.int64) if given is not None
               else np.random.default_rng(seed + 1).integers(0, decoder.vocab_size, prompt_len).astype(np.int64))
     draws = np.random.default_rng(seed + 2)  # one uniform a step, for lpx's choice and ORT's alike
@@ -321,11 +325,23 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         draw = float(draws.random()) if temperature else None
         return _compare(got_logits, want_logits, lambda x: _choose(x, draw, temperature, top_k))
 
+    say("running the prefill ...")
     got = dict(zip(decoder.outputs, prefill(**decoder.prefill_feeds(prompt))))
+    steps = [compare(got["logits"][0, -1], reference.prefill(prompt))]
+    prefill_cycles, prefill_programs = _cycles(prefill), prefill.report.lpx_functions
+    # the prefill has run: its programs (each a copy of the weights it reads) go before the decode program is
+    # built, so the host never holds two programs' weights at once
+    del prefill
+    gc.collect()
+    say("compiling the decode graph (KV cache resident) ...")
+    start = time.perf_counter()
+    decode = lpx_tvm.compile(decode_graph, input_shapes=decode_shapes, state=names, weights=weights, **options)
+    compile_s += time.perf_counter() - start
+    del decode_graph
+    decoder.drop_graphs()  # compiled, and ORT holds its own: their weights need not stay
     nbytes = {name: decode.write_state(name, got[new], (slice(None), slice(None), slice(0, prompt_len)))
               for name, new in zip(names, new_names)}
-    ttft_cycles = _cycles(prefill) + _write_back_cycles(decode, names, nbytes)
-    steps = [compare(got["logits"][0, -1], reference.prefill(prompt))]
+    ttft_cycles = prefill_cycles + _write_back_cycles(decode, names, nbytes)
     token = steps[-1]["token"]
     chosen = [token]
     # resident on the chips: the host sends nothing
@@ -353,7 +369,7 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
               "decode_cycles": _cycles(decode), "kv_write_cycles": write_cycles, "per_token_cycles": step_cycles,
               "per_token_us": 1e6 * step_cycles / chip.clock_hz,
               "tokens_per_s_per_user": chip.clock_hz / step_cycles, "compile_s": compile_s,
-              "programs": {"prefill": prefill.report.lpx_functions, "decode": decode.report.lpx_functions},
+              "programs": {"prefill": prefill_programs, "decode": decode.report.lpx_functions},
               "weight_bytes": decoder.weight_bytes, "cache_bytes": decoder.cache_bytes(context),
               "kv_write_bytes_per_chip": kv_bytes_per_chip(decode, names, nbytes)}
     if quantised:

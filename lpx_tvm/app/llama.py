@@ -65,6 +65,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..runtime_sim.program import aligned_copy
+
 OPSET = 17
 IR_VERSION = 8
 MASK_VALUE = -1e4  # additive mask for an empty slot: exp() underflows to 0, and fp16 can hold it
@@ -184,6 +186,11 @@ PRESETS = {
     "llama-gpt2s": LlamaConfig(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=12,
                                intermediate_size=2048, vocab_size=50257, max_context=1024,
                                tie_word_embeddings=False, dtype="fp16"),
+    # Llama 3.2 1B's blocks (hidden 2048, 16 layers, 32 heads, 8 K/V heads, FFN 8192, tied head) with Llama 2's
+    # 32,000-token vocabulary: 1.04 B parameters, 2.08 GB in fp16
+    "llama-1b": LlamaConfig(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
+                            vocab_size=32000, rope_theta=500000.0, max_context=2048, tie_word_embeddings=True,
+                            dtype="fp16"),
 }
 
 
@@ -286,7 +293,8 @@ def decode_feeds(config, token: int, position: int, cache: dict) -> dict[str, np
 def llama_weights(config, seed: int = 0) -> dict[str, np.ndarray]:
     """The seeded parameters by HF name (linear weights ``[in, out]``), in the config's dtype.
 
-    Drawn in fp32 in a fixed order, so a seed gives the same values whatever the graph or dtype.
+    Drawn in fp32 in a fixed order, so a seed gives the same values whatever the graph or dtype; each
+    array 64-byte aligned.
     """
     config = get_config(config)
     rng = np.random.default_rng(seed)
@@ -297,7 +305,7 @@ def llama_weights(config, seed: int = 0) -> dict[str, np.ndarray]:
         value = rng.standard_normal(shape, dtype=np.float32)
         value *= np.float32(std)
         value += np.float32(mean)
-        out[name] = value.astype(config.np_dtype, copy=False)
+        out[name] = aligned_copy(value, config.np_dtype)  # (aligned: TVM binds it in place)
 
     draw("model.embed_tokens.weight", (config.vocab_size, h), h ** -0.5)
     residual = 1.0 / np.sqrt(2.0 * n_layers)
@@ -330,16 +338,55 @@ def rotate_half_matrix(head_dim: int, dtype=np.float32) -> np.ndarray:
 # ---------------------------------------------------------------------------
 # graph construction
 # ---------------------------------------------------------------------------
-class _Graph:
-    """Nodes and initializers of one graph; ``op`` returns its output's name."""
+WEIGHTS_FILE = "weights.bin"  # where the external-data initializers of a decoder's graphs say their bytes are
 
-    def __init__(self, config: LlamaConfig, weights: dict):
+
+def external_initializer(name: str, array: np.ndarray, offset: int) -> TensorProto:
+    """An initializer whose bytes are held apart: ``array``'s dtype and shape, at ``offset`` in
+    :data:`WEIGHTS_FILE` (ONNX's external data), no data in the graph."""
+    tensor = TensorProto(name=name, dims=array.shape, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                         data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(array.nbytes))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def weight_offsets(weights: dict) -> dict:
+    """Name ─► byte offset of each weight in :data:`WEIGHTS_FILE`: in order, each on a 4 KiB boundary (so
+    that a memory map of the file gives aligned arrays)."""
+    offsets, at = {}, 0
+    for name, value in weights.items():
+        offsets[name] = at
+        at += -(-value.nbytes // 4096) * 4096
+    return offsets
+
+
+class _Graph:
+    """Nodes and initializers of one graph; ``op`` returns its output's name.
+
+    A weight narrower than the graph's dtype (fp16 in an fp32 graph: what the chips store) is widened by a
+    Cast where it is read. ``external``: the weights are external-data initializers (the caller holds the
+    arrays: the graph takes no copy of them).
+    """
+
+    def __init__(self, config: LlamaConfig, weights: dict, external: bool = False):
         self.config = config
         self.dtype = config.np_dtype
         self.elem = _DTYPES[config.dtype][1]
-        self.nodes, self.inits, self.count = [], [], 0
+        self.nodes, self.inits, self.count, self.widened = [], [], 0, {}
+        self.narrow = {name for name, value in weights.items() if value.dtype.itemsize < self.dtype.itemsize}
+        offsets = weight_offsets(weights) if external else {}
         for name, value in weights.items():
-            self.inits.append(numpy_helper.from_array(value, name))
+            self.inits.append(external_initializer(name, value, offsets[name]) if external
+                              else numpy_helper.from_array(value, name))
+
+    def weight(self, name: str) -> str:
+        """A weight as the graph computes with it: a narrow one widened (one Cast, however often read)."""
+        if name not in self.narrow:
+            return name
+        if name not in self.widened:
+            self.widened[name] = self.op("Cast", [name], to=self.elem)
+        return self.widened[name]
 
     def name(self, prefix: str) -> str:
         self.count += 1
@@ -377,7 +424,7 @@ class _Graph:
         mean_sq = self.op("ReduceMean", [self.op("Mul", [x32, x32])], axes=[-1], keepdims=1)
         eps = self.const(np.float32(self.config.rms_norm_eps), "eps")
         inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [mean_sq, eps])])])
-        return self.op("Mul", [self.from_fp32(self.op("Mul", [x32, inv])), weight])
+        return self.op("Mul", [self.from_fp32(self.op("Mul", [x32, inv])), self.weight(weight)])
 
     def heads(self, x: str, seq: int, n_heads: int) -> str:
         """``[1, seq, n*d]`` ─► ``[1, n, seq, d]``."""
@@ -398,9 +445,9 @@ class _Graph:
         """
         c, p = self.config, f"model.layers.{layer}.self_attn."
         d, kv, rep = c.head_dim, c.num_kv_heads, c.num_rep
-        q = self.rope(self.heads(self.op("MatMul", [x, p + "q_proj.weight"]), seq, c.num_heads), cos, sin, rot)
-        k = self.rope(self.heads(self.op("MatMul", [x, p + "k_proj.weight"]), seq, kv), cos, sin, rot)
-        v = self.heads(self.op("MatMul", [x, p + "v_proj.weight"]), seq, kv)
+        q = self.rope(self.heads(self.op("MatMul", [x, self.weight(p + "q_proj.weight")]), seq, c.num_heads), cos, sin, rot)
+        k = self.rope(self.heads(self.op("MatMul", [x, self.weight(p + "k_proj.weight")]), seq, kv), cos, sin, rot)
+        v = self.heads(self.op("MatMul", [x, self.weight(p + "v_proj.weight")]), seq, kv)
         keys, values = k, v
         if past is not None:
             keys = self.op("Concat", [past[0], k], axis=2)
@@ -415,20 +462,22 @@ class _Graph:
             context = self.op("Reshape", [context, self.shape([1, c.num_heads, seq, d])])
         merged = self.op("Reshape", [self.op("Transpose", [context], perm=[0, 2, 1, 3]),
                                      self.shape([1, seq, c.num_heads * d])])
-        return self.op("MatMul", [merged, p + "o_proj.weight"]), k, v
+        return self.op("MatMul", [merged, self.weight(p + "o_proj.weight")]), k, v
 
     def mlp(self, x: str, layer: int) -> str:
         p = f"model.layers.{layer}.mlp."
-        gate = self.op("MatMul", [x, p + "gate_proj.weight"])
+        gate = self.op("MatMul", [x, self.weight(p + "gate_proj.weight")])
         silu = self.op("Mul", [gate, self.op("Sigmoid", [gate])])
-        up = self.op("MatMul", [x, p + "up_proj.weight"])
-        return self.op("MatMul", [self.op("Mul", [silu, up]), p + "down_proj.weight"])
+        up = self.op("MatMul", [x, self.weight(p + "up_proj.weight")])
+        return self.op("MatMul", [self.op("Mul", [silu, up]), self.weight(p + "down_proj.weight")])
 
     def decoder(self, seq: int, mask: str, past: list | None) -> None:
         """The whole network from ``input_ids`` to the ``logits`` and ``present.*`` outputs."""
         c = self.config
         rot = self.const(rotate_half_matrix(c.head_dim, self.dtype), "rotate_half")
         x = self.op("Gather", ["model.embed_tokens.weight", "input_ids"], axis=0)
+        if "model.embed_tokens.weight" in self.narrow:  # the rows looked up, widened (not the whole table)
+            x = self.op("Cast", [x], to=self.elem)
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             attn, k, v = self.attention(self.rms_norm(x, p + "input_layernorm.weight"), layer, seq, "rope_cos",
@@ -438,8 +487,8 @@ class _Graph:
             self.output(k, f"present.{layer}.key")
             self.output(v, f"present.{layer}.value")
         x = self.rms_norm(x, "model.norm.weight")
-        head = (self.op("Transpose", ["model.embed_tokens.weight"], perm=[1, 0]) if c.tie_word_embeddings
-                else "lm_head.weight")
+        head = (self.op("Transpose", [self.weight("model.embed_tokens.weight")], perm=[1, 0])
+                if c.tie_word_embeddings else self.weight("lm_head.weight"))
         self.output(self.op("MatMul", [x, head]), "logits")
 
     def model(self, name: str, inputs: list, seq: int) -> onnx.ModelProto:
@@ -467,28 +516,35 @@ def _check_seq(config: LlamaConfig, prompt_len) -> int:
 _PROTOBUF_LIMIT = 2 ** 31  # bytes: a serialised ONNX model holding its weights inside must stay under 2 GB
 
 
-def _check_graph_size(config) -> None:
-    """Refuse, before drawing any weight, a graph whose weights protobuf cannot hold."""
-    if config.weight_bytes() >= _PROTOBUF_LIMIT:
+def _graph(config, seed: int, weights: dict | None, external: bool) -> _Graph:
+    """A graph's initializers, after refusing (before drawing any weight) weights protobuf cannot hold."""
+    if external and weights is None:
+        raise ValueError("external=True keeps the weights apart from the graph: pass the arrays (weights=)")
+    nbytes = config.weight_bytes() if weights is None else sum(w.nbytes for w in weights.values())
+    if not external and nbytes >= _PROTOBUF_LIMIT:
         raise ValueError(f"a decoder of {config.parameter_count() / 1e9:.2f} B parameters holds "
-                         f"{config.weight_bytes() / 1e9:.2f} GB of {config.dtype} weights, past ONNX's 2 GB limit on "
-                         "a model with its weights inside; these graphs do not keep weights as external data (size "
-                         "it with lpx-tvm plan, which needs no graph)")
+                         f"{nbytes / 1e9:.2f} GB of weights, past ONNX's 2 GB limit on a model with its weights "
+                         "inside; build it with external=True (its weights held apart, as generate does), or size "
+                         "it with lpx-tvm plan, which needs no graph")
+    return _Graph(config, llama_weights(config, seed) if weights is None else weights, external)
 
 
-def build_prefill(config, prompt_len: int, seed: int = 0, weights: dict | None = None) -> onnx.ModelProto:
+def build_prefill(config, prompt_len: int, seed: int = 0, weights: dict | None = None,
+                  external: bool = False) -> onnx.ModelProto:
     """The prefill graph for a prompt of ``prompt_len`` tokens (positions ``0 .. prompt_len-1``).
 
     Inputs: ``input_ids`` int64 ``[1, prompt_len]``, ``rope_cos`` / ``rope_sin`` ``[prompt_len, head_dim]``
     (:func:`rope_tables`). Outputs: ``logits`` ``[1, prompt_len, vocab]``, ``present.{i}.key`` /
     ``.value`` ``[1, kv_heads, prompt_len, head_dim]``. The causal mask is a constant. ``weights``: what
     :func:`llama_weights` draws for ``config`` and ``seed``, where the caller holds them already (one draw serves
-    a model's prefill and decode graphs).
+    a model's prefill and decode graphs); drawn in fp16 for an fp32 graph, the graph widens them where it reads
+    them. ``external``: the graph holds the given weights as external data (:data:`WEIGHTS_FILE`), not their
+    bytes: no copy, and no 2 GB limit; pass the same arrays to ONNX Runtime (:func:`ort_sessions`) and to
+    ``lpx_tvm.compile(..., weights=)``.
     """
     config = get_config(config)
     seq = _check_seq(config, prompt_len)
-    _check_graph_size(config)
-    g = _Graph(config, llama_weights(config, seed) if weights is None else weights)
+    g = _graph(config, seed, weights, external)
     causal = np.triu(np.full((seq, seq), MASK_VALUE, np.float32), k=1)
     mask = g.const(np.tile(causal, (config.num_rep, 1)).astype(g.dtype), "causal_mask")  # [rep*seq, seq]
     g.decoder(seq, mask, past=None)
@@ -499,18 +555,17 @@ def build_prefill(config, prompt_len: int, seed: int = 0, weights: dict | None =
     return g.model(f"llama_prefill_{seq}", inputs, seq)
 
 
-def build_decode(config, seed: int = 0, weights: dict | None = None) -> onnx.ModelProto:
+def build_decode(config, seed: int = 0, weights: dict | None = None, external: bool = False) -> onnx.ModelProto:
     """The one-token decode graph over the static cache (see the module docstring).
 
     Inputs: ``input_ids`` int64 ``[1, 1]``, ``rope_cos`` / ``rope_sin`` ``[1, head_dim]``,
     ``attention_mask`` ``[1, 1, 1, max_context]`` (:func:`decode_mask`), ``past_key_values.{i}.key`` /
     ``.value`` ``[1, kv_heads, max_context, head_dim]``. Outputs: ``logits`` ``[1, 1, vocab]``,
-    ``present.{i}.key`` / ``.value`` ``[1, kv_heads, 1, head_dim]`` (the new token's only). ``weights``: as for
-    :func:`build_prefill`.
+    ``present.{i}.key`` / ``.value`` ``[1, kv_heads, 1, head_dim]`` (the new token's only). ``weights`` and
+    ``external``: as for :func:`build_prefill`.
     """
     config = get_config(config)
-    _check_graph_size(config)
-    g = _Graph(config, llama_weights(config, seed) if weights is None else weights)
+    g = _graph(config, seed, weights, external)
     # the cache slots' mask, then the new token's own slot (always valid): [1, 1, 1, max_context + 1]
     mask = g.op("Concat", ["attention_mask", g.const(np.zeros((1, 1, 1, 1), g.dtype), "self_slot")], axis=3)
     names = cache_names(config)
@@ -600,11 +655,12 @@ class _SharedWeightSession:
         return self.session.run(output_names, {**feeds, **self.weights})
 
 
-def ort_sessions(*models, min_bytes: int = 1 << 16) -> list:
+def ort_sessions(*models, min_bytes: int = 1 << 16, weights: dict | None = None) -> list:
     """ONNX Runtime CPU sessions of graphs that share their weights (a decoder's prefill and decode graphs):
     every initializer of ``min_bytes`` or more becomes a graph input, fed at each run from one numpy array
     per name and content, which ORT reads in place. The weights are held once for all the sessions, where
-    each session copied them (and serialising a model for ORT copied them once more)."""
+    each session copied them (and serialising a model for ORT copied them once more). An initializer held as
+    external data is fed from ``weights`` (by name)."""
     import onnxruntime as ort
     from onnx import numpy_helper
 
@@ -615,17 +671,30 @@ def ort_sessions(*models, min_bytes: int = 1 << 16) -> list:
                                 output=model.graph.output, value_info=model.graph.value_info)
         fed = {}
         for init in model.graph.initializer:
-            if len(init.raw_data) < min_bytes:
+            if init.data_location == TensorProto.EXTERNAL:
+                if weights is None or init.name not in weights:
+                    raise ValueError(f"initializer {init.name!r} is held as external data: pass its array in "
+                                     "weights={name: array}")
+                fed[init.name] = weights[init.name]
+            elif len(init.raw_data) < min_bytes:
                 graph.initializer.append(init)
                 continue
-            key = (init.name, hash(init.raw_data))
-            if key not in arrays:
-                arrays[key] = numpy_helper.to_array(init)
-            fed[init.name] = arrays[key]
+            else:
+                key = (init.name, hash(init.raw_data))
+                if key not in arrays:
+                    arrays[key] = numpy_helper.to_array(init)
+                fed[init.name] = arrays[key]
             graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
         slim = onnx.ModelProto(ir_version=max(model.ir_version, 4), opset_import=model.opset_import, graph=graph)
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        # a weight the graph widens (a Cast of an input) is ready from the start: in ORT's default order every
+        # Cast runs first and all the widened weights live at once, in an arena that keeps them. Priority order
+        # widens each just before its product, and without the arena its buffer is freed after it; the full
+        # optimiser's rewrites keep more widened weights alive (1.1 GB, not 0.5, over a 4-layer 0.3 B prefill)
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        options.enable_cpu_mem_arena = False
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         session = ort.InferenceSession(slim.SerializeToString(), options, providers=["CPUExecutionProvider"])
         sessions.append(_SharedWeightSession(session, fed))
     return sessions

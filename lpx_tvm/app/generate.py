@@ -310,7 +310,7 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         quantised = decoder.quantize(seed)
     reference = decoder.reference()  # ORT on the graphs as they came, before lpx pins and edits them
     (prefill_graph, prefill_shapes), (decode_graph, decode_shapes) = decoder.graphs(prompt_len, context)
-    weights = getattr(decoder, "weights", None)
+    weights = decoder.weights  # (a preset's: held apart from its graphs, for ORT and TVM alike)
     start = time.perf_counter()
     say("compiling the prefill graph ...")
     prefill = lpx_tvm.compile(prefill_graph, input_shapes=prefill_shapes, weights=weights, **options)

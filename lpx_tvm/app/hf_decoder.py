@@ -53,6 +53,8 @@ class HFDecoder:
         when there).
     """
 
+    weights = None  # (its graph holds its weights, or loads them from its file's external data)
+
     def __init__(self, path):
         found = graph_file(path)
         if found is None:

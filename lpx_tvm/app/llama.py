@@ -52,6 +52,13 @@ graphs. Scales keep activations O(1) through many layers: q/k/v/gate/up ``N(0, 1
 untied LM head ``N(0, 1/hidden)``. Initializers carry the HF parameter names
 (``model.layers.{i}.self_attn.q_proj.weight``, ...); linear weights are stored ``[in, out]`` (the
 transpose of PyTorch's layout) so that ``y = x @ W``.
+
+Weights may be narrower than the graph: drawn in fp16 for an fp32 graph, each is widened by a Cast where it is
+read (lpx keeps the fp16 bytes on fp16 chips; ONNX Runtime widens them at run time), so the graph's weights
+are exactly the chips'. And they may be held apart from the graphs (``external=True``): each initializer is
+ONNX external data (:data:`WEIGHTS_FILE`, an offset and a length) with no bytes in the graph, and the caller
+passes the arrays to :func:`ort_sessions` and ``lpx_tvm.compile(..., weights=)``, which read them in place.
+One draw then serves both graphs, ONNX Runtime and TVM, with no copy and no 2 GB protobuf limit.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def test_the_steady_state_is_the_closest_the_machines_rules_let_users_steps_foll
     decoder = _open_decoder("llama-small", 8, 0, None)
     _, (graph, shapes) = decoder.graphs(8, 128)
     compiled = lpx_tvm.compile(graph, input_shapes=shapes, state=decoder.cache_names, system="tsp-node",
-                               parallel="pipeline", chips=4)
+                               parallel="pipeline", chips=4, weights=decoder.weights)
     (system,) = compiled.simulators.values()
     chips = [(chip_sim.program, chip_sim.config) for _, chip_sim in system.chips]
     assert not any(_breaks(program, config, period) for program, config in chips)

@@ -149,7 +149,7 @@ def generate_users(model="llama-tiny", users: int = 2, tokens: int = 16, system:
     if system is None:
         raise ValueError("--users runs a pipeline: give --system (each user's token passes every stage)")
     say = progress or (lambda text: None)
-    decoder = single._open_decoder(model, prompt_len, seed, context)
+    decoder = single._open_decoder(model, prompt_len, seed, context, dtype)
     prompt_len = decoder.prompt_len
     context = decoder.context_for(prompt_len + tokens, context)
     if prompt_len + tokens > context:
@@ -158,8 +158,9 @@ def generate_users(model="llama-tiny", users: int = 2, tokens: int = 16, system:
     (prefill_graph, prefill_shapes), (decode_graph, decode_shapes) = decoder.graphs(prompt_len, context)
     options = dict(system=system, parallel="pipeline", chips=chips, dtype=dtype)
     say("compiling the prefill and decode graphs ...")
-    prefill = lpx_tvm.compile(prefill_graph, input_shapes=prefill_shapes, **options)
-    decode = lpx_tvm.compile(decode_graph, input_shapes=decode_shapes, state=names, **options)
+    prefill = lpx_tvm.compile(prefill_graph, input_shapes=prefill_shapes, weights=decoder.weights, **options)
+    decode = lpx_tvm.compile(decode_graph, input_shapes=decode_shapes, state=names, weights=decoder.weights,
+                             **options)
     blank = {n: np.zeros(decoder.cache_shape(context), decoder.kv_dtype) for n in names}
     caches, references, chosen, wanted, agree = [], [], [], [], []
     for user in range(users):  # each user's prompt prefilled, its caches kept

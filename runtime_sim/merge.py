@@ -35,6 +35,7 @@ import numpy as np
 
 from .hazards import footprint_key, meets, range_key
 from .isa import BINARY_OPS, UNARY_OPS, Opcode
+from .semantics import to_f32
 
 # regions of their own, below SRAM's addresses: stream n, weight buffer (unit, buffer), host output n
 _SPAN = 1 << 40
@@ -109,7 +110,7 @@ class _LiveTile:
     def converted(self, dtype, zero_point: int = 0):
         if self.value.dtype == dtype and not zero_point:
             return self.value
-        tile = self.value.astype(dtype)
+        tile = to_f32(self.value) if np.dtype(dtype) == np.float32 else self.value.astype(dtype)
         return tile - dtype(zero_point) if zero_point else tile
 
 

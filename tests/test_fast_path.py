@@ -127,3 +127,19 @@ def test_products_merge_only_past_what_they_share_no_byte_with(rng, dependent):
     np.testing.assert_array_equal(top, x0[:8] @ w)
     np.testing.assert_array_equal(bottom, (top if dependent else x1) @ w)
     assert _calls(sim)[Opcode.MATMUL] == (2 if dependent else 1)
+
+
+@pytest.mark.parametrize("columns", [slice(None), slice(7, 327)], ids=["whole rows", "a tile of columns"])
+def test_half_floats_are_widened_bit_for_bit_as_numpy_casts_them(columns):
+    """Every finite fp16 bit pattern (subnormals, ±0 and the largest among them) comes out as numpy's own
+    cast gives it; so do rows holding an inf or a NaN (their block falls back to that cast)."""
+    from lpx_tvm.runtime_sim.semantics import widen_half
+
+    finite = np.array([b for b in range(1 << 16) if (b >> 10) & 0x1F != 0x1F], np.uint16)  # 63,488 patterns
+    rows = np.resize(finite, (1024, 400)).view(np.float16)[:, columns]
+    special = rows.copy()
+    special[700, 3] = np.inf
+    special[900, 0] = np.nan
+    for half in (rows, special):
+        np.testing.assert_array_equal(widen_half(half).view(np.uint32), half.astype(np.float32).view(np.uint32))
+    assert np.isposinf(widen_half(special)[700, 3]) and np.isnan(widen_half(special)[900, 0])

@@ -29,7 +29,8 @@ SUPPORTED_DTYPES = ("float32",)
 NARROW_DTYPES = ("float16",)  # a weight stored in fp16 and widened by the graph: lpx keeps its bytes
 QUANT_DTYPES = ("int8", "uint8", "int32")  # only as operands of quantize / dequantize
 ACTIVATIONS = ("relu", "clip", "gelu", "leakyrelu")
-_WEIGHT_PREPARATION = ("relax.dequantize", "relax.astype", "relax.permute_dims", "relax.reshape")
+_LAYOUT_PREPARATION = ("relax.permute_dims", "relax.reshape")
+_WEIGHT_PREPARATION = ("relax.dequantize", "relax.astype") + _LAYOUT_PREPARATION
 
 
 class CapacityWarning(UserWarning):
@@ -90,7 +91,8 @@ def _calls(expr, bindings=None):
 
 
 def _is_weight(expr, resolve) -> bool:
-    """A constant, or one prepared from constants (dequantised, transposed, reshaped): lowering folds it."""
+    """A constant, or one prepared from constants (dequantised, widened, transposed, reshaped): lowering
+    folds it."""
     expr = resolve(expr)
     if isinstance(expr, Constant):
         return True
@@ -100,7 +102,7 @@ def _is_weight(expr, resolve) -> bool:
         return all(isinstance(a, Constant) for a in expr.args)
     if expr.op.name == "relax.astype":  # an fp16 weight widened (the frontend leaves it: _stored_narrow)
         return isinstance(resolve(expr.args[0]), Constant) and _is_narrow_weight(expr, resolve)
-    return expr.op.name in _WEIGHT_PREPARATION[2:] and _is_weight(expr.args[0], resolve)
+    return expr.op.name in _LAYOUT_PREPARATION and _is_weight(expr.args[0], resolve)
 
 
 def _is_narrow_weight(call, resolve) -> bool:
@@ -203,8 +205,8 @@ def _make_check(config, dtype: str = "fp32", idiom=None):
 
 
 def _weight():
-    """A weight: a constant, or integers a QDQ model dequantises. A fresh pattern per use, because one
-    pattern object used twice in a pattern must match the same expression twice."""
+    """A weight: a constant, integers a QDQ model dequantises, or fp16 the graph widens. A fresh pattern per
+    use, because one pattern object used twice in a pattern must match the same expression twice."""
     return (is_const() | is_op("relax.dequantize")(is_const(), is_const(), is_const())
             | is_op("relax.astype")(is_const()))
 

@@ -97,27 +97,27 @@ def is_system_program(blob) -> bool:
 
 def encode_system(program: SystemProgram) -> np.ndarray:
     """Serialize a system program into one 64-byte aligned uint8 array."""
-    blobs = [Encoding(p) for p in program.programs]
+    encodings = [Encoding(p) for p in program.programs]
     table = json.dumps({"system": program.system_name, "digest": program.system_digest.hex(),
                         "chips": list(program.chips), "inputs": [[list(d) for d in x] for x in program.inputs],
                         "outputs": [[list(d) for d in x] for x in program.outputs], "predicted": program.predicted_cycles,
                         "parallel": program.parallel, "notes": program.notes,
-                        "lengths": [b.nbytes for b in blobs], "aligned": _ALIGN}).encode()
+                        "lengths": [e.nbytes for e in encodings], "aligned": _ALIGN}).encode()
     # each chip's program starts at a multiple of 64 bytes (zeros before it), and so do its weights
     starts, at = [], HEADER.size + 4 + len(table)
-    for blob in blobs:
+    for encoding in encodings:
         at += -at % _ALIGN
         starts.append(at)
-        at += blob.nbytes
+        at += encoding.nbytes
     out = aligned_array(at)
     view = memoryview(out).cast("B")
     struct.pack_into("<I", view, HEADER.size, len(table))
     view[HEADER.size + 4:HEADER.size + 4 + len(table)] = table
     end = HEADER.size + 4 + len(table)
-    for blob, start in zip(blobs, starts):  # each chip's program written in its place: no copy of its own
+    for encoding, start in zip(encodings, starts):  # each chip's program written in its place: no copy of its own
         view[end:start] = bytes(start - end)  # the padding: zeros (a gap, never the whole buffer, is written)
-        blob.write(view[start:start + blob.nbytes])
-        end = start + blob.nbytes
+        encoding.write(view[start:start + encoding.nbytes])
+        end = start + encoding.nbytes
     seal(view, SYSTEM_MAGIC, SYSTEM_VERSION)
     return out
 

@@ -452,9 +452,10 @@ class _Graph:
         """
         c, p = self.config, f"model.layers.{layer}.self_attn."
         d, kv, rep = c.head_dim, c.num_kv_heads, c.num_rep
-        q = self.rope(self.heads(self.op("MatMul", [x, self.weight(p + "q_proj.weight")]), seq, c.num_heads), cos, sin, rot)
-        k = self.rope(self.heads(self.op("MatMul", [x, self.weight(p + "k_proj.weight")]), seq, kv), cos, sin, rot)
-        v = self.heads(self.op("MatMul", [x, self.weight(p + "v_proj.weight")]), seq, kv)
+        project = lambda name: self.op("MatMul", [x, self.weight(p + name)])
+        q = self.rope(self.heads(project("q_proj.weight"), seq, c.num_heads), cos, sin, rot)
+        k = self.rope(self.heads(project("k_proj.weight"), seq, kv), cos, sin, rot)
+        v = self.heads(project("v_proj.weight"), seq, kv)
         keys, values = k, v
         if past is not None:
             keys = self.op("Concat", [past[0], k], axis=2)

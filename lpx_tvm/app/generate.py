@@ -250,8 +250,8 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     Parameters
     ----------
     model : str or Path
-        A Llama preset (``llama-tiny``, ``llama-small``, ``llama-gpt2s``), a ``save_llama`` directory, or a
-        decoder in Hugging Face form: an ``.onnx`` graph with ``past_key_values.N`` inputs and
+        A Llama preset (``llama-tiny``, ``llama-small``, ``llama-gpt2s``, ``llama-1b``), a ``save_llama``
+        directory, or a decoder in Hugging Face form: an ``.onnx`` graph with ``past_key_values.N`` inputs and
         ``present.N`` outputs, or an optimum export folder (with its ``tokenizer.json`` where there is one).
     tokens : int
         Decode steps after the prefill.

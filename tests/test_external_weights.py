@@ -2,6 +2,8 @@
 initializers (no weight bytes inside), fed to ONNX Runtime and bound into TVM from one set of arrays; fp16
 weights an fp32 graph widens, stored on the chips as the very fp16 bytes. Values against ONNX Runtime."""
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -125,3 +127,33 @@ def test_an_unaligned_weight_is_bound_once_copied():
     aligned = _logits_on(lpx_tvm.compile(graph, weights=weights), feeds, graph)
     unaligned = _logits_on(lpx_tvm.compile(graph, weights=dict(weights, **{name: raw})), feeds, graph)
     np.testing.assert_array_equal(unaligned, aligned)
+
+
+def test_a_saved_decoder_keeps_one_weights_file_that_generate_maps_in_place(tmp_path):
+    """save_llama writes the two graphs without their weights and one weights file; generate maps it (no
+    copy) and decodes as it does from the preset in memory, in fp32 and through ORT's quantiser in int8."""
+    from lpx_tvm.app.generate import _open_decoder, generate
+
+    paths = L.save_llama("llama-tiny", tmp_path, prompt_len=6, seed=0)
+    decoder = _open_decoder(tmp_path, 6, 0, None)
+    assert set(decoder.weights) == set(L.llama_weights(L.PRESETS["llama-tiny"]))
+    assert all(isinstance(w, np.memmap) and os.path.samefile(w.filename, paths["weights"])
+               for w in decoder.weights.values())
+    for dtype in ("fp32", "int8"):
+        saved, preset = (generate(m, tokens=3, prompt_len=6, dtype=dtype) for m in (str(tmp_path), "llama-tiny"))
+        assert saved["agree"] and saved["tokens"] == preset["tokens"]
+        assert saved["per_token_cycles"] == preset["per_token_cycles"]
+
+
+def test_a_saved_decoder_whose_weights_file_is_missing_or_short_is_named(tmp_path):
+    from lpx_tvm.app.generate import generate
+
+    paths = L.save_llama("llama-tiny", tmp_path, prompt_len=4)
+    size = paths["weights"].stat().st_size
+    with open(paths["weights"], "r+b") as fh:
+        fh.truncate(size - 8192)
+    with pytest.raises(ValueError, match=r"lm_head.weight: \d+ bytes at \d+ run past the end of .*weights.bin"):
+        generate(str(tmp_path), tokens=1)
+    paths["weights"].unlink()
+    with pytest.raises(ValueError, match=r"model.embed_tokens.weight: its weights file .*weights.bin is missing"):
+        generate(str(tmp_path), tokens=1)

@@ -250,7 +250,10 @@ def test_generate_reference_rejects_overflowing_requests():
 
 def test_save_llama(tmp_path):
     paths = L.save_llama("llama-tiny", tmp_path, prompt_len=5, seed=4)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "decode.onnx", "prefill.onnx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "decode.onnx", "prefill.onnx", "weights.bin"]
+    # one copy of the weights for both graphs, beside them: the graphs hold none of their bytes
+    assert paths["weights"].stat().st_size >= TINY.weight_bytes()
+    assert max(paths["prefill"].stat().st_size, paths["decode"].stat().st_size) < TINY.weight_bytes() // 10
     prefill, decode = onnx.load(paths["prefill"]), onnx.load(paths["decode"])
     assert L.config_of(prefill) == L.config_of(decode) == TINY
     assert prefill.graph.input[0].type.tensor_type.shape.dim[1].dim_value == 5

@@ -130,6 +130,10 @@ class _BuiltDecoder:
         of a seeded prompt and ``steps`` decode steps after it; returns how, in words."""
         import lpx_tvm
 
+        if self.weights is not None:  # ORT's quantiser reads the weights from the graphs
+            self.prefill_graph = llama.with_weights_inside(self.prefill_graph, self.weights)
+            self.decode_graph = llama.with_weights_inside(self.decode_graph, self.weights)
+            self.weights = None
         reference, rng = self.reference(), np.random.default_rng(seed + 3)
         prompt = rng.integers(0, self.vocab_size, self.prompt_len)
         prefill_feeds = [llama.prefill_feeds(self.config, prompt)]
@@ -181,13 +185,16 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None, dtype:
         if len(own) == 2:
             import onnx
 
-            prefill, decode = onnx.load(str(path / "prefill.onnx")), onnx.load(str(path / "decode.onnx"))
+            # the graphs without their weights: a weights file both graphs read is mapped once, in place
+            prefill, decode = (onnx.load(str(path / name), load_external_data=False)
+                               for name in ("prefill.onnx", "decode.onnx"))
+            weights = llama.read_weights(decode, path) or None
             config = llama.config_of(decode)
             if context is not None and context != config.max_context:
                 raise ValueError(f"{path}'s decode graph was saved for a context of {config.max_context}, not "
                                  f"{context} (save it again, or leave --context out)")
             length = prefill.graph.input[0].type.tensor_type.shape.dim[1].dim_value
-            decoder = _BuiltDecoder(str(path), config, prefill, decode, length)
+            decoder = _BuiltDecoder(str(path), config, prefill, decode, length, weights)
             decoder.tokenizer = _tokenizer(path / "tokenizer.json")
             return decoder
         missing = [f for f in ("prefill.onnx", "decode.onnx") if f not in own]

@@ -620,17 +620,59 @@ def build_prefill_blocks(config, prompt_len: int, seed: int = 0) -> onnx.ModelPr
 
 
 def save_llama(config_or_name, directory, prompt_len: int, seed: int = 0) -> dict[str, Path]:
-    """Write ``prefill.onnx`` (for ``prompt_len`` tokens), ``decode.onnx`` and ``config.json`` to
-    ``directory``; returns their paths by kind."""
+    """Write ``prefill.onnx`` (for ``prompt_len`` tokens), ``decode.onnx``, the weights both read
+    (:data:`WEIGHTS_FILE`, ONNX external data: one copy for the two graphs, and no 2 GB limit) and
+    ``config.json`` to ``directory``; returns their paths by kind. ``onnx.load`` of either graph reads the
+    weights back; :func:`read_weights` maps them without a copy."""
     config = get_config(config_or_name)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"prefill": out / "prefill.onnx", "decode": out / "decode.onnx", "config": out / "config.json"}
-    onnx.save(build_prefill(config, prompt_len, seed), paths["prefill"])
-    onnx.save(build_decode(config, seed), paths["decode"])
+    paths = {"prefill": out / "prefill.onnx", "decode": out / "decode.onnx", "weights": out / WEIGHTS_FILE,
+             "config": out / "config.json"}
+    weights = llama_weights(config, seed)
+    offsets = weight_offsets(weights)
+    with open(paths["weights"], "wb") as fh:
+        for name, value in weights.items():
+            fh.seek(offsets[name])
+            fh.write(memoryview(value).cast("B"))
+    onnx.save(build_prefill(config, prompt_len, seed, weights, external=True), paths["prefill"])
+    onnx.save(build_decode(config, seed, weights, external=True), paths["decode"])
     paths["config"].write_text(json.dumps({**asdict(config), "prompt_len": int(prompt_len), "seed": seed},
                                           indent=2) + "\n")
     return paths
+
+
+def read_weights(model: onnx.ModelProto, directory) -> dict[str, np.ndarray]:
+    """The arrays of ``model``'s external-data initializers (loaded with ``load_external_data=False``),
+    memory-mapped from their files in ``directory``: read in place, never copied (copy-on-write maps, so
+    that TVM can bind them)."""
+    files, arrays = {}, {}
+    for init in model.graph.initializer:
+        if init.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {entry.key: entry.value for entry in init.external_data}
+        path = Path(directory) / info["location"]
+        if not path.is_file():
+            raise ValueError(f"{init.name}: its weights file {path} is missing")
+        if path not in files:
+            files[path] = np.memmap(path, np.uint8, mode="c")
+        offset, dtype = int(info.get("offset", 0)), helper.tensor_dtype_to_np_dtype(init.data_type)
+        length = int(info.get("length", int(np.prod(init.dims)) * dtype.itemsize))
+        if offset + length > files[path].size:
+            raise ValueError(f"{init.name}: {length} bytes at {offset} run past the end of {path} "
+                             f"({files[path].size} bytes)")
+        arrays[init.name] = files[path][offset:offset + length].view(dtype).reshape(tuple(init.dims))
+    return arrays
+
+
+def with_weights_inside(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
+    """A copy of ``model`` whose external-data initializers hold their bytes (what ORT's quantiser reads)."""
+    inside = onnx.ModelProto()
+    inside.CopyFrom(model)
+    for init in inside.graph.initializer:
+        if init.data_location == TensorProto.EXTERNAL:
+            init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name]), init.name))
+    return inside
 
 
 def config_of(model: onnx.ModelProto) -> LlamaConfig:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from functools import cached_property
 from math import prod
 from types import MappingProxyType
 
@@ -530,6 +529,24 @@ def _set_enum(obj, name: str, kind) -> None:
     except (ValueError, TypeError):
         raise TypeError(f"{type(obj).__name__}.{name} must be one of {kind.__name__}'s members, "
                         f"got {value!r}") from None
+
+
+class cached_property:  # noqa: N801 (a drop-in for functools'): its name says what it is
+    """``functools.cached_property`` without its lock (Python 3.11 takes one on every first read, which is most
+    of the cost of a ref's first size: the scheduler reads thousands). Computed twice in a race, which is
+    harmless for the pure values it caches."""
+
+    def __init__(self, compute):
+        self.compute, self.name, self.__doc__ = compute, compute.__name__, compute.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.compute(obj)
+        return value
 
 
 @dataclass(frozen=True)

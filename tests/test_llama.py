@@ -328,3 +328,12 @@ def test_a_graph_past_protobuf_s_2_gb_is_refused_before_its_weights_are_drawn(bu
     with pytest.raises(ValueError, match=r"1\.24 B parameters holds 2\.47 GB of weights, past ONNX's 2 GB.*"
                                          r"external=True"):
         build(config)
+
+
+def test_the_1b_preset_is_llama_3_2_1b_s_blocks_with_a_32k_vocabulary():
+    """Embedding 32,000·2048, 16 layers of 60,821,504 (q and o 2048², k and v 2048·512, three 2048·8192 MLP
+    matrices, two norms), the final norm; tied: 1,038,682,112 parameters, 2.08 GB in fp16."""
+    config = L.PRESETS["llama-1b"]
+    assert (config.num_heads, config.num_kv_heads, config.head_dim) == (32, 8, 64)
+    assert config.parameter_count() == 32000 * 2048 + 16 * 60821504 + 2048 == 1038682112
+    assert config.weight_bytes() == 2 * 1038682112

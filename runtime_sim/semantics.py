@@ -36,8 +36,8 @@ def widen_half(x: np.ndarray) -> np.ndarray:
     """An fp16 array in fp32, bit for bit as ``x.astype(np.float32)``, 2-3 times as fast: numpy casts half
     floats one element at a time. Here each block of rows is moved as integers (the 16 bits shifted into the
     float's place, sign-extended, then masked) and scaled by 2**112, which is exact for every finite half,
-    subnormals included; a block holding an inf or a NaN is cast by numpy instead. A decode step's products
-    spend nine tenths of their time widening their fp16 weights."""
+    subnormals included (with the FPU keeping subnormals, as numpy leaves it); a block holding an inf or a NaN
+    is cast by numpy instead. A decode step's products spent nine tenths of their time widening fp16 weights."""
     if x.ndim != 2 or x.strides[1] != 2 or x.size < 4096:
         return x.astype(F32)
     out = np.empty(x.shape, F32)

@@ -143,3 +143,19 @@ def test_half_floats_are_widened_bit_for_bit_as_numpy_casts_them(columns):
     for half in (rows, special):
         np.testing.assert_array_equal(widen_half(half).view(np.uint32), half.astype(np.float32).view(np.uint32))
     assert np.isposinf(widen_half(special)[700, 3]) and np.isnan(widen_half(special)[900, 0])
+
+
+def test_merged_entries_share_their_gather_buffers_slot_by_slot():
+    """An entry needs its gather and scatter buffers only during its own call: the k-th buffer every entry
+    asks for (of one dtype) is one buffer, as large as the largest asked for, never one an entry."""
+    from lpx_tvm.runtime_sim.merge import _Scratch
+
+    scratch = _Scratch()
+    first, second = scratch.user(), scratch.user()
+    a0, a1 = first((4, 8), np.float32), first((4, 8), np.float32)
+    b0, b1 = second((2, 8), np.float32), second((3, 3), np.float16)
+    assert np.shares_memory(a0, b0) and not np.shares_memory(a0, a1)  # slot 0 shared; slots 0 and 1 apart
+    assert not np.shares_memory(a1, b1)  # another dtype: another buffer
+    assert b0.shape == (2, 8) and b1.dtype == np.float16
+    larger = scratch.user()((16, 8), np.float32)  # past slot 0's size: a buffer of its own, entries after share it
+    assert not np.shares_memory(larger, a0) and np.shares_memory(scratch.user()((1, 8), np.float32), larger)

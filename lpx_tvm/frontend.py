@@ -475,6 +475,10 @@ def external_weights(graph, weights: dict | None) -> dict:
         if array.size and (array.ctypes.data % 64 or not array.flags.c_contiguous):
             array = aligned_copy(array)  # (TVM wants 64-byte aligned, contiguous data to bind in place)
         bound[init.name] = array
+    if given and not bound:
+        raise FrontendError(f"weights were given ({len(given)} arrays), but no initializer of the model is held as "
+                            "external data that is not loaded: its weights are inside it (or were loaded with it "
+                            "from its file), and the arrays would not be used")
     return bound
 
 

@@ -113,6 +113,10 @@ def test_external_weights_that_are_not_given_or_do_not_match_are_named():
         L.ort_sessions(graph)
     with pytest.raises(ValueError, match="external=True keeps the weights apart"):
         L.build_decode(SMALL, external=True)
+    inside = L.build_decode(SMALL, weights=weights)
+    with pytest.raises(FrontendError, match=r"weights were given \(21 arrays\), but no initializer of the model is "
+                                            "held as external data"):
+        lpx_tvm.compile(inside, weights=weights)
 
 
 def test_an_unaligned_weight_is_bound_once_copied():

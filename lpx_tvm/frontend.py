@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 import tvm
 from tvm import relax
@@ -419,7 +420,7 @@ def _import_named(view, weights: dict | None = None) -> tvm.IRModule:
 
     class NamingImporter(ONNXGraphImporter):
         def _parse_array(self, tensor_proto):
-            if weights is not None and _is_external(tensor_proto) and tensor_proto.name in weights:
+            if weights is not None and uses_external_data(tensor_proto) and tensor_proto.name in weights:
                 return tvm.runtime.from_dlpack(weights[tensor_proto.name])
             return super()._parse_array(tensor_proto)
 
@@ -451,20 +452,16 @@ def _widens_narrow_weight(value, to) -> bool:
             and _stored_narrow(constant_value(value), str(onnx.helper.tensor_dtype_to_np_dtype(int(to)))))
 
 
-def _is_external(tensor: onnx.TensorProto) -> bool:
-    return tensor.data_location == onnx.TensorProto.EXTERNAL
-
-
 def external_weights(graph, weights: dict | None) -> dict:
     """The arrays that ``graph``'s external-data initializers bind to, checked against them: each name
     given, of the initializer's dtype and shape, and 64-byte aligned (TVM binds it without a copy)."""
     given = weights or {}
     bound = {}
     for init in graph.initializer:
-        if not _is_external(init):
+        if not uses_external_data(init):
             continue
         if init.name not in given:
-            where = next((e.value for e in init.external_data if e.key == "location"), "?")
+            where = ExternalDataInfo(init).location
             raise FrontendError(f"initializer {init.name!r} is held as external data ({where}) that was not "
                                 "loaded: load the model from its file, or pass its arrays as weights={name: array}")
         array = np.asarray(given[init.name])

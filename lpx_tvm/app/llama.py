@@ -71,6 +71,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from ..runtime_sim.program import aligned_copy
 
@@ -648,16 +649,16 @@ def read_weights(model: onnx.ModelProto, directory) -> dict[str, np.ndarray]:
     that TVM can bind them)."""
     files, arrays = {}, {}
     for init in model.graph.initializer:
-        if init.data_location != TensorProto.EXTERNAL:
+        if not uses_external_data(init):
             continue
-        info = {entry.key: entry.value for entry in init.external_data}
-        path = Path(directory) / info["location"]
+        info = ExternalDataInfo(init)
+        path = Path(directory) / info.location
         if not path.is_file():
             raise ValueError(f"{init.name}: its weights file {path} is missing")
         if path not in files:
             files[path] = np.memmap(path, np.uint8, mode="c")
-        offset, dtype = int(info.get("offset", 0)), helper.tensor_dtype_to_np_dtype(init.data_type)
-        length = int(info.get("length", int(np.prod(init.dims)) * dtype.itemsize))
+        offset, dtype = info.offset or 0, helper.tensor_dtype_to_np_dtype(init.data_type)
+        length = info.length or int(np.prod(init.dims)) * dtype.itemsize
         if offset + length > files[path].size:
             raise ValueError(f"{init.name}: {length} bytes at {offset} run past the end of {path} "
                              f"({files[path].size} bytes)")
@@ -670,7 +671,7 @@ def with_weights_inside(model: onnx.ModelProto, weights: dict) -> onnx.ModelProt
     inside = onnx.ModelProto()
     inside.CopyFrom(model)
     for init in inside.graph.initializer:
-        if init.data_location == TensorProto.EXTERNAL:
+        if uses_external_data(init):
             init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name]), init.name))
     return inside
 
@@ -721,7 +722,7 @@ def ort_sessions(*models, min_bytes: int = 1 << 16, weights: dict | None = None)
                                 output=model.graph.output, value_info=model.graph.value_info)
         fed = {}
         for init in model.graph.initializer:
-            if init.data_location == TensorProto.EXTERNAL:
+            if uses_external_data(init):
                 if weights is None or init.name not in weights:
                     raise ValueError(f"initializer {init.name!r} is held as external data: pass its array in "
                                      "weights={name: array}")

@@ -8,7 +8,9 @@ every part.
 
 from __future__ import annotations
 
+import gc
 import hashlib
+from contextlib import contextmanager
 
 from ..runtime_sim import Program
 from ..runtime_sim.program import SramPlan
@@ -23,6 +25,23 @@ def _content_hash(func) -> int:
     import tvm_ffi  # only a Relax function gets here, so TVM is loaded already
 
     return tvm_ffi.structural_hash(func)
+
+
+@contextmanager
+def _older_objects_unscanned():
+    """Python's full collections skip what existed before (TVM's objects, the model, earlier programs) while
+    the codegen runs, and scan only what it makes; afterwards everything is collected as usual.
+
+    The codegen makes many small objects (instructions, refs, their dicts), which sets off full collections;
+    each scanned the whole heap, almost all of it older than the codegen and alive (0.15 s a collection, one
+    or two of them in a ResNet-50 compile of 2.1-2.3 s). Cycles the codegen leaves are still collected while
+    it runs.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def compile_model(functions: dict, options: CodegenOptions | None = None, state_args: dict | None = None) -> dict:
@@ -46,8 +65,11 @@ def compile_model(functions: dict, options: CodegenOptions | None = None, state_
     dict
         Name -> Program.
     """
-    options = options or CodegenOptions()
-    state_args = state_args or {}
+    with _older_objects_unscanned():
+        return _compile_model(functions, options or CodegenOptions(), state_args or {})
+
+
+def _compile_model(functions: dict, options: CodegenOptions, state_args: dict) -> dict:
     if options.system is not None:
         return compile_for_system(functions, options, state_args)
     chip = options.chip

@@ -28,3 +28,28 @@ def test_a_peak_beyond_sram_leaves_no_negative_budget():
 def test_options_that_cannot_hold_are_refused_by_name(options, message):
     with pytest.raises(ValueError, match=message):
         CodegenOptions(**options)
+
+
+def test_the_codegen_leaves_older_objects_out_of_full_collections_and_puts_them_back(monkeypatch):
+    """While a model compiles, an object made before it is frozen (out of the collector's generations, so a
+    full collection skips it); after, it is back, whether the compile returned or raised."""
+    import gc
+    import importlib
+
+    codegen = importlib.import_module("lpx_tvm.codegen")
+    older = [object()]  # a container: the collector tracks it
+    tracked_during = []
+
+    def compile_inside(functions, options, state_args):
+        tracked_during.append(any(o is older for o in gc.get_objects()))
+        if functions == "fail":
+            raise ValueError("a bad model")
+        return {}
+
+    monkeypatch.setattr(codegen, "_compile_model", compile_inside)
+    assert codegen.compile_model({}) == {}
+    with pytest.raises(ValueError, match="a bad model"):
+        codegen.compile_model("fail")
+    assert tracked_during == [False, False]
+    assert any(o is older for o in gc.get_objects())
+    assert gc.get_freeze_count() == 0

@@ -35,8 +35,12 @@ def _older_objects_unscanned():
     The codegen makes many small objects (instructions, refs, their dicts), which sets off full collections;
     each scanned the whole heap, almost all of it older than the codegen and alive (0.15 s a collection, one
     or two of them in a ResNet-50 compile of 2.1-2.3 s). Cycles the codegen leaves are still collected while
-    it runs.
+    it runs. Where the process holds frozen objects already (a server that froze its own before forking), they
+    stay as they are: unfreezing would thaw the caller's too.
     """
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
     try:
         yield

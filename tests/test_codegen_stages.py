@@ -53,3 +53,20 @@ def test_the_codegen_leaves_older_objects_out_of_full_collections_and_puts_them_
     assert tracked_during == [False, False]
     assert any(o is older for o in gc.get_objects())
     assert gc.get_freeze_count() == 0
+
+
+def test_the_codegen_leaves_a_callers_frozen_objects_frozen(monkeypatch):
+    """A process that froze objects of its own before compiling (as a forking server does) keeps them frozen:
+    the codegen neither thaws them nor freezes more."""
+    import gc
+    import importlib
+
+    codegen = importlib.import_module("lpx_tvm.codegen")
+    monkeypatch.setattr(codegen, "_compile_model", lambda functions, options, state_args: {})
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        codegen.compile_model({})
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -35,7 +35,7 @@ import numpy as np
 
 from .hazards import footprint_key, meets, range_key
 from .isa import BINARY_OPS, UNARY_OPS, Opcode
-from .semantics import to_f32
+from .semantics import exact_in_fp32, to_f32
 
 # regions of their own, below SRAM's addresses: stream n, weight buffer (unit, buffer), host output n
 _SPAN = 1 << 40
@@ -155,6 +155,7 @@ def fast_entries(sim) -> list:
         elif op == Opcode.STORE:
             writes = [_region(_OUTPUTS, attrs["index"], attrs["offset"], attrs["offset"] + ins.srcs[0].nbytes)]
         slots.append(_Node([(fn, op, outs, srcs, attrs)], [None], reads, writes, pos))
+    _accumulations(slots, instructions, order, tiles)
     _chain(slots, instructions, order)
     scratch = _Scratch()
     for build, members in _stack_runs(slots, instructions, order, scratch) + _band_runs(slots, instructions, order):
@@ -165,6 +166,61 @@ def fast_entries(sim) -> list:
 def _tile_of(tiles: dict, ref, view) -> _LiveTile:
     """One live tile for every INSTALL of the same bytes (the same tile, on whichever plane)."""
     key = (footprint_key(ref), ref.shape, ref.strides, ref.dtype)
+    if key not in tiles:
+        tiles[key] = _LiveTile(view)
+    return tiles[key]
+
+
+def _accumulations(slots, instructions, order, tiles: dict) -> None:
+    """Join the K-chunks of a product that accumulate in place into one partial sum in SRAM: one MATMUL of
+    their operand blocks side by side (along K) by their tiles stacked (a weight's chunks lie one after the
+    other), where it can move down to the next chunk. The partial sum ends as the stream leaves it; only the
+    values it passes through on the way are not made. An integer product stays within the K that fp32 sums
+    exactly, so it stays bit-equal (and at fp32's speed)."""
+    last_writer = {}  # a partial sum's view (address, shape, strides) -> the position of its last MATMUL
+    for pos, node in enumerate(slots):
+        if node is None or len(node.steps) != 1 or node.steps[0][1] != Opcode.MATMUL:
+            continue
+        if not instructions[order[pos]].dsts[0].in_sram:
+            continue
+        out, ins = node.steps[0][2][0], node.steps[0][3]
+        key = (out.ctypes.data, out.shape, out.strides)
+        previous = last_writer.get(key)
+        last_writer[key] = pos
+        in_place = len(ins) == 3 and (ins[2].ctypes.data, ins[2].shape, ins[2].strides) == key
+        if previous is None or not in_place or slots[previous] is None:
+            continue
+        joined = _joined_chunks(slots[previous], node, tiles)
+        if joined is not None and _movable(slots, [previous], pos):
+            slots[pos] = _Node([joined], [None], slots[previous].reads + node.reads, node.writes, pos)
+            slots[previous] = None
+
+
+def _joined_chunks(first: _Node, second: _Node, tiles: dict):
+    """One MATMUL step for two K-chunks of a product (``second`` adds to what ``first`` writes), or None where
+    their operand blocks or their tiles do not follow each other along K."""
+    fn, op, outs, ins, attrs = first.steps[0]
+    _, _, _, next_ins, next_attrs = second.steps[0]
+    if len(first.steps) != 1 or _without_buffer(next_attrs) != _without_buffer(attrs):
+        return None
+    a, tile = ins[0], ins[1]
+    next_a, next_tile = next_ins[0], next_ins[1]
+    if not (isinstance(tile, _LiveTile) and isinstance(next_tile, _LiveTile) and isinstance(a, np.ndarray)
+            and a.dtype == next_a.dtype and tile.value.dtype == next_tile.value.dtype):
+        return None
+    k = a.shape[-1] + next_a.shape[-1]
+    if outs[0].dtype == np.int32 and not exact_in_fp32(a.dtype, attrs["zp_a"], tile.value.dtype, attrs["zp_b"], k):
+        return None
+    operand = _stacked([a, next_a], a.ndim - 1)[0]
+    weights = _stacked([tile.value, next_tile.value], 0)[0]
+    if operand is None or weights is None:
+        return None
+    return fn, op, outs, [operand, _view_tile(tiles, weights), *ins[2:]], attrs
+
+
+def _view_tile(tiles: dict, view: np.ndarray) -> _LiveTile:
+    """One live tile for every joined product over the same bytes (so their row blocks stack on it)."""
+    key = ("view", view.ctypes.data, view.shape, view.strides, view.dtype.str)
     if key not in tiles:
         tiles[key] = _LiveTile(view)
     return tiles[key]
@@ -214,8 +270,15 @@ def _chain(slots, instructions, order) -> None:
 
 def _signature(node: _Node, layer: int) -> tuple:
     return (layer,) + tuple(
-        (op, repr(sorted(attrs.items())), chained, tuple(_kind(x) for x in ins), tuple(_kind(x) for x in outs))
+        (op, repr(sorted(_without_buffer(attrs).items())), chained, tuple(_kind(x) for x in ins),
+         tuple(_kind(x) for x in outs))
         for (_, op, outs, ins, attrs), chained in zip(node.steps, node.chained))
+
+
+def _without_buffer(attrs: dict) -> dict:
+    """A MATMUL's attributes but the weight buffer it reads: its tile is an operand (the products that share
+    one are found by it), and the tiles of a weight fill the buffers in turn."""
+    return {k: v for k, v in attrs.items() if k != "buffer"}
 
 
 def _kind(x) -> tuple:

@@ -286,7 +286,8 @@ def _matmul(outs, ins, attrs):
         if attrs["zp_a"]:
             shifted -= wide(attrs["zp_a"])
         acc = np.matmul(shifted, buffer.converted(wide, attrs["zp_b"]))
-        if len(ins) == 3:
+        if len(ins) == 3:  # the partial sum runs past fp32's exact integers: add it as an integer
+            acc = acc.astype(np.int64)
             acc += ins[2]
         np.copyto(out, acc, casting="unsafe")
         return

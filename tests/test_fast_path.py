@@ -81,6 +81,61 @@ def test_a_convolution_s_products_run_once_per_tile(rng, dtype):
     assert fast[Opcode.IM2COL] < in_stream[Opcode.IM2COL], "the bands of the 3×3 convolution"
 
 
+def _product_shapes(sim, x) -> list:
+    """``(M, K, N)`` of every numpy product one fast run of ``sim`` on ``x`` makes."""
+    from lpx_tvm.runtime_sim import semantics
+
+    shapes, matmul = [], semantics.np.matmul
+
+    def recording(a, b, *args, **kwargs):
+        shapes.append((int(np.prod(a.shape[:-1])), a.shape[-1], b.shape[-1]))
+        return matmul(a, b, *args, **kwargs)
+    semantics.np.matmul = recording
+    try:
+        sim.run([x])
+    finally:
+        semantics.np.matmul = matmul
+    return shapes
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "int8"])
+def test_the_k_chunks_that_accumulate_in_place_run_as_one_product(rng, dtype):
+    """[32, 1280] @ [1280, 320] on a 320-row plane: per row block four K-chunks, the first three adding into a
+    partial sum in SRAM and the fourth streaming to the epilogue. The three run as one product of K = 960, the
+    fourth as one of K = 320 (int8 too: 128 · 128 · 960 < 2**24, so fp32 sums it exactly), and every
+    multiply-add is made once; the values are the reference's and numpy's."""
+    w = rng.integers(-1, 2, (1280, 320)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [32, 1280])],
+                       [tensor_info("y", [32, 320])], [numpy_helper.from_array(w, "w")])
+    x = rng.integers(-1, 2, (32, 1280)).astype(np.float32)
+    if dtype == "int8":
+        model = lpx_tvm.quantize(model, [{"x": x}])
+    compiled = lpx_tvm.compile(model, config="tsp", dtype=dtype)
+    (sim,) = compiled.simulators.values()
+    shapes = _product_shapes(sim, x)
+    assert {k for _, k, _ in shapes} == {960, 320}
+    assert sum(m * k * n for m, k, n in shapes) == 32 * 1280 * 320
+    (fast,) = run_on_lpx(compiled, [x], programs=1)
+    with reference_arithmetic():
+        (reference,) = run_on_lpx(compiled, [x], programs=1)
+    np.testing.assert_array_equal(fast, reference)
+    if dtype != "int8":
+        np.testing.assert_array_equal(fast, x @ w)
+
+
+def test_an_integer_partial_sum_past_fp32s_exact_range_is_added_exactly():
+    """int32 accumulation is exact: a partial sum of 2**24 + 1 plus a chunk's 1 + 1 is 2**24 + 3, which no fp32
+    holds (it would round to 2**24 + 4)."""
+    from lpx_tvm.runtime_sim.semantics import SEMANTICS, WeightBuffer
+
+    tile = WeightBuffer()
+    tile.value = np.ones((2, 1), np.int8)
+    out = np.zeros((1, 1), np.int32)
+    partial = np.full((1, 1), 2 ** 24 + 1, np.int32)
+    SEMANTICS[Opcode.MATMUL]([out], [np.ones((1, 2), np.int8), tile, partial], {"zp_a": 0, "zp_b": 0})
+    assert out[0, 0] == 2 ** 24 + 3
+
+
 @pytest.mark.parametrize("name, dtype", [("squeezenet", "int8"), ("bert_encoder", "int8"), ("shufflenet", "fp32")])
 def test_zoo_records_carry_the_fast_path_check(name, dtype):
     """The zoo runs every model twice, fast and tile by tile: int8 must be bit-equal."""

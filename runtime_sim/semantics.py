@@ -309,7 +309,12 @@ def _epilogue(outs, ins, attrs):
         acc, bias, requant = ins
         requantize(out, acc.astype(np.int64) + bias, requant, attrs["act"], attrs["zp_out"])
         return
-    acc = _f32(ins[0]) + (ins[1] if len(ins) >= 2 else F32(0))
+    acc = ins[0]
+    if out.dtype == acc.dtype == F32 and out.shape == acc.shape and (out is acc or not np.may_share_memory(out, acc)):
+        acc = out  # computed where it is stored: a pass fewer
+        np.add(ins[0], ins[1], out=acc) if len(ins) >= 2 else np.copyto(acc, ins[0])
+    else:
+        acc = _f32(acc) + (ins[1] if len(ins) >= 2 else F32(0))
     if len(ins) == 3:  # the weights' per-column scale (fp8 weights are stored scaled to their range)
         acc *= ins[2]
     _store(out, apply_epilogue(acc, attrs))
@@ -410,17 +415,21 @@ def _dwconv(outs, ins, attrs):
     """
     quantized = outs[0].dtype in _INT_RANGES
     # int8: (x - zp) * w summed over at most a few hundred taps is exact in fp32 (|sum| < 2**24)
-    x, w = _f32(ins[0]) - F32(attrs["zp_in"] if quantized else 0), _f32(ins[1])
-    taps = np.ascontiguousarray(w.transpose(1, 2, 0))  # [kh, kw, C]
-    acc = tmp = None
-    for i, j, view in _window_taps(x.transpose(0, 2, 3, 1), attrs, 0.0, channels_last=True):
-        if acc is None:
-            acc = view * taps[i, j]
-            tmp = np.empty_like(acc)
-        else:
-            np.multiply(view, taps[i, j], out=tmp)
-            acc += tmp
-    acc = acc.transpose(0, 3, 1, 2)
+    zero_point = attrs["zp_in"] if quantized else 0
+    if tuple(attrs["stride"]) == (1, 1):
+        acc = _dwconv_unit_stride(ins[0], zero_point, _f32(ins[1]), attrs)
+    else:
+        x, w = _f32(ins[0]) - F32(zero_point), _f32(ins[1])
+        taps = np.ascontiguousarray(w.transpose(1, 2, 0))  # [kh, kw, C]
+        acc = tmp = None
+        for i, j, view in _window_taps(x.transpose(0, 2, 3, 1), attrs, 0.0, channels_last=True):
+            if acc is None:
+                acc = view * taps[i, j]
+                tmp = np.empty_like(acc)
+            else:
+                np.multiply(view, taps[i, j], out=tmp)
+                acc += tmp
+        acc = acc.transpose(0, 3, 1, 2)
     if quantized:
         requantize(outs[0], acc + ins[2], ins[3], attrs["act"], attrs["zp_out"])
         return
@@ -429,15 +438,83 @@ def _dwconv(outs, ins, attrs):
     _store(outs[0], apply_epilogue(acc, attrs))
 
 
+_DWCONV_BLOCK = 1 << 15  # fp32 elements of the channels one pass of taps covers: it stays in a core's cache
+
+
+def _dwconv_unit_stride(x, zero_point: int, w, attrs) -> np.ndarray:
+    """A stride-1 depthwise convolution's fp32 sums, [N, C, OH, OW], tap by tap in the same order as the
+    general path (so the same sums): each channel's padded image lies flat, and a tap's window over every
+    output row is then one contiguous run of it (the output computed at the padded width; the columns past
+    OW are dropped), a few channels at a time so that the passes stay in cache."""
+    (kh, kw), (dh, dw) = attrs["kernel"], attrs["dilation"]
+    top, left, bottom, right = attrs["pad"]
+    n, c, h, width = x.shape
+    padded_h, padded_w = h + top + bottom, width + left + right
+    oh, ow = padded_h - (kh - 1) * dh, padded_w - (kw - 1) * dw
+    planes, length = n * c, oh * padded_w
+    # the last taps' runs reach (kw - 1)·dw elements past the padded image
+    flat = np.zeros((planes, padded_h * padded_w + (kw - 1) * dw), F32)
+    inner = flat[:, :padded_h * padded_w].reshape(n, c, padded_h, padded_w)[:, :, top:top + h, left:left + width]
+    inner[...] = to_f32(x)
+    if zero_point:
+        inner -= F32(zero_point)
+    taps = np.ascontiguousarray(np.broadcast_to(w.reshape(1, c, kh * kw), (n, c, kh * kw))
+                                .reshape(planes, kh * kw).T)[:, :, None]  # [tap, plane, 1]
+    acc = np.empty((planes, length), F32)
+    per_block = max(1, _DWCONV_BLOCK // length)
+    scratch = np.empty((min(per_block, planes), length), F32)
+    for lo in range(0, planes, per_block):
+        hi = min(lo + per_block, planes)
+        block, product = acc[lo:hi], scratch[:hi - lo]
+        for tap in range(kh * kw):
+            i, j = divmod(tap, kw)
+            start = i * dh * padded_w + j * dw
+            run = flat[lo:hi, start:start + length]
+            if tap == 0:
+                np.multiply(run, taps[0, lo:hi], out=block)
+            else:
+                np.multiply(run, taps[tap, lo:hi], out=product)
+                block += product
+    return acc.reshape(n, c, oh, padded_w)[..., :ow]
+
+
 def _im2col(outs, ins, attrs):
-    """[N, C, H, W] ─► [N, G, C/G·kh·kw, OH·OW] columns, one strided copy per kernel tap."""
+    """[N, C, H, W] ─► [N, G, C/G·kh·kw, OH·OW] columns, one strided copy per kernel tap.
+
+    Each tap copies the input where its window lies inside it and fills the border strips outside with the
+    pad value: the input is not padded first (that copy cost a third of the time).
+    """
     x = ins[0]
     (kh, kw), groups = attrs["kernel"], attrs["groups"]
-    n, c = x.shape[:2]
-    for i, j, view in _window_taps(x, attrs, attrs["pad_value"]):
-        # splitting the channel axis keeps both sides views: one strided copy per tap
-        out = outs[0].reshape(n, groups, c // groups, kh, kw, *view.shape[2:])
-        out[:, :, :, i, j] = view.reshape(n, groups, c // groups, *view.shape[2:])
+    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+    top, left, bottom, right = attrs["pad"]
+    n, c, h, w = x.shape
+    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    # splitting axes keeps both sides views
+    out = outs[0].reshape(n, groups, c // groups, kh, kw, oh, ow)
+    x = x.reshape(n, groups, c // groups, h, w)
+    fill = attrs["pad_value"]
+    for i in range(kh):
+        r0, r1, rows = _inside(i * dh - top, sh, oh, h)
+        for j in range(kw):
+            c0, c1, cols = _inside(j * dw - left, sw, ow, w)
+            tap = out[:, :, :, i, j]
+            tap[..., r0:r1, c0:c1] = x[..., rows, cols]
+            if r0 or c0 or r1 < oh or c1 < ow:
+                tap[..., :r0, :] = fill
+                tap[..., r1:, :] = fill
+                tap[..., r0:r1, :c0] = fill
+                tap[..., r0:r1, c1:] = fill
+
+
+def _inside(offset: int, stride: int, count: int, size: int) -> tuple:
+    """The outputs ``[lo, hi)`` of a tap at input ``offset + k·stride`` that fall inside ``[0, size)``, and the
+    input slice they read."""
+    lo = min(count, max(0, -(offset // stride) if offset < 0 else 0))
+    hi = max(lo, min(count, (size - 1 - offset) // stride + 1))
+    start = offset + lo * stride
+    return lo, hi, slice(start, start + (hi - lo - 1) * stride + 1 if hi > lo else start, stride)
 
 
 def _transpose(outs, ins, attrs):

@@ -191,6 +191,25 @@ def test_depthwise_conv_float_and_int8():
     helper_test_op(Opcode.DWCONV, [xq, wq, bq, rq], {**win, "zp_in": 3, "zp_out": -7}, want)
 
 
+@pytest.mark.parametrize("k, stride, pad", [(5, 1, (2, 0, 1, 3)), (3, 2, (1, 1, 1, 1)), (3, 2, (0, 1, 2, 0))])
+def test_depthwise_conv_strides_and_uneven_pads(k, stride, pad):
+    """A stride-1 window and a stride-2 one (their sums are made two ways), with pads unequal on each side."""
+    x = floats((2, 3, 9, 7), DType.F32)
+    w, bias = floats((3, k, k), DType.F32), floats((3, 1, 1), DType.F32)
+    taps = _windows(f64(x), k, stride, pad, 0.0)
+    conv = (taps * f64(w).reshape(1, 3, 1, 1, k * k)).sum(axis=-1) + f64(bias)
+    helper_test_op(Opcode.DWCONV, [x, w, bias], {"kernel": (k, k), "stride": (stride, stride), "pad": pad}, conv)
+
+
+def test_im2col_fills_the_pad_where_a_tap_falls_outside_the_image():
+    """Stride 2, two rows of pad above and three below a 3×3 window, none on the left and one on the right:
+    some taps of the first and last output rows read only pad."""
+    image = RNG.integers(-9, 9, (1, 2, 5, 4)).astype(np.int8)
+    pad = (2, 0, 3, 1)
+    windows = _windows(f64(image), 3, 2, pad, -5.0)[0]  # [2, OH = 4, OW = 2, 9]
+    cols = windows.reshape(2, 8, 9).transpose(0, 2, 1).reshape(1, 1, 18, 8)
+    helper_test_op(Opcode.IM2COL, [image], {"kernel": (3, 3), "stride": (2, 2), "pad": pad, "pad_value": -5}, cols)
+
 def test_switch_ops():
     x = floats((2, 3, 4), DType.F32)
     helper_test_op(Opcode.TRANSPOSE, [x], {"perm": (2, 0, 1)}, f64(x).transpose(2, 0, 1))

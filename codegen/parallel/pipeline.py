@@ -14,6 +14,8 @@ import copy
 from dataclasses import dataclass
 from math import prod
 
+import numpy as np
+
 from ...runtime_sim import ChipConfig
 from ...runtime_sim.system import SystemConfig
 from ..graph import Graph, Node, layer_label
@@ -99,46 +101,55 @@ def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int
             e += 1
         reach.append(e)
 
-    def stage(a: int, b: int) -> float:
-        return prefix[b] - prefix[a] + (crossing[b] / chip.c2c_bytes_per_cycle if b < n else 0.0)
+    # every run [a, b) at once: rows a, columns b (b == n ends the model: nothing crosses it)
+    starts, ends = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
+    after = np.where(ends < n, np.asarray(crossing, np.float64)[ends] / chip.c2c_bytes_per_cycle, 0.0)
+    stage = np.asarray(prefix)[ends] - np.asarray(prefix)[starts] + after
+    fits = (starts < ends) & (ends <= np.append(reach, n)[starts])
 
     stages = min(chips, n)
-    balanced = _split(n, stages, lambda a, b: b <= reach[a], stage, max)
+    balanced = _split(n, stages, fits, stage, np.maximum)
     if balanced is None:
         total = sum(g.tensors[t].nbytes for t in set().union(*weights)) if weights else 0
         raise SystemCompileError(f"the model's {total} bytes of weights need more than {chips} chips at "
                                  f"{budget} bytes a chip")
     limit = 1.1 * balanced[0]
     send = chip.latency_cycles["C2C"]  # and a hop or more: a stage fewer is a transfer fewer
-    lean = _split(n, stages, lambda a, b: b <= reach[a] and stage(a, b) <= limit,
-                  lambda a, b: crossing[b] / chip.c2c_bytes_per_cycle + send if b < n else 0.0,
-                  lambda x, y: x + y, fewer=not exact)
+    transfer = np.broadcast_to(np.where(ends < n, after + send, 0.0), stage.shape)
+    lean = _split(n, stages, fits & (stage <= limit), transfer, np.add, fewer=not exact)
     return (lean or balanced)[1]
 
 
-def _split(n: int, stages: int, allowed, cost, combine, fewer: bool = False):
+def _split(n: int, stages: int, allowed: np.ndarray, cost: np.ndarray, combine, fewer: bool = False):
     """``(value, runs)``: ``stages`` contiguous runs (or, with ``fewer``, as many up to that as is best)
-    covering nodes ``[0, n)``, each ``[a, b)`` ``allowed``, that minimise the runs' costs folded by
-    ``combine`` (``max`` or a sum); None when there are none."""
-    best = [{0: (0.0, None)}]  # best[k][e]: the value of k runs covering [0, e), and where the last starts
+    covering nodes ``[0, n)``, each ``[a, b)`` ``allowed[a, b]``, that minimise the runs' ``cost[a, b]`` folded
+    by ``combine`` (``np.maximum`` or ``np.add``); None when there are none. Of equal values the earliest
+    start wins. One pass of numpy over every (start, end) per run added: a Python loop over the pairs took
+    most of a rack's compile."""
+    cost = np.where(allowed, cost, np.inf)
+    value = np.full(n + 1, np.inf)
+    value[0] = 0.0  # value[e]: the best k runs covering [0, e)
+    best, starts = [], []
     for k in range(1, stages + 1):
-        row = {}
-        for e in range(k, n + 1 if fewer else n - (stages - k) + 1):
-            options = [(combine(value, cost(a, e)), a) for a, (value, _) in best[k - 1].items()
-                       if a < e and allowed(a, e)]
-            if options:
-                row[e] = min(options)
-        best.append(row)
-    done = [k for k in range(1, stages + 1) if n in best[k]] if fewer else [stages] * (n in best[stages])
+        options = combine(value[:, None], cost)  # [start, end]
+        start = options.argmin(axis=0)
+        value = options[start, np.arange(n + 1)]
+        last = n + 1 if fewer else n - (stages - k) + 1
+        value[:k] = np.inf
+        value[last:] = np.inf
+        best.append(value[n])
+        starts.append(start)
+    done = [k for k in range(1, stages + 1) if np.isfinite(best[k - 1])] if fewer else \
+        [stages] * bool(np.isfinite(best[stages - 1]))
     if not done:
         return None
-    used = min(done, key=lambda k: (best[k][n][0], k))
+    used = min(done, key=lambda k: (best[k - 1], k))
     runs, e = [], n
     for k in range(used, 0, -1):
-        a = best[k][e][1]
+        a = int(starts[k - 1][e])
         runs.append(list(range(a, e)))
         e = a
-    return best[used][n][0], runs[::-1]
+    return float(best[used - 1]), runs[::-1]
 
 
 def plan_pipeline(g: Graph, runs: list, chips: list) -> list:

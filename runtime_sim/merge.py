@@ -103,6 +103,7 @@ class _LiveTile:
     converted at each call, since the SRAM it views changes between calls."""
 
     __slots__ = ("value",)
+    keeps_conversions = False  # converted at each call: a product of few rows widens it block by block
 
     def __init__(self, view):
         self.value = view

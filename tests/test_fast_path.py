@@ -81,27 +81,29 @@ def test_a_convolution_s_products_run_once_per_tile(rng, dtype):
     assert fast[Opcode.IM2COL] < in_stream[Opcode.IM2COL], "the bands of the 3×3 convolution"
 
 
-def _product_shapes(sim, x) -> list:
-    """``(M, K, N)`` of every numpy product one fast run of ``sim`` on ``x`` makes."""
-    from lpx_tvm.runtime_sim import semantics
+def _product_shapes(compiled, x) -> list:
+    """``(M, K, N)`` of every MATMUL call one fast run of ``compiled``'s one program on ``x`` makes (its
+    simulator built here, on a recording MATMUL)."""
+    from lpx_tvm.runtime_sim.semantics import SEMANTICS
 
-    shapes, matmul = [], semantics.np.matmul
+    shapes, matmul = [], SEMANTICS[Opcode.MATMUL]
 
-    def recording(a, b, *args, **kwargs):
-        shapes.append((int(np.prod(a.shape[:-1])), a.shape[-1], b.shape[-1]))
-        return matmul(a, b, *args, **kwargs)
-    semantics.np.matmul = recording
+    def recording(outs, ins, attrs):
+        shapes.append((int(np.prod(ins[0].shape[:-1])), *ins[1].value.shape))
+        matmul(outs, ins, attrs)
+    SEMANTICS[Opcode.MATMUL] = recording
     try:
-        sim.run([x])
+        (sim,) = compiled.simulators.values()
     finally:
-        semantics.np.matmul = matmul
+        SEMANTICS[Opcode.MATMUL] = matmul
+    sim.run([x])
     return shapes
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "int8"])
 def test_the_k_chunks_that_accumulate_in_place_run_as_one_product(rng, dtype):
     """[32, 1280] @ [1280, 320] on a 320-row plane: per row block four K-chunks, the first three adding into a
-    partial sum in SRAM and the fourth streaming to the epilogue. The three run as one product of K = 960, the
+    partial sum in SRAM and the fourth streaming to the epilogue. The three run as one MATMUL of K = 960, the
     fourth as one of K = 320 (int8 too: 128 · 128 · 960 < 2**24, so fp32 sums it exactly), and every
     multiply-add is made once; the values are the reference's and numpy's."""
     w = rng.integers(-1, 2, (1280, 320)).astype(np.float32)
@@ -111,8 +113,7 @@ def test_the_k_chunks_that_accumulate_in_place_run_as_one_product(rng, dtype):
     if dtype == "int8":
         model = lpx_tvm.quantize(model, [{"x": x}])
     compiled = lpx_tvm.compile(model, config="tsp", dtype=dtype)
-    (sim,) = compiled.simulators.values()
-    shapes = _product_shapes(sim, x)
+    shapes = _product_shapes(compiled, x)
     assert {k for _, k, _ in shapes} == {960, 320}
     assert sum(m * k * n for m, k, n in shapes) == 32 * 1280 * 320
     (fast,) = run_on_lpx(compiled, [x], programs=1)
@@ -198,6 +199,24 @@ def test_half_floats_are_widened_bit_for_bit_as_numpy_casts_them(columns):
     for half in (rows, special):
         np.testing.assert_array_equal(widen_half(half).view(np.uint32), half.astype(np.float32).view(np.uint32))
     assert np.isposinf(widen_half(special)[700, 3]) and np.isnan(widen_half(special)[900, 0])
+
+
+def test_a_few_rows_times_an_fp16_tile_widen_it_block_by_block():
+    """A decode step's product (one row, a tile of 1,000 × 320 fp16 weights, widened 102 rows at a time): with
+    small integers every fp32 sum is exact, so it equals numpy's product of the widened tile; a block holding
+    an inf gives what numpy gives (inf or NaN where it meets a zero)."""
+    from lpx_tvm.runtime_sim.semantics import half_product
+
+    rng = np.random.default_rng(3)
+    a = rng.integers(-3, 4, (1, 1000)).astype(np.float32)
+    tile = rng.integers(-3, 4, (1000, 320)).astype(np.float16)
+    np.testing.assert_array_equal(half_product(a, tile), a @ tile.astype(np.float32))
+    tile[500, 7] = np.inf
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(half_product(a, tile), a @ tile.astype(np.float32))
+    rows = rng.standard_normal((3, 1000)).astype(np.float32)
+    expected = rows @ tile[:, 8:].astype(np.float32)
+    np.testing.assert_allclose(half_product(rows, tile[:, 8:]), expected, atol=1e-5 * np.abs(expected).max())
 
 
 def test_merged_entries_share_their_gather_buffers_slot_by_slot():

@@ -90,12 +90,21 @@ class _Node:
         return (run, steps[-1][1], [], [], {}, self.position)
 
 
-def _conflict(x, y) -> bool:
-    """Whether ``x`` writes what ``y`` reads or writes, or reads what ``y`` writes (nodes or their accesses)."""
+def _clash(x, y) -> bool:
+    """Whether ``x`` and ``y`` (nodes or their accesses) cannot pass each other: one writes what the other
+    reads or writes. Plain loops: the fast path's build asks this some hundred thousand times."""
     for w in x.writes:
-        if any(meets(w, r) for r in y.reads) or any(meets(w, v) for v in y.writes):
-            return True
-    return any(meets(r, w) for r in x.reads for w in y.writes)
+        for k in y.reads:
+            if meets(w, k):
+                return True
+        for k in y.writes:
+            if meets(w, k):
+                return True
+    for r in x.reads:
+        for k in y.writes:
+            if meets(r, k):
+                return True
+    return False
 
 
 class _LiveTile:
@@ -191,10 +200,28 @@ def _accumulations(slots, instructions, order, tiles: dict) -> None:
         in_place = len(ins) == 3 and (ins[2].ctypes.data, ins[2].shape, ins[2].strides) == key
         if previous is None or not in_place or slots[previous] is None:
             continue
-        joined = _joined_chunks(slots[previous], node, tiles)
+        first = slots[previous]
+        joined = _joined_chunks(first, node, tiles)
         if joined is not None and _movable(slots, [previous], pos):
-            slots[pos] = _Node([joined], [None], slots[previous].reads + node.reads, node.writes, pos)
+            # reads: the operand, the partial sum (where the chunk adds to one), the tile; each one footprint
+            # for the whole run of chunks, so the checks for the next chunk's move stay as cheap
+            reads = [_union_key(first.reads[0], node.reads[0]), *node.reads[1:-1],
+                     _union_key(first.reads[-1], node.reads[-1])]
+            slots[pos] = _Node([joined], [None], reads, node.writes, pos)
             slots[previous] = None
+
+
+def _union_key(x: tuple, y: tuple) -> tuple:
+    """One footprint (:func:`.hazards.footprint_key`) holding ``x`` and ``y``: exact where ``y`` continues
+    ``x``'s rows or its columns, else their bounding range (which can only find more conflicts)."""
+    lo, hi = min(x[0], y[0]), max(x[1], y[1])
+    stride = x[2]
+    if stride and y[2] == stride:
+        if x[5] == y[5] and y[3] == x[3] + x[4] * stride:  # y's rows after x's
+            return (lo, hi, stride, x[3], x[4] + y[4], x[5])
+        if x[4] == y[4] and y[3] == x[3] + x[5] and x[5] + y[5] < stride:  # y's columns after x's
+            return (lo, hi, stride, x[3], x[4], x[5] + y[5])
+    return range_key(lo, hi)
 
 
 def _joined_chunks(first: _Node, second: _Node, tiles: dict):
@@ -514,7 +541,7 @@ def _target(slots, positions):
         return None
     nodes = [slots[p].outer for p in positions]
     for i, x in enumerate(nodes):
-        if any(_conflict(x, y) or _conflict(y, x) for y in nodes[i + 1:]):
+        if any(_clash(x, y) for y in nodes[i + 1:]):
             return None
     ordered = sorted(positions)
     for target in [ordered[-1], ordered[0], *ordered[1:-1]]:
@@ -532,7 +559,7 @@ def _movable(slots, positions, target: int, stacked: bool = False) -> bool:
         lo, hi = (p, target) if p < target else (target, p)
         for s in range(lo + 1, hi):
             other = slots[s]
-            if other is not None and s not in members and (_conflict(node, other) or _conflict(other, node)):
+            if other is not None and s not in members and _clash(node, other):
                 return False
     return True
 

@@ -203,9 +203,11 @@ def _accumulations(slots, instructions, order, tiles: dict) -> None:
         first = slots[previous]
         joined = _joined_chunks(first, node, tiles)
         if joined is not None and _movable(slots, [previous], pos):
-            # reads: the operand, the partial sum (where the chunk adds to one), the tile; each one footprint
-            # for the whole run of chunks, so the checks for the next chunk's move stay as cheap
-            reads = [_union_key(first.reads[0], node.reads[0]), *node.reads[1:-1],
+            # reads: the operand, the sums the chunks add to (the partial sum, and whatever the first chunk
+            # added to), the tile; the operand's and the tile's one footprint each for the whole run of chunks,
+            # so the checks for the next chunk's move stay as cheap
+            added_to = list(dict.fromkeys(first.reads[1:-1] + node.reads[1:-1]))
+            reads = [_union_key(first.reads[0], node.reads[0]), *added_to,
                      _union_key(first.reads[-1], node.reads[-1])]
             slots[pos] = _Node([joined], [None], reads, node.writes, pos)
             slots[previous] = None

@@ -201,6 +201,38 @@ def test_half_floats_are_widened_bit_for_bit_as_numpy_casts_them(columns):
     assert np.isposinf(widen_half(special)[700, 3]) and np.isnan(widen_half(special)[900, 0])
 
 
+def test_joined_k_chunks_still_read_what_their_first_chunk_added_to(rng):
+    """P = Q + a0 @ W0; P += a1 @ W1; COPY x1 ─► Q; P += a2 @ W2: the first two chunks join (nothing between
+    them touches their bytes), but the joined product reads Q, which the COPY then overwrites, so it cannot
+    move down to the third: P must be the old Q's sum, as numpy makes it."""
+    from lpx_tvm.runtime_sim import DType, Simulator, TensorRef
+    from programs import Layout, ins, program
+
+    f32 = DType.F32
+    layout = Layout()
+    w = rng.integers(-2, 3, (24, 8)).astype(np.float32)
+    weights = layout.const(w)
+    a, q, p = layout.take((4, 24), f32), layout.take((4, 8), f32), layout.take((4, 8), f32)
+    chunks = [TensorRef(a.addr + 8 * k * 4, (4, 8), f32, strides=(24, 1)) for k in range(3)]
+    tiles = [TensorRef(weights.addr + 8 * 8 * 4 * k, (8, 8), f32) for k in range(3)]
+    code = [ins("LOAD", [], [a], cycle=0, index=0), ins("LOAD", [], [q], cycle=1, index=1)]
+    places = [(0, 0), (1, 0), (0, 1)]  # (plane, buffer) of each chunk's tile
+    code += [ins("INSTALL", [tile], [], cycle=10 + k, unit_index=u, buffer=b)
+             for k, (tile, (u, b)) in enumerate(zip(tiles, places))]
+    code += [ins("MATMUL", [chunks[0], q], [p], cycle=20, unit_index=0, buffer=0),
+             ins("MATMUL", [chunks[1], p], [p], cycle=30, unit_index=1, buffer=0),
+             ins("COPY", [layout.take((4, 8), f32)], [q], cycle=40),
+             ins("MATMUL", [chunks[2], p], [p], cycle=50, unit_index=0, buffer=1),
+             ins("STORE", [p], [], cycle=60, index=0)]
+    prog = program(code, layout, inputs=[((4, 24), f32), ((4, 8), f32)], outputs=[((4, 8), f32)])
+    x, old_q = rng.integers(-2, 3, (4, 24)).astype(np.float32), rng.integers(-9, 9, (4, 8)).astype(np.float32)
+    sim = Simulator(prog, check_schedule=False)
+    (out,) = sim.run([x, old_q])
+    np.testing.assert_array_equal(out, old_q + x @ w)
+    # the fast path's MATMUL entries here are single products: their operands say their K
+    assert sorted(ins_[0].shape[-1] for _, op, _, ins_, _, _ in sim._fast if op == Opcode.MATMUL) == [8, 16]
+
+
 def test_a_few_rows_times_an_fp16_tile_widen_it_block_by_block():
     """A decode step's product (one row, a tile of 1,000 × 320 fp16 weights, widened 102 rows at a time): with
     small integers every fp32 sum is exact, so it equals numpy's product of the widened tile; a block holding

@@ -346,7 +346,10 @@ def _epilogue(outs, ins, attrs):
     acc = ins[0]
     if out.dtype == acc.dtype == F32 and out.shape == acc.shape and (out is acc or not np.may_share_memory(out, acc)):
         acc = out  # computed where it is stored: a pass fewer
-        np.add(ins[0], ins[1], out=acc) if len(ins) >= 2 else np.copyto(acc, ins[0])
+        if len(ins) >= 2:
+            np.add(ins[0], ins[1], out=acc)
+        else:
+            np.copyto(acc, ins[0])
     else:
         acc = _f32(acc) + (ins[1] if len(ins) >= 2 else F32(0))
     if len(ins) == 3:  # the weights' per-column scale (fp8 weights are stored scaled to their range)

@@ -4,6 +4,9 @@ The schedule splits a product into tiles the size of a matrix plane and
 elementwise work into bands; the numbers need neither split. Built once at
 load, over the bound instruction stream:
 
+- the K-chunks of a product that add into one partial sum in SRAM join into
+  one product (operand blocks side by side, tiles stacked), the last chunk,
+  which streams to the epilogue, apart;
 - a result that streams to exactly one consumer joins that consumer (a
   stream's contents are dead once read);
 - entries that compute the same steps on blocks of one array, along one axis,
@@ -15,11 +18,11 @@ load, over the bound instruction stream:
 - an installed tile nothing overwrites (the common case) is read where it lies
   in SRAM, not copied.
 
-Every result comes from the instruction stream: its addresses, its tiles and
-its K-chunk accumulation. Integer products are exact, so an int8 program's
-results are bit-equal to the tile-by-tile reference (:meth:`Simulator.run`
-with ``reference=True``); a float product may differ only in the order a BLAS
-kernel adds within one dot product.
+Every result comes from the instruction stream: its addresses and its tiles.
+Integer products are exact (a joined integer product stays within the K that
+fp32 sums exactly), so an int8 program's results are bit-equal to the
+tile-by-tile reference (:meth:`Simulator.run` with ``reference=True``); a
+float product may differ only in the order its terms are added.
 
 Moving an entry is legal when no entry it passes reads what it writes or
 writes what it reads or writes (:func:`.hazards.meets` on the SRAM footprints;

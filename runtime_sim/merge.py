@@ -36,7 +36,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from .hazards import footprint_key, meets, range_key
+from .hazards import footprint_key, meets, overlaps, range_key
 from .isa import BINARY_OPS, UNARY_OPS, Opcode
 from .semantics import exact_in_fp32, to_f32
 
@@ -191,12 +191,27 @@ def _accumulations(slots, instructions, order, tiles: dict) -> None:
     values it passes through on the way are not made. An integer product stays within the K that fp32 sums
     exactly, so it stays bit-equal (and at fp32's speed)."""
     last_writer = {}  # a partial sum's view (address, shape, strides) -> the position of its last MATMUL
+    later = _LaterAccesses(instructions, order)
     for pos, node in enumerate(slots):
         if node is None or len(node.steps) != 1 or node.steps[0][1] != Opcode.MATMUL:
             continue
-        if not instructions[order[pos]].dsts[0].in_sram:
-            continue
         out, ins = node.steps[0][2][0], node.steps[0][3]
+        if not instructions[order[pos]].dsts[0].in_sram:
+            # the last chunk, which adds the partial sum and streams the total on: it joins the run where
+            # nothing reads the partial sum's bytes again (then no one sees that it was never written)
+            previous = last_writer.get((ins[2].ctypes.data, ins[2].shape, ins[2].strides)) if len(ins) == 3 \
+                else None
+            if previous is None or slots[previous] is None:
+                continue
+            first = slots[previous]
+            joined = _joined_chunks(first, node, tiles)
+            if joined is not None and later.dead_after(pos, first.writes[0]) and _movable(slots, [previous], pos):
+                reads = [_union_key(first.reads[0], node.reads[0]), *first.reads[1:-1],
+                         _union_key(first.reads[-1], node.reads[-1])]
+                slots[pos] = _Node([(joined[0], joined[1], node.steps[0][2], *joined[3:])], [None], reads,
+                                   node.writes + first.writes, pos)
+                slots[previous] = None
+            continue
         key = (out.ctypes.data, out.shape, out.strides)
         previous = last_writer.get(key)
         last_writer[key] = pos
@@ -214,6 +229,40 @@ def _accumulations(slots, instructions, order, tiles: dict) -> None:
                      _union_key(first.reads[-1], node.reads[-1])]
             slots[pos] = _Node([joined], [None], reads, node.writes, pos)
             slots[previous] = None
+
+
+class _LaterAccesses:
+    """Every instruction's SRAM accesses in issue order (reads before writes within one), to ask whether bytes
+    are dead after a position: overwritten whole before anything reads them, or never touched again."""
+
+    _WINDOW = 1 << 13  # accesses looked at past a position: past them the bytes count as live
+
+    def __init__(self, instructions, order):
+        positions, writes, keys = [], [], []
+        for pos, index in enumerate(order):
+            ins = instructions[index]
+            for is_write, refs in ((False, ins.srcs), (True, ins.dsts)):
+                for ref in refs:
+                    if ref.in_sram:
+                        positions.append(pos)
+                        writes.append(is_write)
+                        keys.append(footprint_key(ref))
+        self.positions, self.writes = np.asarray(positions), np.asarray(writes, bool)
+        self.keys = np.asarray(keys, np.int64).T.reshape(6, -1)
+
+    def dead_after(self, position: int, key: tuple) -> bool:
+        """Whether the bytes of footprint ``key`` are dead after ``position``."""
+        start = int(np.searchsorted(self.positions, position, side="right"))
+        end = min(start + self._WINDOW, len(self.positions))
+        hits = np.flatnonzero(overlaps(self.keys[:, start:end], key))
+        if not len(hits):
+            return end == len(self.positions)
+        first = start + int(hits[0])
+        if not self.writes[first]:  # read first (an instruction's reads come before its writes)
+            return False
+        written = tuple(int(v) for v in self.keys[:, first])
+        # rewritten whole: the same footprint, or a plain range over a plain range
+        return written == key or (written[2] == 0 and key[2] == 0 and written[0] <= key[0] and written[1] >= key[1])
 
 
 def _union_key(x: tuple, y: tuple) -> tuple:

@@ -7,6 +7,7 @@ storage type, not merely close. The zoo's records check every model the same way
 """
 
 from collections import Counter
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -81,9 +82,9 @@ def test_a_convolution_s_products_run_once_per_tile(rng, dtype):
     assert fast[Opcode.IM2COL] < in_stream[Opcode.IM2COL], "the bands of the 3×3 convolution"
 
 
-def _product_shapes(compiled, x) -> list:
-    """``(M, K, N)`` of every MATMUL call one fast run of ``compiled``'s one program on ``x`` makes (its
-    simulator built here, on a recording MATMUL)."""
+@contextmanager
+def _recording_products():
+    """The ``(M, K, N)`` of every MATMUL call of the simulators built inside (each call appended as it runs)."""
     from lpx_tvm.runtime_sim.semantics import SEMANTICS
 
     shapes, matmul = [], SEMANTICS[Opcode.MATMUL]
@@ -93,19 +94,26 @@ def _product_shapes(compiled, x) -> list:
         matmul(outs, ins, attrs)
     SEMANTICS[Opcode.MATMUL] = recording
     try:
-        (sim,) = compiled.simulators.values()
+        yield shapes
     finally:
         SEMANTICS[Opcode.MATMUL] = matmul
+
+
+def _product_shapes(compiled, x) -> list:
+    """``(M, K, N)`` of every MATMUL call one fast run of ``compiled``'s one program on ``x`` makes."""
+    with _recording_products() as shapes:
+        (sim,) = compiled.simulators.values()
     sim.run([x])
     return shapes
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "int8"])
-def test_the_k_chunks_that_accumulate_in_place_run_as_one_product(rng, dtype):
+def test_the_k_chunks_of_a_product_run_as_one_product(rng, dtype):
     """[32, 1280] @ [1280, 320] on a 320-row plane: per row block four K-chunks, the first three adding into a
-    partial sum in SRAM and the fourth streaming to the epilogue. The three run as one MATMUL of K = 960, the
-    fourth as one of K = 320 (int8 too: 128 · 128 · 960 < 2**24, so fp32 sums it exactly), and every
-    multiply-add is made once; the values are the reference's and numpy's."""
+    partial sum in SRAM and the fourth streaming to the epilogue (nothing reads the partial sum after). In a
+    float type all four run as one MATMUL of K = 1280; in int8 the three as one of K = 960 (128 · 128 · 960 <
+    2**24, so fp32 sums it exactly; 1280 would not be) and the fourth apart. Every multiply-add is made once;
+    the values are the reference's and numpy's."""
     w = rng.integers(-1, 2, (1280, 320)).astype(np.float32)
     model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [32, 1280])],
                        [tensor_info("y", [32, 320])], [numpy_helper.from_array(w, "w")])
@@ -114,7 +122,7 @@ def test_the_k_chunks_that_accumulate_in_place_run_as_one_product(rng, dtype):
         model = lpx_tvm.quantize(model, [{"x": x}])
     compiled = lpx_tvm.compile(model, config="tsp", dtype=dtype)
     shapes = _product_shapes(compiled, x)
-    assert {k for _, k, _ in shapes} == {960, 320}
+    assert {k for _, k, _ in shapes} == ({960, 320} if dtype == "int8" else {1280})
     assert sum(m * k * n for m, k, n in shapes) == 32 * 1280 * 320
     (fast,) = run_on_lpx(compiled, [x], programs=1)
     with reference_arithmetic():
@@ -231,6 +239,46 @@ def test_joined_k_chunks_still_read_what_their_first_chunk_added_to(rng):
     np.testing.assert_array_equal(out, old_q + x @ w)
     # the fast path's MATMUL entries here are single products: their operands say their K
     assert sorted(ins_[0].shape[-1] for _, op, _, ins_, _, _ in sim._fast if op == Opcode.MATMUL) == [8, 16]
+
+
+@pytest.mark.parametrize("partial_read_later", [False, True], ids=["partial-dead", "partial-read-later"])
+def test_the_last_k_chunk_joins_where_the_partial_sum_is_dead(rng, partial_read_later):
+    """P = a0 @ W0; P += a1 @ W1; S = a2 @ W2 + P ─► EPILOGUE ─► y. Nothing reads P after: all three chunks
+    are one product of K = 24 (P is never written, and no one sees it). A COPY of P after: the last chunk
+    stays apart (K = 16 and 8), and the copy is the partial sum. The values are numpy's either way."""
+    from lpx_tvm.runtime_sim import DType, Simulator, Space, TensorRef
+    from programs import Layout, ins, program
+
+    f32 = DType.F32
+    layout = Layout()
+    w = rng.integers(-2, 3, (24, 8)).astype(np.float32)
+    weights = layout.const(w)
+    a, p, y, kept = (layout.take(shape, f32) for shape in ((4, 24), (4, 8), (4, 8), (4, 8)))
+    chunks = [TensorRef(a.addr + 8 * k * 4, (4, 8), f32, strides=(24, 1)) for k in range(3)]
+    tiles = [TensorRef(weights.addr + 8 * 8 * 4 * k, (8, 8), f32) for k in range(3)]
+    stream = TensorRef(0, (4, 8), f32, space=Space.STREAM)
+    places = [(0, 0), (1, 0), (0, 1)]  # (plane, buffer) of each chunk's tile
+    code = [ins("LOAD", [], [a], cycle=0, index=0)]
+    code += [ins("INSTALL", [tile], [], cycle=10 + k, unit_index=u, buffer=b)
+             for k, (tile, (u, b)) in enumerate(zip(tiles, places))]
+    code += [ins("MATMUL", [chunks[0]], [p], cycle=20, unit_index=0, buffer=0),
+             ins("MATMUL", [chunks[1], p], [p], cycle=30, unit_index=1, buffer=0),
+             ins("MATMUL", [chunks[2], p], [stream], cycle=40, unit_index=0, buffer=1),
+             ins("EPILOGUE", [stream], [y], cycle=50, act=Opcode.NOP, act_args=(0.0, 0.0), zp_out=0),
+             ins("STORE", [y], [], cycle=60, index=0)]
+    outputs = [((4, 8), f32)]
+    if partial_read_later:
+        code += [ins("COPY", [p], [kept], cycle=70), ins("STORE", [kept], [], cycle=80, index=1)]
+        outputs.append(((4, 8), f32))
+    prog = program(code, layout, inputs=[((4, 24), f32)], outputs=outputs)
+    x = rng.integers(-2, 3, (4, 24)).astype(np.float32)
+    with _recording_products() as shapes:
+        sim = Simulator(prog, check_schedule=False)
+        results = sim.run([x])
+    np.testing.assert_array_equal(results[0], x @ w)
+    if partial_read_later:
+        np.testing.assert_array_equal(results[1], x[:, :16] @ w[:16])
+    assert sorted(k for _, k, _ in shapes) == ([8, 16] if partial_read_later else [24])
 
 
 def test_a_few_rows_times_an_fp16_tile_widen_it_block_by_block():

@@ -233,7 +233,8 @@ def _accumulations(slots, instructions, order, tiles: dict) -> None:
 
 class _LaterAccesses:
     """Every instruction's SRAM accesses in issue order (reads before writes within one), to ask whether bytes
-    are dead after a position: overwritten whole before anything reads them, or never touched again."""
+    are dead after a position: overwritten whole before anything reads them, or never touched again (a
+    program never writes the resident state, which the next run reads, so a partial sum is never in it)."""
 
     _WINDOW = 1 << 13  # accesses looked at past a position: past them the bytes count as live
 

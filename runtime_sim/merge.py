@@ -162,7 +162,7 @@ def fast_entries(sim) -> list:
             source_index, source = installer[(ins.unit_index, attrs["buffer"])]
             if source_index in sim._stable_installs:
                 reads.append(footprint_key(instructions[source_index].srcs[0]))
-                srcs = [srcs[0], _tile_of(tiles, instructions[source_index].srcs[0], source), *srcs[2:]]
+                srcs = [srcs[0], _tile_of(tiles, source), *srcs[2:]]
             else:
                 reads.append(_buffer_key(ins))
         elif op == Opcode.STORE:
@@ -176,9 +176,10 @@ def fast_entries(sim) -> list:
     return [node.entry for node in slots if node is not None]
 
 
-def _tile_of(tiles: dict, ref, view) -> _LiveTile:
-    """One live tile for every INSTALL of the same bytes (the same tile, on whichever plane)."""
-    key = (footprint_key(ref), ref.shape, ref.strides, ref.dtype)
+def _tile_of(tiles: dict, view: np.ndarray) -> _LiveTile:
+    """One live tile for every INSTALL, or joined product, over the same bytes (the same tile, on whichever
+    plane), so that the products reading it are found by it and their row blocks stack on it."""
+    key = (view.ctypes.data, view.shape, view.strides, view.dtype.str)
     if key not in tiles:
         tiles[key] = _LiveTile(view)
     return tiles[key]
@@ -187,48 +188,47 @@ def _tile_of(tiles: dict, ref, view) -> _LiveTile:
 def _accumulations(slots, instructions, order, tiles: dict) -> None:
     """Join the K-chunks of a product that accumulate in place into one partial sum in SRAM: one MATMUL of
     their operand blocks side by side (along K) by their tiles stacked (a weight's chunks lie one after the
-    other), where it can move down to the next chunk. The partial sum ends as the stream leaves it; only the
-    values it passes through on the way are not made. An integer product stays within the K that fp32 sums
-    exactly, so it stays bit-equal (and at fp32's speed)."""
+    other), where it can move down to the next chunk; the values the partial sum passes through on the way
+    are not made. The last chunk, which streams the total on, joins too where the partial sum is dead after
+    it. An integer product stays within the K that fp32 sums exactly, so it stays bit-equal (and at fp32's
+    speed)."""
     last_writer = {}  # a partial sum's view (address, shape, strides) -> the position of its last MATMUL
-    later = _LaterAccesses(instructions, order)
+    later = None  # every instruction's SRAM accesses, gathered the first time a last chunk asks
     for pos, node in enumerate(slots):
         if node is None or len(node.steps) != 1 or node.steps[0][1] != Opcode.MATMUL:
             continue
         out, ins = node.steps[0][2][0], node.steps[0][3]
-        if not instructions[order[pos]].dsts[0].in_sram:
-            # the last chunk, which adds the partial sum and streams the total on: it joins the run where
-            # nothing reads the partial sum's bytes again (then no one sees that it was never written)
-            previous = last_writer.get((ins[2].ctypes.data, ins[2].shape, ins[2].strides)) if len(ins) == 3 \
-                else None
-            if previous is None or slots[previous] is None:
-                continue
-            first = slots[previous]
-            joined = _joined_chunks(first, node, tiles)
-            if joined is not None and later.dead_after(pos, first.writes[0]) and _movable(slots, [previous], pos):
-                reads = [_union_key(first.reads[0], node.reads[0]), *first.reads[1:-1],
-                         _union_key(first.reads[-1], node.reads[-1])]
-                slots[pos] = _Node([(joined[0], joined[1], node.steps[0][2], *joined[3:])], [None], reads,
-                                   node.writes + first.writes, pos)
-                slots[previous] = None
-            continue
-        key = (out.ctypes.data, out.shape, out.strides)
-        previous = last_writer.get(key)
-        last_writer[key] = pos
-        in_place = len(ins) == 3 and (ins[2].ctypes.data, ins[2].shape, ins[2].strides) == key
-        if previous is None or not in_place or slots[previous] is None:
+        adds_to = (ins[2].ctypes.data, ins[2].shape, ins[2].strides) if len(ins) == 3 else None
+        # the last chunk adds the partial sum and streams the total on: it joins the run where nothing reads
+        # the partial sum's bytes again (then no one sees that it was never written)
+        streams = not instructions[order[pos]].dsts[0].in_sram
+        if streams:
+            previous = last_writer.get(adds_to)
+        else:
+            key = (out.ctypes.data, out.shape, out.strides)
+            previous = last_writer.get(key) if adds_to == key else None
+            last_writer[key] = pos
+        if previous is None or slots[previous] is None:
             continue
         first = slots[previous]
         joined = _joined_chunks(first, node, tiles)
-        if joined is not None and _movable(slots, [previous], pos):
-            # reads: the operand, the sums the chunks add to (the partial sum, and whatever the first chunk
-            # added to), the tile; the operand's and the tile's one footprint each for the whole run of chunks,
-            # so the checks for the next chunk's move stay as cheap
-            added_to = list(dict.fromkeys(first.reads[1:-1] + node.reads[1:-1]))
-            reads = [_union_key(first.reads[0], node.reads[0]), *added_to,
-                     _union_key(first.reads[-1], node.reads[-1])]
-            slots[pos] = _Node([joined], [None], reads, node.writes, pos)
-            slots[previous] = None
+        if joined is None:
+            continue
+        if streams:
+            later = later or _LaterAccesses(instructions, order)
+            if not later.dead_after(pos, first.writes[0]):
+                continue
+        if not _movable(slots, [previous], pos):
+            continue
+        # reads: the operand, the sums the chunks add to (the partial sum, and whatever the first chunk added
+        # to), the tile; the operand's and the tile's one footprint each for the whole run of chunks, so the
+        # checks for the next chunk's move stay as cheap. A last chunk's node keeps the partial sum among its
+        # writes too (it no longer writes it, but nothing may move past it as though it never touched it)
+        added_to = list(dict.fromkeys(first.reads[1:-1] + node.reads[1:-1]))
+        reads = [_union_key(first.reads[0], node.reads[0]), *added_to, _union_key(first.reads[-1], node.reads[-1])]
+        slots[pos] = _Node([(joined[0], joined[1], node.steps[0][2], *joined[3:])], [None], reads,
+                           node.writes + first.writes if streams else node.writes, pos)
+        slots[previous] = None
 
 
 class _LaterAccesses:
@@ -298,15 +298,7 @@ def _joined_chunks(first: _Node, second: _Node, tiles: dict):
     weights = _stacked([tile.value, next_tile.value], 0)[0]
     if operand is None or weights is None:
         return None
-    return fn, op, outs, [operand, _view_tile(tiles, weights), *ins[2:]], attrs
-
-
-def _view_tile(tiles: dict, view: np.ndarray) -> _LiveTile:
-    """One live tile for every joined product over the same bytes (so their row blocks stack on it)."""
-    key = ("view", view.ctypes.data, view.shape, view.strides, view.dtype.str)
-    if key not in tiles:
-        tiles[key] = _LiveTile(view)
-    return tiles[key]
+    return fn, op, outs, [operand, _tile_of(tiles, weights), *ins[2:]], attrs
 
 
 def _chain(slots, instructions, order) -> None:

@@ -27,7 +27,8 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return a if a.dtype == F32 else a.astype(F32)
 
 
-_HALF_ROWS_ELEMENTS = 1 << 15  # a block of rows this large keeps its passes in cache
+_HALF_ROWS_ELEMENTS = 1 << 17  # a block of rows this large keeps its passes in cache (half of a 2 MB L2)
+_HALF_PANEL = 2048  # a wider tile goes a panel of columns at a time, so that a block holds many rows
 _HALF_TO_FLOAT_SCALE = F32(2.0 ** 112)  # 2 ** (127 - 15): the two formats' exponent biases apart
 _HALF_EXPONENT = 0x7C00  # an fp16's exponent bits: all set in an inf or a NaN
 
@@ -48,16 +49,28 @@ def _widen_half_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     rows = max(1, _HALF_ROWS_ELEMENTS // x.shape[1])
     magnitude = np.empty((rows, x.shape[1]), np.int16)
     for start in range(0, x.shape[0], rows):
-        half, bits = x[start:start + rows].view(np.int16), out[start:start + rows].view(np.int32)
-        np.bitwise_and(half, 0x7FFF, out=magnitude[:len(half)])
-        if magnitude[:len(half)].max() >= _HALF_EXPONENT:
-            np.copyto(bits.view(F32), half.view(np.float16))
+        half, widened = x[start:start + rows], out[start:start + rows]
+        if not _finite_half(half, magnitude):
+            np.copyto(widened, half)
             continue
-        np.left_shift(half, 13, out=bits, dtype=np.int32)
-        np.bitwise_and(bits, np.int32(-0x70000001), out=bits)  # keep the sign bit, clear its extension
-        block = bits.view(F32)
-        block *= _HALF_TO_FLOAT_SCALE
+        _half_bits_into(half, widened)
+        widened *= _HALF_TO_FLOAT_SCALE
     return out
+
+
+def _finite_half(half: np.ndarray, magnitude: np.ndarray) -> bool:
+    """Whether the fp16 block ``half`` holds no inf and no NaN (``magnitude``: int16 scratch of its size or more)."""
+    mine = magnitude[:len(half)]
+    np.bitwise_and(half.view(np.int16), 0x7FFF, out=mine)
+    return bool(mine.max(initial=0) < _HALF_EXPONENT)
+
+
+def _half_bits_into(half: np.ndarray, out: np.ndarray) -> None:
+    """A finite fp16 block into the fp32 ``out`` scaled by 2**-112 (exactly: the half's bits in the float's place)."""
+    bits = out.view(np.int32)
+    np.copyto(bits, half.view(np.int16))  # sign-extended
+    bits <<= 13
+    bits &= np.int32(-0x70000001)  # keep the sign bit, clear its extension
 
 
 def to_f32(x: np.ndarray) -> np.ndarray:
@@ -301,7 +314,7 @@ def _matmul(outs, ins, attrs):
     tile = buffer.value
     if a.ndim == 2 and len(a) <= _FEW_ROWS and tile.dtype == np.float16 and tile.size >= 4096 \
             and tile.strides[1] == 2 and not buffer.keeps_conversions:
-        product = half_product(a, tile, out if direct else None)
+        product = half_product(a, tile, out if direct else None, getattr(buffer, "finite", False))
     else:
         product = np.matmul(a, buffer.converted(F32), out=out if direct else None)  # straight into out
     if direct:
@@ -316,24 +329,50 @@ def _matmul(outs, ins, attrs):
 _FEW_ROWS = 16  # a product of this few rows is a pass over its tile: widening the tile is most of its cost
 
 
-def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+_SCALED_ROWS = 2  # up to this many rows the operand takes the 2**112, not every weight
+_SCALED_OPERAND_LIMIT = F32(2.0 ** 16)  # a magnitude below this times 2**112 stays finite
+
+
+def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None, finite: bool = False) -> np.ndarray:
     """``a @ tile`` for fp32 ``a`` of few rows and a 2-D fp16 ``tile`` (unit column stride): the tile widened a
     block of its rows at a time into a buffer that stays in cache, each block's product added. A widened copy
     of the whole tile would be written to memory and read back: three passes over a decode step's weights
-    instead of one. The sums differ from one product's only in the order its K terms are added."""
+    instead of one. The sums differ from one product's only in the order its K terms are added.
+
+    ``finite``: the caller knows the tile holds no inf or NaN (a weight checked once), so no block is checked.
+    For one or two rows, ``a`` is scaled by 2**112 instead of every weight (each block is then the halves'
+    bits in the floats' place, 2**-112 times their values): every product is the same real number, so the
+    sums are the same bits, and a pass over the weights goes. With more rows a weight that is an fp16
+    subnormal, a subnormal fp32 once scaled down, slows the product more than the pass saves."""
+    scaled = len(a) <= _SCALED_ROWS and bool(np.abs(a).max(initial=0) < _SCALED_OPERAND_LIMIT)
+    operand = a * _HALF_TO_FLOAT_SCALE if scaled else a
     k, n = tile.shape
-    rows = max(1, _HALF_ROWS_ELEMENTS // n)
     out = np.empty((len(a), n), F32) if out is None else out
-    widened = np.empty((min(rows, k), n), F32)
-    part = np.empty_like(out) if k > rows else None
-    for start in range(0, k, rows):
-        block = tile[start:start + rows]
-        weights = _widen_half_into(block, widened[:len(block)])
-        if start == 0:
-            np.matmul(a[:, :len(block)], weights, out=out)
-        else:
-            np.matmul(a[:, start:start + len(block)], weights, out=part)
-            out += part
+    panel = n if n <= 2 * _HALF_PANEL else _HALF_PANEL  # (a vocabulary's 50,257 columns: one row a block)
+    rows = max(1, _HALF_ROWS_ELEMENTS // panel)
+    widened = np.empty((min(rows, k), panel), F32)
+    magnitude = None if finite else np.empty(widened.shape, np.int16)
+    part = np.empty((len(a), panel), F32) if k > rows else None
+    for column in range(0, n, panel):
+        columns = tile[:, column:column + panel]
+        result = out[:, column:column + panel]
+        for start in range(0, k, rows):
+            block = columns[start:start + rows]
+            weights = widened[:len(block), :block.shape[1]]
+            if finite or _finite_half(block, magnitude[:, :block.shape[1]]):
+                _half_bits_into(block, weights)
+                if not scaled:
+                    weights *= _HALF_TO_FLOAT_SCALE
+            else:  # an inf or a NaN: numpy's cast, scaled as the others where the operand is
+                np.copyto(weights, block)
+                if scaled:
+                    weights *= F32(2.0 ** -112)
+            if start == 0:
+                np.matmul(operand[:, :len(block)], weights, out=result)
+            else:
+                step = part[:, :block.shape[1]]
+                np.matmul(operand[:, start:start + len(block)], weights, out=step)
+                result += step
     return out
 
 

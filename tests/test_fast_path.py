@@ -282,9 +282,9 @@ def test_the_last_k_chunk_joins_where_the_partial_sum_is_dead(rng, partial_read_
 
 
 def test_a_few_rows_times_an_fp16_tile_widen_it_block_by_block():
-    """A decode step's product (one row, a tile of 1,000 × 320 fp16 weights, widened 102 rows at a time): with
-    small integers every fp32 sum is exact, so it equals numpy's product of the widened tile; a block holding
-    an inf gives what numpy gives (inf or NaN where it meets a zero)."""
+    """A decode step's product (one row, a tile of 1,000 × 320 fp16 weights, widened a block of rows at a
+    time): with small integers every fp32 sum is exact, so it equals numpy's product of the widened tile; a
+    block holding an inf gives what numpy gives (inf or NaN where it meets a zero)."""
     from lpx_tvm.runtime_sim.semantics import half_product
 
     rng = np.random.default_rng(3)
@@ -297,6 +297,75 @@ def test_a_few_rows_times_an_fp16_tile_widen_it_block_by_block():
     rows = rng.standard_normal((3, 1000)).astype(np.float32)
     expected = rows @ tile[:, 8:].astype(np.float32)
     np.testing.assert_allclose(half_product(rows, tile[:, 8:]), expected, atol=1e-5 * np.abs(expected).max())
+
+
+def _blockwise(a, tile, rows):
+    """numpy's product of ``a`` and the fp16 ``tile`` cast to fp32, summed ``rows`` of K at a time."""
+    out = a[:, :rows] @ tile[:rows].astype(np.float32)
+    for start in range(rows, len(tile), rows):
+        out += a[:, start:start + rows] @ tile[start:start + rows].astype(np.float32)
+    return out
+
+
+def _block_rows(columns: int) -> int:
+    from lpx_tvm.runtime_sim import semantics
+
+    return semantics._HALF_ROWS_ELEMENTS // columns
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("finite", [False, True])
+@pytest.mark.parametrize("columns", [256, 5000])
+def test_a_few_rows_times_an_fp16_tile_are_numpys_sums_to_the_bit(rows, finite, columns):
+    """Random weights with fp16 subnormals, zeros and negative zeros, three blocks of K deep: the same bits as
+    numpy's cast and product summed block by block, whether one or two rows take the 2**112 on the operand or
+    three rows have it on the weights, whether the tile was known finite or checked, and whether it is narrow
+    (256 columns) or so wide (5,000) that it goes in panels."""
+    from lpx_tvm.runtime_sim.semantics import half_product
+
+    rng = np.random.default_rng(11)
+    panel = columns if columns <= 4096 else 2048
+    depth = 2 * _block_rows(panel) + 40
+    tile = (rng.standard_normal((depth, columns)) * 0.02).astype(np.float16)
+    tile.flat[::97] = np.float16(3e-6)  # subnormal
+    tile.flat[1::89] = -np.float16(6e-8)  # the smallest negative subnormal
+    tile.flat[2::83] = np.float16(-0.0)
+    a = rng.standard_normal((rows, depth)).astype(np.float32)
+    a[0, 5] = 7e-40  # a subnormal operand
+    got = half_product(a, tile, finite=finite)
+    np.testing.assert_array_equal(got.view(np.int32), _blockwise(a, tile, _block_rows(panel)).view(np.int32))
+
+
+def test_an_operand_too_large_to_scale_and_a_tile_with_an_inf_give_numpys_values():
+    """One row holding 2**17 (times 2**112 it would overflow) is scaled nowhere but in the weights; a block
+    holding an inf is cast by numpy and scaled to match the operand's 2**112: each equals numpy's product."""
+    from lpx_tvm.runtime_sim.semantics import half_product
+
+    rng = np.random.default_rng(12)
+    depth = _block_rows(256) + 100
+    tile = rng.integers(-3, 4, (depth, 256)).astype(np.float16)
+    a = rng.integers(-3, 4, (1, depth)).astype(np.float32)
+    a[0, 3] = 2.0 ** 17
+    np.testing.assert_array_equal(half_product(a, tile), _blockwise(a, tile, _block_rows(256)))
+    a[0, 3] = 1.0
+    tile[depth - 50, 9] = -np.inf
+    with np.errstate(invalid="ignore"):
+        got = half_product(a, tile)
+    expected = _blockwise(a, tile, _block_rows(256))
+    assert np.isinf(expected[0, 9])  # the inf reached the output
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_live_tile_is_known_finite_only_where_it_lies_in_a_weight():
+    """A tile inside a constant is checked for infs and NaNs once; one over activations never is known finite,
+    so each product checks its blocks again (its SRAM may hold an inf by the next call)."""
+    from lpx_tvm.runtime_sim.merge import _LiveTile
+
+    tile = np.ones((4, 4), np.float16)
+    assert _LiveTile(tile, constant=True).finite is True
+    assert _LiveTile(tile, constant=False).finite is False
+    tile[1, 2] = np.nan
+    assert _LiveTile(tile, constant=True).finite is False
 
 
 def test_merged_entries_share_their_gather_buffers_slot_by_slot():

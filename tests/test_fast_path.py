@@ -361,11 +361,12 @@ def test_a_live_tile_is_known_finite_only_where_it_lies_in_a_weight():
     so each product checks its blocks again (its SRAM may hold an inf by the next call)."""
     from lpx_tvm.runtime_sim.merge import _LiveTile
 
-    tile = np.ones((4, 4), np.float16)
+    tile = np.full((4, 4), -65504.0, np.float16)  # the largest finite half, negative
     assert _LiveTile(tile, constant=True).finite is True
     assert _LiveTile(tile, constant=False).finite is False
-    tile[1, 2] = np.nan
-    assert _LiveTile(tile, constant=True).finite is False
+    for bad in (np.nan, -np.inf, np.inf):
+        tile[1, 2] = bad
+        assert _LiveTile(tile, constant=True).finite is False
 
 
 def test_merged_entries_share_their_gather_buffers_slot_by_slot():

@@ -39,7 +39,7 @@ import numpy as np
 
 from .hazards import footprint_key, meets, overlaps, range_key
 from .isa import BINARY_OPS, UNARY_OPS, Opcode
-from .semantics import exact_in_fp32, to_f32
+from .semantics import exact_in_fp32, low_halves, to_f32
 
 # regions of their own, below SRAM's addresses: stream n, weight buffer (unit, buffer), host output n
 _SPAN = 1 << 40
@@ -116,11 +116,11 @@ class _LiveTile:
     converted at each call, since the SRAM it views may change between calls. One that lies in a weight
     (``constant``) never does: whether it holds an inf or a NaN is asked once."""
 
-    __slots__ = ("value", "constant", "_finite")
+    __slots__ = ("value", "constant", "_finite", "_lows")
     keeps_conversions = False  # converted at each call: a product of few rows widens it block by block
 
     def __init__(self, view, constant: bool = False):
-        self.value, self.constant, self._finite = view, constant, None
+        self.value, self.constant, self._finite, self._lows = view, constant, None, False
 
     @property
     def finite(self) -> bool:
@@ -132,6 +132,13 @@ class _LiveTile:
             magnitude = np.bitwise_and(self.value.view(np.int16), 0x7FFF)
             self._finite = bool(magnitude.max(initial=0) < 0x7C00)
         return self._finite
+
+    @property
+    def lows(self):
+        """:func:`~.semantics.low_halves` of a finite constant tile, worked out at its first product; else None."""
+        if self._lows is False:
+            self._lows = low_halves(self.value) if self.finite and self.value.ndim == 2 else None
+        return self._lows
 
     def converted(self, dtype, zero_point: int = 0):
         if self.value.dtype == dtype and not zero_point:

@@ -356,6 +356,50 @@ def test_an_operand_too_large_to_scale_and_a_tile_with_an_inf_give_numpys_values
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("columns", [256, 5000])
+def test_a_tile_with_many_subnormals_is_widened_in_normal_floats_to_numpys_bits(columns):
+    """Weights of std 0.002 (about 2% fp16 subnormals), with zeros, negative zeros and negative subnormals:
+    the tile's zero-exponent halves are put in after its bits are biased (none is ever an fp32 subnormal),
+    and the product is numpy's cast and product block by block, to the bit, for one row and for three."""
+    from lpx_tvm.runtime_sim.semantics import half_product, low_halves
+
+    rng = np.random.default_rng(13)
+    panel = columns if columns <= 4096 else 2048
+    depth = 2 * _block_rows(panel) + 40
+    tile = (rng.standard_normal((depth, columns)) * 0.002).astype(np.float16)
+    tile.flat[::101] = np.float16(-0.0)
+    tile.flat[1::103] = np.float16(0.0)
+    tile.flat[2::107] = -np.float16(6e-8)
+    lows = low_halves(tile)
+    assert isinstance(lows, list)
+    subnormal = (np.abs(tile.astype(np.float32)) < 2.0 ** -14) & (tile != 0)
+    assert subnormal.mean() > 0.01  # the case this path is for
+    for rows in (1, 3):
+        a = rng.standard_normal((rows, depth)).astype(np.float32)
+        got = half_product(a, tile, finite=True, lows=lows)
+        np.testing.assert_array_equal(got.view(np.int32), _blockwise(a, tile, _block_rows(panel)).view(np.int32))
+
+
+def test_a_tile_mostly_zeros_is_cast_by_numpy_and_one_with_few_subnormals_keeps_its_bits():
+    """A tile a quarter zeros and 2% subnormals is ``"cast"``: its product is still numpy's to the bit; a tile
+    with no subnormal, or one in a thousand, needs nothing put in (None), zeros or not (a zero's bits serve)."""
+    from lpx_tvm.runtime_sim.semantics import half_product, low_halves
+
+    rng = np.random.default_rng(14)
+    tile = (rng.standard_normal((600, 256)) * 0.02).astype(np.float16)
+    tile.flat[5] = np.float16(0.0)
+    assert low_halves(tile) is None
+    tile.flat[::1000] = np.float16(3e-6)  # one in a thousand subnormal
+    assert low_halves(tile) is None
+    tile[:, ::4] = 0
+    assert low_halves(tile) is None
+    tile[:, 1::50] = np.float16(-3e-6)
+    assert low_halves(tile) == "cast"
+    a = rng.standard_normal((1, 600)).astype(np.float32)
+    got = half_product(a, tile, finite=True, lows="cast")
+    np.testing.assert_array_equal(got.view(np.int32), _blockwise(a, tile, _block_rows(256)).view(np.int32))
+
+
 def test_a_live_tile_is_known_finite_only_where_it_lies_in_a_weight():
     """A tile inside a constant is checked for infs and NaNs once; one over activations never is known finite,
     so each product checks its blocks again (its SRAM may hold an inf by the next call)."""
@@ -367,6 +411,11 @@ def test_a_live_tile_is_known_finite_only_where_it_lies_in_a_weight():
     for bad in (np.nan, -np.inf, np.inf):
         tile[1, 2] = bad
         assert _LiveTile(tile, constant=True).finite is False
+        assert _LiveTile(tile, constant=True).lows is None  # (the checked path: no subnormal plan)
+    subnormals = np.ones((64, 64), np.float16)
+    subnormals[::8, ::8] = np.float16(3e-6)  # one in 64
+    assert isinstance(_LiveTile(subnormals, constant=True).lows, list)
+    assert _LiveTile(subnormals, constant=False).lows is None
 
 
 def test_merged_entries_share_their_gather_buffers_slot_by_slot():

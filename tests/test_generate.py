@@ -242,3 +242,26 @@ def test_int8_generate_quantises_both_graphs_and_runs_them_as_onnx_runtime_does(
     miss = next((s for s in report["steps"] if s["token"] != s["reference_token"]), None)
     assert miss is None or miss["reference_margin"] < 0.05, miss  # a near-tie: a step of the logits' scale
     assert min(s["cosine"] for s in report["steps"]) > 0.999
+
+
+def test_the_reference_step_runs_on_its_own_thread_and_hands_back_its_value_or_its_error():
+    """ORT's step runs beside lpx's: on a thread named for it, its value what the waiter gets, and an error in
+    it raised to the waiter, not lost in the thread."""
+    import threading
+
+    from lpx_tvm.app.generate import _meanwhile
+
+    where = []
+
+    def step(token):
+        where.append(threading.current_thread().name)
+        return token * 2
+
+    assert _meanwhile(step, 21)() == 42
+    assert where == ["ort-reference"]
+
+    def broken(token):
+        raise RuntimeError(f"ORT could not run token {token}")
+
+    with pytest.raises(RuntimeError, match="could not run token 7"):
+        _meanwhile(broken, 7)()

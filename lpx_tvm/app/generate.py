@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 import time
+from concurrent.futures import Future
 from math import ceil
 from pathlib import Path
 
@@ -360,10 +362,11 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         position = prompt_len + step
         left = f", about {(time.perf_counter() - stepping) / step * (tokens - step):.0f} s left" if step else ""
         say(f"decode step {step + 1}/{tokens} (position {position}{left})")
+        want = _meanwhile(reference.step, token)
         got = dict(zip(decoder.outputs, decode(**decoder.decode_feeds(token, position, context), **blank)))
         slot = (slice(None), slice(None), slice(position, position + 1))
         nbytes = {name: decode.write_state(name, got[new], slot) for name, new in zip(names, new_names)}
-        steps.append(compare(got["logits"][0, -1], reference.step(token)))
+        steps.append(compare(got["logits"][0, -1], want()))
         token = steps[-1]["token"]
         chosen.append(token)
     decode_wall_s = time.perf_counter() - stepping  # simulating the steps and checking each against ORT
@@ -389,6 +392,21 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     if decoder.tokenizer is not None:
         report["text"] = decoder.tokenizer.decode(chosen)
     return report
+
+
+def _meanwhile(call, *args):
+    """Start ``call(*args)`` on a thread of its own; the function returned waits for its value (or raises its
+    error). ORT's answer to a step needs only the token lpx chose before it, and ORT lets go of the GIL: it
+    computes while lpx simulates the same step. A daemon, so an error in lpx's step leaves nothing to join."""
+    done = Future()
+
+    def work():
+        try:
+            done.set_result(call(*args))
+        except BaseException as err:  # handed to the waiter, whatever it is
+            done.set_exception(err)
+    threading.Thread(target=work, name="ort-reference", daemon=True).start()
+    return done.result
 
 
 def _compare(got: np.ndarray, want: np.ndarray, choose=lambda x: int(np.argmax(x))) -> dict:

@@ -366,9 +366,10 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
     return decoded_columns(blob, config).program
 
 
-def decoded_columns(blob, config: ChipConfig | str | None = None):
-    """:func:`decode`, returning the program as :class:`.columns.ProgramColumns` (see :func:`validated_columns`)."""
-    version, body, digest = opened(blob, MAGIC, (7, VERSION), "program")
+def decoded_columns(blob, config: ChipConfig | str | None = None, verified: bool = False):
+    """:func:`decode`, returning the program as :class:`.columns.ProgramColumns` (see :func:`validated_columns`);
+    ``verified``: its checksum is not checked again (a system program's checksum covers its chips' bytes)."""
+    version, body, digest = opened(blob, MAGIC, (7, VERSION), "program", verified)
     try:
         program = _parse_body(_Reader(body), digest, version)
     except ProgramFormatError:

@@ -165,6 +165,29 @@ def test_a_damaged_system_program_is_rejected():
         decode_system(blob)
 
 
+def test_a_system_program_s_bytes_are_hashed_once_and_damage_in_a_chip_s_program_is_still_refused(monkeypatch):
+    """The system's checksum covers every chip's program: decoding hashes each byte once (not the chips' bytes
+    a second time for their own checksums), and a byte changed inside the last chip's program is refused."""
+    import hashlib
+
+    from lpx_tvm.runtime_sim import ProgramFormatError, container
+    from lpx_tvm.runtime_sim.container import HEADER
+
+    blob = encode_system(system_program("tiny-2", {0: _sender(X, 1, 0),
+                                                   1: _receiver((4, 32), 0, 0, HOP)}, outputs=[(1, 0)]))
+    hashed, blake2b = [], hashlib.blake2b
+
+    def counting(data, **kw):
+        hashed.append(memoryview(data).nbytes)
+        return blake2b(data, **kw)
+    monkeypatch.setattr(container, "hashlib", type("Counting", (), {"blake2b": staticmethod(counting)}))
+    decode_system(blob)
+    assert hashed == [blob.nbytes - HEADER.size]
+    blob[-1] ^= 1  # the last byte: inside chip 1's program
+    with pytest.raises(ProgramFormatError, match="system program checksum"):
+        decode_system(blob)
+
+
 def test_a_system_program_from_bytes_is_validated_once_and_against_its_systems_chip(monkeypatch):
     """Decoding validates every chip's program; its simulator takes those columns instead of validating the
     program again. A chip program made for another chip than the system's is named as such."""

@@ -39,7 +39,7 @@ import numpy as np
 
 from .hazards import footprint_key, meets, overlaps, range_key
 from .isa import BINARY_OPS, UNARY_OPS, Opcode
-from .semantics import exact_in_fp32, low_halves, to_f32
+from .semantics import exact_in_fp32, low_halves, to_f32, widen_half
 
 # regions of their own, below SRAM's addresses: stream n, weight buffer (unit, buffer), host output n
 _SPAN = 1 << 40
@@ -143,7 +143,10 @@ class _LiveTile:
     def converted(self, dtype, zero_point: int = 0):
         if self.value.dtype == dtype and not zero_point:
             return self.value
-        tile = to_f32(self.value) if np.dtype(dtype) == np.float32 else self.value.astype(dtype)
+        if np.dtype(dtype) == np.float32:
+            tile = widen_half(self.value, self.lows) if self.value.dtype == np.float16 else to_f32(self.value)
+        else:
+            tile = self.value.astype(dtype)
         return tile - dtype(zero_point) if zero_point else tile
 
 

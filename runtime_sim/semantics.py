@@ -33,15 +33,33 @@ _HALF_TO_FLOAT_SCALE = F32(2.0 ** 112)  # 2 ** (127 - 15): the two formats' expo
 _HALF_EXPONENT = 0x7C00  # an fp16's exponent bits: all set in an inf or a NaN
 
 
-def widen_half(x: np.ndarray) -> np.ndarray:
+def widen_half(x: np.ndarray, lows=None) -> np.ndarray:
     """An fp16 array in fp32, bit for bit as ``x.astype(np.float32)``, 2-3 times as fast: numpy casts half
     floats one element at a time. Here each block of rows is moved as integers (the 16 bits shifted into the
     float's place, sign-extended, then masked) and scaled by 2**112, which is exact for every finite half,
     subnormals included (with the FPU keeping subnormals, as numpy leaves it); a block holding an inf or a NaN
-    is cast by numpy instead. A decode step's products spent nine tenths of their time widening fp16 weights."""
-    if x.ndim != 2 or x.strides[1] != 2 or x.size < 4096:
+    is cast by numpy instead. A decode step's products spent nine tenths of their time widening fp16 weights.
+
+    ``lows``: for a finite constant tile, :func:`low_halves` of it, where that is not None: the tile is then
+    widened in normal floats, as :func:`half_product` widens it."""
+    if x.ndim != 2 or x.strides[1] != 2 or x.size < 4096 or isinstance(lows, str):
         return x.astype(F32)
-    return _widen_half_into(x, np.empty(x.shape, F32))
+    out = np.empty(x.shape, F32)
+    if lows is None:
+        return _widen_half_into(x, out)
+    k, n = x.shape
+    panel, rows = _half_blocks(k, n)
+    fixes = iter(lows)
+    for column in range(0, n, panel):
+        for start in range(0, k, rows):
+            widened = out[start:start + rows, column:column + panel]
+            _half_bits_into(x[start:start + rows, column:column + panel], widened)
+            bits = widened.view(np.int32)
+            bits += _NORMAL_BIAS
+            offsets, values = next(fixes)
+            row, col = np.divmod(offsets, panel)
+            widened[row, col] = values
+    return out
 
 
 def _widen_half_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -332,8 +332,7 @@ def _matmul(outs, ins, attrs):
     tile = buffer.value
     if a.ndim == 2 and len(a) <= _FEW_ROWS and tile.dtype == np.float16 and tile.size >= 4096 \
             and tile.strides[1] == 2 and not buffer.keeps_conversions:
-        product = half_product(a, tile, out if direct else None, getattr(buffer, "finite", False),
-                               getattr(buffer, "lows", None))
+        product = half_product(a, tile, out if direct else None, buffer.finite, buffer.lows)  # (a live tile's)
     else:
         product = np.matmul(a, buffer.converted(F32), out=out if direct else None)  # straight into out
     if direct:
@@ -405,7 +404,7 @@ def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None,
     ``finite``: the caller knows the tile holds no inf or NaN (a weight checked once), so no block is checked.
     ``lows``: for such a tile, :func:`low_halves` of it, where that is not None.
 
-    For one or two rows and no subnormal weight, ``a`` is scaled by 2**112 instead of every weight (each block
+    For one or two rows, where ``lows`` is None, ``a`` is scaled by 2**112 instead of every weight (each block
     is then the halves' bits in the floats' place, 2**-112 times their values): every product is the same
     real number, so the sums are the same bits, and a pass over the weights goes. With more rows a weight
     that is an fp16 subnormal, a subnormal fp32 once scaled down, slows the product more than the pass saves."""

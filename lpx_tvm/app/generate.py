@@ -287,7 +287,7 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
         ``agree``, per-step ``steps`` (token, ORT's token, logits cosine, max abs error), the timing
         (``ttft_us``, ``per_token_us``, ``tokens_per_s_per_user``), per-chip utilisation and bytes per link,
         and the flow's own time: ``compile_s`` and ``decode_wall_s`` (simulating the steps, each checked
-        against ORT).
+        against ORT, whose step runs on a thread beside lpx's).
     """
     import lpx_tvm
 

@@ -517,19 +517,27 @@ def _window_taps(x, attrs, fill, channels_last=False):
     axes is several times slower.
     """
     (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["stride"], attrs["dilation"]
-    pt, pl, pb, pr = attrs["pad"]
     h_axis = 1 if channels_last else 2
-    if pt or pl or pb or pr:
-        pads = [(0, 0)] * 4
-        pads[h_axis], pads[h_axis + 1] = (pt, pb), (pl, pr)
-        x = np.pad(x, pads, constant_values=fill)
-    oh = (x.shape[h_axis] - (kh - 1) * dh - 1) // sh + 1
-    ow = (x.shape[h_axis + 1] - (kw - 1) * dw - 1) // sw + 1
+    x, oh, ow = _padded(x, attrs, fill, h_axis)
     lead = (slice(None),) * h_axis
     for i in range(kh):
         for j in range(kw):
             yield i, j, x[lead + (slice(i * dh, i * dh + (oh - 1) * sh + 1, sh),
                                   slice(j * dw, j * dw + (ow - 1) * sw + 1, sw))]
+
+
+def _padded(x, attrs, fill, h_axis: int) -> tuple:
+    """``(x padded by attrs' pad with fill, output height, output width)`` for a window over axes ``h_axis`` and
+    the one after it."""
+    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["stride"], attrs["dilation"]
+    pt, pl, pb, pr = attrs["pad"]
+    if pt or pl or pb or pr:
+        pads = [(0, 0)] * x.ndim
+        pads[h_axis], pads[h_axis + 1] = (pt, pb), (pl, pr)
+        x = np.pad(x, pads, constant_values=fill)
+    oh = (x.shape[h_axis] - (kh - 1) * dh - 1) // sh + 1
+    ow = (x.shape[h_axis + 1] - (kw - 1) * dw - 1) // sw + 1
+    return x, oh, ow
 
 
 def _pool(x, attrs, fill, combine):
@@ -572,16 +580,7 @@ def _dwconv(outs, ins, attrs):
         acc = _dwconv_unit_stride(ins[0], zero_point, _f32(ins[1]), attrs)
     else:
         x, w = _f32(ins[0]) - F32(zero_point), _f32(ins[1])
-        taps = np.ascontiguousarray(w.transpose(1, 2, 0))  # [kh, kw, C]
-        acc = tmp = None
-        for i, j, view in _window_taps(x.transpose(0, 2, 3, 1), attrs, 0.0, channels_last=True):
-            if acc is None:
-                acc = view * taps[i, j]
-                tmp = np.empty_like(acc)
-            else:
-                np.multiply(view, taps[i, j], out=tmp)
-                acc += tmp
-        acc = acc.transpose(0, 3, 1, 2)
+        acc = _dwconv_channels_last(x, w, attrs)
     if quantized:
         requantize(outs[0], acc + ins[2], ins[3], attrs["act"], attrs["zp_out"])
         return
@@ -591,6 +590,33 @@ def _dwconv(outs, ins, attrs):
 
 
 _DWCONV_BLOCK = 1 << 15  # fp32 elements of the channels one pass of taps covers: it stays in a core's cache
+_DWCONV_BAND = 1 << 16  # fp32 outputs a band of rows of the channels-last path holds (its sum and a product)
+
+
+def _dwconv_channels_last(x, w, attrs) -> np.ndarray:
+    """A depthwise convolution's fp32 sums, [N, C, OH, OW], tap by tap, channels last (each tap's weights
+    broadcast along the contiguous axis), a band of output rows at a time so that a band's sum and its
+    product stay in cache over the taps (ppocr_rec's 240- and 480-channel 5 × 5: 3.2 → 2.55 ms, the same sums)."""
+    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["stride"], attrs["dilation"]
+    padded, oh, ow = _padded(x.transpose(0, 2, 3, 1), attrs, 0.0, 1)
+    n, c = padded.shape[0], padded.shape[3]
+    taps = np.ascontiguousarray(w.transpose(1, 2, 0))  # [kh, kw, C]
+    acc = np.empty((n, oh, ow, c), F32)
+    rows = max(1, _DWCONV_BAND // (n * ow * c))
+    product = np.empty((n, min(rows, oh), ow, c), F32)
+    for top in range(0, oh, rows):
+        bottom = min(top + rows, oh)
+        band, scratch = acc[:, top:bottom], product[:, :bottom - top]
+        for i in range(kh):
+            for j in range(kw):
+                view = padded[:, top * sh + i * dh:(bottom - 1) * sh + i * dh + 1:sh,
+                              j * dw:j * dw + (ow - 1) * sw + 1:sw]
+                if i == 0 and j == 0:
+                    np.multiply(view, taps[i, j], out=band)
+                else:
+                    np.multiply(view, taps[i, j], out=scratch)
+                    band += scratch
+    return acc.transpose(0, 3, 1, 2)
 _FLAT_DWCONV_PLANES = 128  # images × channels up to which the flat path is the faster
 
 

@@ -201,6 +201,20 @@ def test_depthwise_conv_strides_and_uneven_pads(k, stride, pad):
     helper_test_op(Opcode.DWCONV, [x, w, bias], {"kernel": (k, k), "stride": (stride, stride), "pad": pad}, conv)
 
 
+@pytest.mark.parametrize("shape, stride", [((1, 300, 10, 40), 1), ((1, 200, 60, 40), 2)])
+def test_depthwise_conv_of_many_channels_goes_in_bands_and_adds_its_taps_in_order(shape, stride):
+    """More channels than the flat path takes, and so many outputs that they go in two bands of rows: the
+    sums are fp32's adding the taps one after the other, row by row of the kernel, to the bit."""
+    k, pad = 3, (1, 1, 1, 1)
+    x = floats(shape, DType.F32)
+    w = floats((shape[1], k, k), DType.F32)
+    taps = _windows(x.astype(np.float32), k, stride, pad, 0.0).astype(np.float32)  # exact: each is an input
+    want = taps[..., 0] * w.reshape(1, shape[1], 1, 1, k * k)[..., 0]
+    for t in range(1, k * k):
+        want = want + taps[..., t] * w.reshape(1, shape[1], 1, 1, k * k)[..., t]
+    helper_test_op(Opcode.DWCONV, [x, w], {"kernel": (k, k), "stride": (stride, stride), "pad": pad}, want, tol=0.0)
+
+
 def test_im2col_fills_the_pad_where_a_tap_falls_outside_the_image():
     """Stride 2, two rows of pad above and three below a 3×3 window, none on the left and one on the right:
     some taps of the first and last output rows read only pad."""

@@ -107,6 +107,11 @@ ADD_GRID = {"host_bytes_per_s": ["1x", "2x"], "mxm_planes": [1, 2]}
 ADD_VARIANTS = [f"tiny[host_bytes_per_s={h},mxm_planes={p}]" for h in (10**9, 2 * 10**9) for p in (1, 2)]
 
 
+# tiny.json's parameters the add's cycles are worked from, by hand: the test checks the preset still has them
+TINY_BY_HAND = {"clock_hz": 100_000_000, "host_bytes_per_s": 1_000_000_000, "lanes": 32, "streams_per_direction": 8}
+TINY_LATENCY_BY_HAND = {"MEM": 4, "VXM": 4}
+
+
 def _add_cycles(host_scale: int) -> int:
     """x + y on [100, 32] fp32 tensors crossing the host link, by hand from tiny.json's parameters (100 MHz, a
     1 GB/s host link, 32 lanes, 8 streams a direction, MEM and VXM latency 4 cycles each).
@@ -116,10 +121,9 @@ def _add_cycles(host_scale: int) -> int:
     its 100 vectors takes 2 cycles, one at a time: 200. Two inputs in turn, the MEM latency, the add, the VXM
     latency, the result back, the MEM latency: 4,052 cycles at 1x, 2,132 at 2x. Planes do not matter:
     nothing multiplies."""
-    tiny = load_config("tiny")
-    link = ceil(100 * 32 * 4 / (host_scale * tiny.host_bytes_per_s / tiny.clock_hz))
-    add = (100 * 32 // tiny.lanes) * ceil(3 * 4 / tiny.streams_per_direction)
-    mem, vxm = tiny.latency_cycles["MEM"], tiny.latency_cycles["VXM"]
+    link = ceil(12_800 / (10 * host_scale))  # bytes a tensor over bytes a cycle (1 GB/s at 100 MHz: 10)
+    add = 100 * ceil(12 / 8)  # 3,200 elements over 32 lanes: 100 vectors, each 12 streams over a direction's 8
+    mem = vxm = 4
     return 2 * link + mem + add + vxm + link + mem
 
 
@@ -136,6 +140,9 @@ def _add_sweep(tmp_path, workers: int) -> list:
 def test_each_point_is_timed_on_its_own_chip(tmp_path):
     """Each point's cycles are its own chip's (``ADD_CYCLES``, by hand), and a second plane adds its 32 x 32
     MACs' share of the matrix block's assumed 27% of 725 mm²."""
+    tiny = load_config("tiny")
+    assert {k: getattr(tiny, k) for k in TINY_BY_HAND} == TINY_BY_HAND  # what the sums were worked from
+    assert {k: tiny.latency_cycles[k] for k in TINY_LATENCY_BY_HAND} == TINY_LATENCY_BY_HAND
     records = _add_sweep(tmp_path, workers=0)
     assert [r["variant"] for r in records] == ADD_VARIANTS
     assert all(r["fits"] for r in records)
@@ -204,13 +211,14 @@ def test_an_llm_point_is_planned_on_a_system_of_the_variants_chips(tmp_path):
     assert round(load_config("tsp").sram_bytes * 0.05) == sram
     assert needed > sram and small["chips"] == small_fast_links["chips"] == 2
     tsp = load_config("tsp")
-    hidden_state = 256 * 2  # bytes a token, in fp16
-    link = ceil(hidden_state * tsp.clock_hz / tsp.c2c_bytes_per_s_per_link)
-    fast_link = ceil(hidden_state * tsp.clock_hz / (4 * tsp.c2c_bytes_per_s_per_link))
-    assert (link, fast_link) == (31, 8)
-    assert small["cycles"] - small_fast_links["cycles"] == link - fast_link
-    assert load_config("tsp").sram_bytes > needed  # the full chip holds what the model needs: one chip
-    assert big["chips"] == 1 and big["tokens_per_s_per_user"] == pytest.approx(1e6 / big["latency_us"])
+    assert (tsp.clock_hz, tsp.c2c_bytes_per_s_per_link) == (900_000_000, 15_000_000_000)  # worked from these
+    # the hidden state, 256 x 2 bytes, at 15 GB/s / 900 MHz = 16.67 bytes a cycle: 30.7, so 31; at 4x, 7.7: 8
+    assert small["cycles"] - small_fast_links["cycles"] == 31 - 8
+    assert tsp.sram_bytes > needed  # the full chip holds what the model needs: one chip
+    # one user at batch 1: a token a step, a step its cycles at 900 MHz (the cycles rounded from the plan's µs)
+    assert big["chips"] == 1
+    assert big["latency_us"] == pytest.approx(big["cycles"] / 900, abs=1 / 900)
+    assert big["tokens_per_s_per_user"] == pytest.approx(900e6 / big["cycles"], rel=1 / big["cycles"])
     # the silicon of an LLM point is every chip its plan takes: a tsp (725 mm²) less the part of its SRAM
     # block (an assumed 40%) it lacks
     assert small["area_mm2"] == pytest.approx(small["chips"] * (725 - 0.40 * 725 * (1 - sram / tsp.sram_bytes)))

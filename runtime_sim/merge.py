@@ -39,7 +39,7 @@ import numpy as np
 
 from .hazards import footprint_key, meets, overlaps, range_key
 from .isa import BINARY_OPS, UNARY_OPS, Opcode
-from .semantics import exact_in_fp32, low_halves, to_f32, widen_half
+from .semantics import exact_in_fp32, finite_half, low_halves, to_f32, widen_half
 
 # regions of their own, below SRAM's addresses: stream n, weight buffer (unit, buffer), host output n
 _SPAN = 1 << 40
@@ -124,13 +124,11 @@ class _LiveTile:
 
     @property
     def finite(self) -> bool:
-        """Known to hold no inf and no NaN: a constant fp16 tile, checked at its first product (as integers:
-        numpy's ``isfinite`` takes halves one at a time)."""
+        """Known to hold no inf and no NaN: a constant fp16 tile, checked at its first product."""
         if not self.constant or self.value.dtype != np.float16:
             return False
         if self._finite is None:
-            magnitude = np.bitwise_and(self.value.view(np.int16), 0x7FFF)
-            self._finite = bool(magnitude.max(initial=0) < 0x7C00)
+            self._finite = finite_half(self.value)
         return self._finite
 
     @property

@@ -52,13 +52,8 @@ def widen_half(x: np.ndarray, lows=None) -> np.ndarray:
     fixes = iter(lows)
     for column in range(0, n, panel):
         for start in range(0, k, rows):
-            widened = out[start:start + rows, column:column + panel]
-            _half_bits_into(x[start:start + rows, column:column + panel], widened)
-            bits = widened.view(np.int32)
-            bits += _NORMAL_BIAS
-            offsets, values = next(fixes)
-            row, col = np.divmod(offsets, panel)
-            widened[row, col] = values
+            _normal_half_into(x[start:start + rows, column:column + panel],
+                              out[start:start + rows, column:column + panel], next(fixes), panel)
     return out
 
 
@@ -68,7 +63,7 @@ def _widen_half_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     magnitude = np.empty((rows, x.shape[1]), np.int16)
     for start in range(0, x.shape[0], rows):
         half, widened = x[start:start + rows], out[start:start + rows]
-        if not _finite_half(half, magnitude):
+        if not finite_half(half, magnitude):
             np.copyto(widened, half)
             continue
         _half_bits_into(half, widened)
@@ -76,9 +71,10 @@ def _widen_half_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _finite_half(half: np.ndarray, magnitude: np.ndarray) -> bool:
-    """Whether the fp16 block ``half`` holds no inf and no NaN (``magnitude``: int16 scratch of its size or more)."""
-    mine = magnitude[:len(half)]
+def finite_half(half: np.ndarray, magnitude: np.ndarray | None = None) -> bool:
+    """Whether the fp16 array ``half`` holds no inf and no NaN, asked as integers (numpy's ``isfinite`` takes
+    halves one at a time); ``magnitude``: int16 scratch of its shape or more rows, or None."""
+    mine = np.empty(half.shape, np.int16) if magnitude is None else magnitude[:len(half)]
     np.bitwise_and(half.view(np.int16), 0x7FFF, out=mine)
     return bool(mine.max(initial=0) < _HALF_EXPONENT)
 
@@ -89,6 +85,18 @@ def _half_bits_into(half: np.ndarray, out: np.ndarray) -> None:
     np.copyto(bits, half.view(np.int16))  # sign-extended
     bits <<= 13
     bits &= np.int32(-0x70000001)  # keep the sign bit, clear its extension
+
+
+def _normal_half_into(half: np.ndarray, out: np.ndarray, fix: tuple, panel: int) -> None:
+    """A finite fp16 block into the fp32 ``out`` in normal floats: the bits biased (exact for normal halves),
+    then ``fix``'s values (:func:`low_halves`: the zero-exponent halves, at offsets ``row * panel + column``)
+    put in."""
+    _half_bits_into(half, out)
+    bits = out.view(np.int32)
+    bits += _NORMAL_BIAS
+    offsets, values = fix
+    row, column = np.divmod(offsets, panel)
+    out[row, column] = values
 
 
 def to_f32(x: np.ndarray) -> np.ndarray:
@@ -414,7 +422,6 @@ def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None,
     out = np.empty((len(a), n), F32) if out is None else out
     panel, rows = _half_blocks(k, n)
     widened = np.empty((min(rows, k), panel), F32)
-    flat = widened.reshape(-1)
     magnitude = None if finite else np.empty(widened.shape, np.int16)
     part = np.empty((len(a), panel), F32) if k > rows else None
     blocks = 0
@@ -428,12 +435,8 @@ def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None,
                 if isinstance(lows, str):
                     np.copyto(weights, block)
                 else:
-                    _half_bits_into(block, weights)
-                    bits = weights.view(np.int32)
-                    bits += _NORMAL_BIAS
-                    offsets, values = lows[blocks]
-                    flat[offsets] = values
-            elif finite or _finite_half(block, magnitude[:, :block.shape[1]]):
+                    _normal_half_into(block, weights, lows[blocks], panel)
+            elif finite or finite_half(block, magnitude[:, :block.shape[1]]):
                 _half_bits_into(block, weights)
                 if not scaled:
                     weights *= _HALF_TO_FLOAT_SCALE

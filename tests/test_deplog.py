@@ -3,12 +3,17 @@ its own, however large either is (entries are filed at the scale of their size),
 arithmetic."""
 
 import numpy as np
+import pytest
 
+from lpx_tvm.codegen import schedule
 from lpx_tvm.codegen.schedule import _DepLog
 from lpx_tvm.runtime_sim.hazards import range_key
 
 
-def test_a_query_finds_every_earlier_access_that_meets_it_at_every_scale():
+@pytest.mark.parametrize("few", [0, 1 << 20], ids=["numpy", "python"])
+def test_a_query_finds_every_earlier_access_that_meets_it_at_every_scale(monkeypatch, few):
+    """Both ways of testing the candidates: numpy's over a crowded query, plain Python's over a few."""
+    monkeypatch.setattr(schedule, "_FEW", few)
     rng = np.random.default_rng(7)
     sizes = [4, 100, 16384, 40000, 1 << 20, 3 << 20]  # below, at and far above the 16 KiB blocks
     ranges = []

@@ -299,12 +299,24 @@ def test_a_few_rows_times_an_fp16_tile_widen_it_block_by_block():
     np.testing.assert_allclose(half_product(rows, tile[:, 8:]), expected, atol=1e-5 * np.abs(expected).max())
 
 
-def _blockwise(a, tile, rows):
-    """numpy's product of ``a`` and the fp16 ``tile`` cast to fp32, summed ``rows`` of K at a time."""
-    out = a[:, :rows] @ tile[:rows].astype(np.float32)
-    for start in range(rows, len(tile), rows):
-        out += a[:, start:start + rows] @ tile[start:start + rows].astype(np.float32)
+def _blockwise(a, tile, rows, panel=None):
+    """numpy's product of ``a`` and the fp16 ``tile`` cast to fp32, summed ``rows`` of K at a time, ``panel``
+    columns at a time (all of them where None)."""
+    panel = panel or tile.shape[1]
+    out = np.empty((len(a), tile.shape[1]), np.float32)
+    for column in range(0, tile.shape[1], panel):
+        columns = tile[:, column:column + panel]
+        part = a[:, :rows] @ columns[:rows].astype(np.float32)
+        for start in range(rows, len(tile), rows):
+            part += a[:, start:start + rows] @ columns[start:start + rows].astype(np.float32)
+        out[:, column:column + panel] = part
     return out
+
+
+def _panel(columns: int) -> int:
+    """The panels the product goes in: all the columns below 1,024, else at most 2,048 and at most half of
+    them (so that two cores can share them)."""
+    return columns if columns < 1024 else min(2048, -(-columns // 2))
 
 
 def _block_rows(columns: int) -> int:
@@ -324,7 +336,7 @@ def test_a_few_rows_times_an_fp16_tile_are_numpys_sums_to_the_bit(rows, finite, 
     from lpx_tvm.runtime_sim.semantics import half_product
 
     rng = np.random.default_rng(11)
-    panel = columns if columns <= 4096 else 2048
+    panel = _panel(columns)
     depth = 2 * _block_rows(panel) + 40
     tile = (rng.standard_normal((depth, columns)) * 0.02).astype(np.float16)
     tile.flat[::97] = np.float16(3e-6)  # subnormal
@@ -333,7 +345,7 @@ def test_a_few_rows_times_an_fp16_tile_are_numpys_sums_to_the_bit(rows, finite, 
     a = rng.standard_normal((rows, depth)).astype(np.float32)
     a[0, 5] = 7e-40  # a subnormal operand
     got = half_product(a, tile, finite=finite)
-    np.testing.assert_array_equal(got.view(np.int32), _blockwise(a, tile, _block_rows(panel)).view(np.int32))
+    np.testing.assert_array_equal(got.view(np.int32), _blockwise(a, tile, _block_rows(panel), panel).view(np.int32))
 
 
 def test_an_operand_too_large_to_scale_and_a_tile_with_an_inf_give_numpys_values():
@@ -364,7 +376,7 @@ def test_a_tile_with_many_subnormals_is_widened_in_normal_floats_to_numpys_bits(
     from lpx_tvm.runtime_sim.semantics import half_product, low_halves
 
     rng = np.random.default_rng(13)
-    panel = columns if columns <= 4096 else 2048
+    panel = _panel(columns)
     depth = 2 * _block_rows(panel) + 40
     tile = (rng.standard_normal((depth, columns)) * 0.002).astype(np.float16)
     tile.flat[::101] = np.float16(-0.0)
@@ -377,7 +389,7 @@ def test_a_tile_with_many_subnormals_is_widened_in_normal_floats_to_numpys_bits(
     for rows in (1, 3):
         a = rng.standard_normal((rows, depth)).astype(np.float32)
         got = half_product(a, tile, finite=True, lows=lows)
-        np.testing.assert_array_equal(got.view(np.int32), _blockwise(a, tile, _block_rows(panel)).view(np.int32))
+        np.testing.assert_array_equal(got.view(np.int32), _blockwise(a, tile, _block_rows(panel), panel).view(np.int32))
 
 
 @pytest.mark.parametrize("columns", [256, 5000])
@@ -448,3 +460,35 @@ def test_merged_entries_share_their_gather_buffers_slot_by_slot():
     assert b0.shape == (2, 8) and b1.dtype == np.float16
     larger = scratch.user()((16, 8), np.float32)  # past slot 0's size: a buffer of its own, entries after share it
     assert not np.shares_memory(larger, a0) and np.shares_memory(scratch.user()((1, 8), np.float32), larger)
+
+
+def _threaded_product_in_child(a, tile, queue):
+    from lpx_tvm.runtime_sim.semantics import half_product
+
+    queue.put(half_product(a, tile, finite=True))
+
+
+def test_a_forked_child_shares_a_large_tiles_panels_out_as_its_parent_did():
+    """A tile large enough that its panels go to two cores, multiplied once in the parent (its helper thread
+    started) and then in a forked child, which has no such thread: the child answers, with the parent's bits
+    (numpy's cast and product block by block)."""
+    import multiprocessing
+
+    from lpx_tvm.runtime_sim.semantics import half_product
+
+    rng = np.random.default_rng(14)
+    tile = (rng.standard_normal((1024, 4096)) * 0.02).astype(np.float16)
+    a = rng.standard_normal((1, 1024)).astype(np.float32)
+    want = _blockwise(a, tile, _block_rows(_panel(4096)), _panel(4096))
+    np.testing.assert_array_equal(half_product(a, tile, finite=True), want)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_threaded_product_in_child, args=(a, tile, queue))
+    child.start()
+    try:
+        got = queue.get(timeout=60)
+    finally:
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+    np.testing.assert_array_equal(got, want)

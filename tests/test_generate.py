@@ -50,8 +50,13 @@ def test_greedy_decode_on_two_chips_equals_onnx_runtime_and_charges_the_kv_write
     report = generate("llama-tiny", tokens=4, system="tiny-2", parallel="pipeline", prompt_len=6)
     assert report["programs"] == {"prefill": 1, "decode": 1}
     assert total_offloaded_calls() - calls == 1 + 4
-    assert report["tokens"] == _ort_greedy(config, report["prompt"], 4)
-    assert report["agree"] and all(step["cosine"] > 0.99999 for step in report["steps"])
+    want = _ort_greedy(config, report["prompt"], 4)
+    assert report["tokens"] == want
+    # a preset's steps are checked by one ORT run over the whole sequence: its choices, position by position,
+    # are those of ORT's own step-by-step decode
+    assert report["reference"] == "one ONNX Runtime run over the whole sequence"
+    assert report["reference_tokens"] == want
+    assert len(report["steps"]) == 5 and all(step["cosine"] > 0.99999 for step in report["steps"])
     # a step writes each layer's new K and V (kv_heads × head_dim fp32 each) on the chip holding the layer,
     # over that chip's host link; the chips write at once, so the busiest sets the time, then the DMA latency
     tiny = load_config("tiny")
@@ -195,6 +200,24 @@ def test_sampled_tokens_are_onnx_runtime_s_under_the_same_draws(tmp_path):
     report = generate(str(tmp_path), tokens=3, prompt_ids=[9, 8, 7, 6], temperature=0.8, top_k=20)
     prefill, decode = (ort.InferenceSession(str(paths[k]), providers=["CPUExecutionProvider"])
                        for k in ("prefill", "decode"))
+    assert report["reference"] == "ONNX Runtime step by step"  # a folder's graphs, as they came
+    assert report["tokens"] == _ort_sampled(config, prefill, decode, [9, 8, 7, 6], 3)
+    assert report["sampling"] == {"temperature": 0.8, "top_k": 20}
+
+
+def test_a_presets_sampled_tokens_are_onnx_runtime_s_under_the_same_draws_checked_in_one_run():
+    """The same for the preset, whose steps ORT checks in one run over the whole sequence at the end: each
+    step's draw still picks ORT's token at that position (ORT alone, step by step, here)."""
+    config = llama.PRESETS["llama-tiny"]
+    report = generate("llama-tiny", tokens=3, prompt_ids=[9, 8, 7, 6], temperature=0.8, top_k=20)
+    prefill, decode = llama.ort_sessions(llama.build_prefill(config, 4, 0), llama.build_decode(config, 0))
+    want = _ort_sampled(config, prefill, decode, [9, 8, 7, 6], 3)
+    assert report["reference"] == "one ONNX Runtime run over the whole sequence"
+    assert report["tokens"] == want and report["reference_tokens"] == want
+
+
+def _ort_sampled(config, prefill, decode, prompt, steps):
+    """ORT's tokens at temperature 0.8 from the top 20, one draw a step from numpy's generator at seed + 2."""
     draws = np.random.default_rng(0 + 2)
 
     def sample(logits):
@@ -202,15 +225,14 @@ def test_sampled_tokens_are_onnx_runtime_s_under_the_same_draws(tmp_path):
         p = np.exp((logits[top] - logits[top].max()) / 0.8)
         return int(top[min(np.searchsorted(np.cumsum(p / p.sum()), draws.random(), side="right"), 19)])
     names = llama.output_names(config)
-    out = dict(zip(names, prefill.run(None, llama.prefill_feeds(config, [9, 8, 7, 6]))))
+    out = dict(zip(names, prefill.run(None, llama.prefill_feeds(config, prompt))))
     cache = llama.write_cache(llama.initial_cache(config), out, 0)
     tokens = [sample(out["logits"][0, -1])]
-    for step in range(3):
-        out = dict(zip(names, decode.run(None, llama.decode_feeds(config, tokens[-1], 4 + step, cache))))
-        llama.write_cache(cache, out, 4 + step)
+    for step in range(steps):
+        out = dict(zip(names, decode.run(None, llama.decode_feeds(config, tokens[-1], len(prompt) + step, cache))))
+        llama.write_cache(cache, out, len(prompt) + step)
         tokens.append(sample(out["logits"][0, -1]))
-    assert report["tokens"] == tokens
-    assert report["sampling"] == {"temperature": 0.8, "top_k": 20}
+    return tokens
 
 
 def test_the_prefill_and_decode_sessions_hold_each_weight_once_and_answer_as_plain_sessions():

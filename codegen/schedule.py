@@ -63,12 +63,11 @@ class _DepLog:
     def __init__(self, capacity: int):
         capacity = max(capacity, 1)
         self.keys = {"r": np.zeros((6, capacity), np.int64), "w": np.zeros((6, capacity), np.int64)}
-        self.owner = {"r": np.zeros(capacity, np.int64), "w": np.zeros(capacity, np.int64)}
         self.n = {"r": 0, "w": 0}
         self.blocks = {"r": {}, "w": {}}  # kind -> scale (a shift) -> block -> entries
         self.filed = {"r": {}, "w": {}}  # kind -> scale -> the blocks filed into, in order
         self.key_tuples = {"r": [], "w": []}  # the same keys, for the pure-Python test of a few entries
-        self.owners = {"r": [], "w": []}  # the same owners, as Python ints
+        self.owners = {"r": [], "w": []}  # the instruction that made each entry
 
     @staticmethod
     def _spanned(lo: int, hi: int, shift: int) -> range:
@@ -96,7 +95,8 @@ class _DepLog:
                     if (t := tuples[j])[0] < hi and t[1] > lo and meets(t, key)]
         ids = found[0] if len(found) == 1 else np.unique(np.concatenate(found))
         ids = np.asarray(ids, np.int64)
-        return self.owner[kind][ids[overlaps(self.keys[kind][:, ids], key)]].tolist()
+        owners = self.owners[kind]
+        return [owners[j] for j in ids[overlaps(self.keys[kind][:, ids], key)].tolist()]
 
     def add(self, kind: str, key: tuple, index: int) -> None:
         """Log an access. A dense write first retires the earlier plain-range accesses inside it: a later
@@ -119,7 +119,6 @@ class _DepLog:
         n = self.n[kind]
         self.keys[kind][:, n] = key
         self.key_tuples[kind].append(tuple(int(v) for v in key))
-        self.owner[kind][n] = index
         self.owners[kind].append(index)
         self.n[kind] = n + 1
         shift = max(self._SHIFT, (hi - lo - 1).bit_length())

@@ -407,8 +407,8 @@ def test_a_tile_with_many_subnormals_widens_whole_to_numpys_cast(columns):
 
 
 def test_a_tile_mostly_zeros_is_cast_by_numpy_and_one_with_few_subnormals_keeps_its_bits():
-    """A tile a quarter zeros and 2% subnormals is ``"cast"``: its product is still numpy's to the bit; a tile with no subnormal, or one in a thousand, needs nothing put in (None), zeros or
-    not (a zero's bits serve)."""
+    """A tile a quarter zeros and 2% subnormals is ``"cast"``: its product is still numpy's to the bit; a tile
+    with no subnormal, or one in a thousand, needs nothing put in (None), zeros or not (a zero's bits serve)."""
     from lpx_tvm.runtime_sim.semantics import half_product, low_halves
 
     rng = np.random.default_rng(14)

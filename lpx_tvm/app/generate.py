@@ -80,14 +80,15 @@ class _BuiltDecoder:
     """The project's own decoder graphs (a preset, or a ``save_llama`` folder): a prefill graph for the prompt
     and a decode graph over ``config.max_context`` slots, both returning only the new K/V."""
 
-    def __init__(self, name: str, config, prefill, decode, prompt_len: int, weights: dict | None = None):
+    def __init__(self, name: str, config, prefill, decode, prompt_len: int, weights: dict | None = None,
+                 built: bool = False):
         self.name, self.config, self.prefill_graph, self.decode_graph = name, config, prefill, decode
         self.prompt_len, self.weights = prompt_len, weights  # (weights: the graphs' external data, by name)
         self.cache_names, self.new_kv_names = llama.cache_names(config), llama.present_names(config)
         self.outputs = llama.output_names(config)
         self.vocab_size, self.max_context = config.vocab_size, config.max_context
         self.weight_bytes, self.tokenizer, self.kv_dtype = config.weight_bytes(), None, config.np_dtype
-        self.built = False  # a preset built here (not a folder's graphs): its graphs can be built again
+        self.built = built  # a preset built here (not a folder's graphs): its graphs can be built again
 
     def take_prompt(self, given, default: int) -> None:
         """Check a given prompt against the length the prefill graph was built or saved for."""
@@ -231,11 +232,9 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None, dtype:
     # compute with the same weights, and no fp32 copy exists); ORT's quantiser needs the weights inside
     external = dtype != "int8"
     weights = llama.llama_weights(config.replace(dtype="fp16") if dtype == "fp16" else config, seed)
-    decoder = _BuiltDecoder(str(model), config, llama.build_prefill(config, prompt_len, seed, weights, external),
-                            llama.build_decode(config, seed, weights, external), prompt_len,
-                            weights if external else None)
-    decoder.built = True
-    return decoder
+    return _BuiltDecoder(str(model), config, llama.build_prefill(config, prompt_len, seed, weights, external),
+                         llama.build_decode(config, seed, weights, external), prompt_len,
+                         weights if external else None, built=True)
 
 
 def kv_bytes_per_chip(compiled, names: list, nbytes: dict) -> dict:

@@ -9,7 +9,8 @@ right after ``import tvm`` finishes, whoever imports it.
 What is registered: the target tag ``lpx``, the relax pipelines ``"lpx"`` and
 ``"default"`` (TVM's default, with lpx offload first when the target has the
 ``lpx`` key), the BYOC codegen ``relax.ext.lpx`` and the runtime function
-``lpx.runtime.execute``. The pipelines and the codegen hook import
+``lpx.runtime.execute``; and the simulator's product of few rows by an fp16 tile becomes a kernel TVM
+compiles (:mod:`.host_kernels`). The pipelines and the codegen hook import
 :mod:`lpx_tvm.pipeline` only when called, so nothing here imports a module of
 ours that imports TVM at its top (which could be the very module whose
 ``import tvm`` fired the hook).
@@ -51,6 +52,8 @@ def register_with_tvm() -> None:
     relax_pipeline.PIPELINE_MAP["default"] = default
     tvm_ffi.register_global_func("relax.ext.lpx", relax_ext_lpx, override=True)
     from . import runtime  # noqa: F401  registers lpx.runtime.execute (numpy and tvm_ffi only)
+    from .host_kernels import install
+    install()  # the simulator's fp16 products of few rows by a kernel TVM compiles for this CPU
 
 
 class _RegisterAfterTVM(importlib.abc.MetaPathFinder):

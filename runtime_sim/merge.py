@@ -32,14 +32,13 @@ members of a group move to the place of its last member, or else of its first.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import defaultdict
 
 import numpy as np
 
 from .hazards import footprint_key, meets, overlaps, range_key
 from .isa import BINARY_OPS, UNARY_OPS, Opcode
-from .semantics import exact_in_fp32, finite_half, low_halves, to_f32, widen_half
+from .semantics import exact_in_fp32, to_f32, widen_half
 
 # regions of their own, below SRAM's addresses: stream n, weight buffer (unit, buffer), host output n
 _SPAN = 1 << 40
@@ -113,30 +112,13 @@ def _clash(x, y) -> bool:
 
 class _LiveTile:
     """An installed tile read where it lies in SRAM (its INSTALL is stable): what a weight buffer answers,
-    converted at each call, since the SRAM it views may change between calls. One that lies in a weight
-    (``constant``) never does: whether it holds an inf or a NaN is asked once."""
+    converted at each call, since the SRAM it views may change between calls."""
 
-    __slots__ = ("value", "constant", "_finite", "_lows")
-    keeps_conversions = False  # converted at each call: a product of few rows widens it block by block
+    __slots__ = ("value",)
+    keeps_conversions = False  # converted at each call: a product of few rows reads it as it lies
 
-    def __init__(self, view, constant: bool = False):
-        self.value, self.constant, self._finite, self._lows = view, constant, None, False
-
-    @property
-    def finite(self) -> bool:
-        """Known to hold no inf and no NaN: a constant fp16 tile, checked at its first product."""
-        if not self.constant or self.value.dtype != np.float16:
-            return False
-        if self._finite is None:
-            self._finite = finite_half(self.value)
-        return self._finite
-
-    @property
-    def lows(self):
-        """:func:`~.semantics.low_halves` of a finite constant tile, worked out at its first product; else None."""
-        if self._lows is False:
-            self._lows = low_halves(self.value) if self.finite and self.value.ndim == 2 else None
-        return self._lows
+    def __init__(self, view):
+        self.value = view
 
     def converted(self, dtype, zero_point: int = 0):
         if self.value.dtype == dtype and not zero_point:
@@ -169,7 +151,6 @@ def fast_entries(sim) -> list:
     program, order = sim.program, sim.order
     instructions = program.instructions
     installer = {}  # (unit, buffer) -> (instruction index, its bound source) of the last INSTALL into it
-    in_weight = _within_weights(program)
     slots, tiles = [], {}
     for pos, index in enumerate(order):
         ins = instructions[index]
@@ -187,7 +168,7 @@ def fast_entries(sim) -> list:
             source_index, source = installer[(ins.unit_index, attrs["buffer"])]
             if source_index in sim._stable_installs:
                 reads.append(footprint_key(instructions[source_index].srcs[0]))
-                srcs = [srcs[0], _tile_of(tiles, source, in_weight(instructions[source_index].srcs[0])), *srcs[2:]]
+                srcs = [srcs[0], _tile_of(tiles, source), *srcs[2:]]
             else:
                 reads.append(_buffer_key(ins))
         elif op == Opcode.STORE:
@@ -201,23 +182,12 @@ def fast_entries(sim) -> list:
     return [node.entry for node in slots if node is not None]
 
 
-def _within_weights(program):
-    """A test of whether an SRAM operand lies inside one of ``program``'s constants (never written)."""
-    ranges = sorted((c.ref.addr, c.ref.end) for c in program.constants if c.ref.nbytes)
-    starts = [lo for lo, _ in ranges]
-
-    def within(ref) -> bool:
-        k = bisect_right(starts, ref.addr) - 1
-        return ref.in_sram and k >= 0 and ref.end <= ranges[k][1]
-    return within
-
-
-def _tile_of(tiles: dict, view: np.ndarray, constant: bool) -> _LiveTile:
+def _tile_of(tiles: dict, view: np.ndarray) -> _LiveTile:
     """One live tile for every INSTALL, or joined product, over the same bytes (the same tile, on whichever
     plane), so that the products reading it are found by it and their row blocks stack on it."""
     key = (view.ctypes.data, view.shape, view.strides, view.dtype.str)
     if key not in tiles:
-        tiles[key] = _LiveTile(view, constant)
+        tiles[key] = _LiveTile(view)
     return tiles[key]
 
 
@@ -334,7 +304,7 @@ def _joined_chunks(first: _Node, second: _Node, tiles: dict):
     weights = _stacked([tile.value, next_tile.value], 0)[0]
     if operand is None or weights is None:
         return None
-    return fn, op, outs, [operand, _tile_of(tiles, weights, tile.constant and next_tile.constant), *ins[2:]], attrs
+    return fn, op, outs, [operand, _tile_of(tiles, weights), *ins[2:]], attrs
 
 
 def _chain(slots, instructions, order) -> None:
@@ -561,7 +531,7 @@ def _tile(blocks, axis: int):
     if not all(isinstance(b, _LiveTile) for b in blocks):
         return None
     columns = _stacked([b.value for b in blocks], 1)[0]
-    return None if columns is None else _LiveTile(columns, all(b.constant for b in blocks))
+    return None if columns is None else _LiveTile(columns)
 
 
 def _stacked_operand(blocks, outs, axis: int, gather=None):

@@ -14,9 +14,6 @@ outputs must have, given its inputs and attributes.
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
 import numpy as np
@@ -31,10 +28,8 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return a if a.dtype == F32 else a.astype(F32)
 
 
-# a block of rows this large keeps its passes in a core's cache (1 MB of fp32, half of a 2 MB L2; on two
-# cores a 2048 x 8192 tile went at 3.1, 4.7, 5.9 and 2.9 GB/s of weights with 2**16 to 2**19)
+# a block of rows this large keeps widen_half's passes in a core's cache (1 MB of fp32, half of a 2 MB L2)
 _HALF_ROWS_ELEMENTS = 1 << 18
-_HALF_PANEL = 2048  # a wider tile goes a panel of columns at a time, so that a block holds many rows
 _HALF_TO_FLOAT_SCALE = F32(2.0 ** 112)  # 2 ** (127 - 15): the two formats' exponent biases apart
 _HALF_EXPONENT = 0x7C00  # an fp16's exponent bits: all set in an inf or a NaN
 
@@ -79,14 +74,6 @@ def _half_bits_into(half: np.ndarray, out: np.ndarray) -> None:
     np.copyto(bits, half.view(np.int16))  # sign-extended
     bits <<= 13
     bits &= np.int32(-0x70000001)  # keep the sign bit, clear its extension
-
-
-def _biased_half_into(half: np.ndarray, out: np.ndarray) -> None:
-    """A finite fp16 block into the fp32 ``out``, exact for its normal halves (the bits biased); its
-    zero-exponent halves are left for the caller to put in."""
-    _half_bits_into(half, out)
-    bits = out.view(np.int32)
-    bits += _NORMAL_BIAS
 
 
 def to_f32(x: np.ndarray) -> np.ndarray:
@@ -330,7 +317,7 @@ def _matmul(outs, ins, attrs):
     tile = buffer.value
     if a.ndim == 2 and len(a) <= _FEW_ROWS and tile.dtype == np.float16 and tile.size >= 4096 \
             and tile.strides[1] == 2 and not buffer.keeps_conversions:
-        product = half_product(a, tile, out if direct else None, buffer.finite, buffer.lows)  # (a live tile's)
+        product = half_product(a, tile, out if direct else None)
     else:
         product = np.matmul(a, buffer.converted(F32), out=out if direct else None)  # straight into out
     if direct:
@@ -345,152 +332,27 @@ def _matmul(outs, ins, attrs):
 _FEW_ROWS = 16  # a product of this few rows is a pass over its tile: widening the tile is most of its cost
 
 
-_SCALED_ROWS = 2  # up to this many rows the operand takes the 2**112, not every weight
-_SCALED_OPERAND_LIMIT = F32(2.0 ** 16)  # a magnitude below this times 2**112 stays finite
-_NORMAL_BIAS = np.int32(112 << 23)  # the exponent biases apart, added to a finite normal half's bits
-_MOST_LOW_HALVES = 1 / 16  # a tile with more zeros and subnormals than this is cast by numpy
-# as few subnormals as this slow the bits less than putting them in costs (measured on 8192 x 2048 weights,
-# one row: 0.2% of them subnormal, the bits 7% faster; 2.4%, the bits 1.85 times as slow)
-_FEWEST_SUBNORMALS = 1 / 256
+def _numpy_half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    return np.matmul(a, widen_half(tile), out=out)
 
 
-def _half_blocks(k: int, n: int) -> tuple:
-    """``(panel, rows)``: :func:`half_product` widens a tile ``panel`` columns by ``rows`` rows at a time.
-
-    Panels are at most :data:`_HALF_PANEL` wide, and a tile of :data:`_SPLIT_COLUMNS` columns or more has at
-    least two, so that the panels can go to two cores."""
-    panel = n if n < _SPLIT_COLUMNS else min(_HALF_PANEL, -(-n // 2))
-    return panel, max(1, _HALF_ROWS_ELEMENTS // panel)
+_half_product = _numpy_half_product
 
 
-_SPLIT_COLUMNS = 1024  # a tile this wide is widened in two panels or more
-_THREADED_HALVES = 1 << 21  # a tile of this many halves has its panels shared out among the cores
-_WORKERS = max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
-_helpers = None  # the threads that widen and multiply panels beside the caller's (made at first use)
-_helpers_lock = threading.Lock()
+def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ tile`` in fp32 for fp32 ``a`` of few rows and a 2-D fp16 ``tile`` with adjacent columns (into
+    ``out`` where given): the tile's values exactly, its sums in fp32, their order of addition the kernel's.
+
+    numpy widens the tile whole, then multiplies; a kernel that widens each weight in a register does it
+    in one pass over the weights (a decode step's products are most of its time): :func:`use_half_product`
+    installs one (``lpx_tvm`` installs TVM's when TVM loads)."""
+    return _half_product(a, tile, out)
 
 
-def _helper_pool():
-    global _helpers
-    with _helpers_lock:
-        if _helpers is None:
-            _helpers = ThreadPoolExecutor(_WORKERS - 1, thread_name_prefix="lpx-half")
-        return _helpers
-
-
-def _forget_helpers() -> None:
-    """In a forked child: the parent's threads are not there, so the pool that names them must go."""
-    global _helpers, _helpers_lock
-    _helpers, _helpers_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_helpers)
-
-
-def low_halves(tile: np.ndarray):
-    """What :func:`half_product` needs to widen a finite, constant fp16 ``tile`` without fp32 subnormals.
-
-    A weight that is an fp16 subnormal is an fp32 subnormal in the halves' bits (2**-112 times it), and a
-    multiplication that meets one takes a microcode assist: a llama-1b down projection (2.4% of its weights
-    subnormal) went at 1.7 GB/s, the others at 4. Such a tile is widened by adding the biases' difference to
-    its bits, exact for normal halves; the halves with a zero exponent (zeros and subnormals, normal fp32
-    values once widened) are put in afterwards.
-
-    Returns
-    -------
-    None where at most one half in 256 is subnormal (the bits alone serve); ``"cast"`` where more than one in
-    16 has a zero exponent (numpy's cast costs less than putting them in); else, for each block in the order
-    :func:`half_product` widens them, the offsets in its widened buffer and the fp32 values to put there.
-    """
-    magnitude = np.bitwise_and(tile.view(np.int16), 0x7FFF)
-    low = magnitude < 0x0400
-    if np.count_nonzero(low & (magnitude != 0)) <= _FEWEST_SUBNORMALS * tile.size:
-        return None
-    if low.mean() > _MOST_LOW_HALVES:
-        return "cast"
-    k, n = tile.shape
-    panel, rows = _half_blocks(k, n)
-    fixes = []
-    for column in range(0, n, panel):
-        for start in range(0, k, rows):
-            r, c = np.nonzero(low[start:start + rows, column:column + panel])
-            values = tile[start + r, column + c].astype(F32)
-            fixes.append(((r * panel + c).astype(np.int32), values))  # (a block is under 2**31)
-    return fixes
-
-
-def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None, finite: bool = False,
-                 lows=None) -> np.ndarray:
-    """``a @ tile`` for fp32 ``a`` of few rows and a 2-D fp16 ``tile`` (unit column stride): the tile widened a
-    block of its rows at a time into a buffer that stays in cache, each block's product added. A widened copy
-    of the whole tile would be written to memory and read back: three passes over a decode step's weights
-    instead of one. The sums differ from one product's only in the order its K terms are added; each output
-    column's are added block by block in the same order however the panels are shared out.
-
-    ``finite``: the caller knows the tile holds no inf or NaN (a weight checked once), so no block is checked.
-    ``lows``: for such a tile, :func:`low_halves` of it, where that is not None.
-
-    For one or two rows, where ``lows`` is None, ``a`` is scaled by 2**112 instead of every weight (each block
-    is then the halves' bits in the floats' place, 2**-112 times their values): every product is the same
-    real number, so the sums are the same bits, and a pass over the weights goes. With more rows a weight
-    that is an fp16 subnormal, a subnormal fp32 once scaled down, slows the product more than the pass saves.
-
-    A large tile's panels are shared out among the cores (numpy lets go of the GIL in each pass; a 2048 × 8192
-    tile, one row: 3.5 GB/s of weights on one core, 5.9 on two)."""
-    scaled = lows is None and len(a) <= _SCALED_ROWS and bool(np.abs(a).max(initial=0) < _SCALED_OPERAND_LIMIT)
-    operand = a * _HALF_TO_FLOAT_SCALE if scaled else a
-    k, n = tile.shape
-    out = np.empty((len(a), n), F32) if out is None else out
-    panel, rows = _half_blocks(k, n)
-    panels = -(-n // panel)
-    parts = min(_WORKERS, panels) if tile.size >= _THREADED_HALVES else 1
-    bounds = [panels * p // parts for p in range(parts + 1)]
-    job = (operand, tile, out, panel, rows, finite, lows, scaled)
-    helpers = [_helper_pool().submit(_half_panels, *job, bounds[p], bounds[p + 1]) for p in range(1, parts)]
-    _half_panels(*job, bounds[0], bounds[1])
-    for helper in helpers:
-        helper.result()
-    return out
-
-
-def _half_panels(operand, tile, out, panel: int, rows: int, finite: bool, lows, scaled: bool, first: int,
-                 stop: int) -> None:
-    """:func:`half_product`'s panels ``first`` to ``stop`` (exclusive), each with scratch of its own."""
-    k = tile.shape[0]
-    widened = np.empty((min(rows, k), panel), F32)
-    flat = widened.reshape(-1)  # a fix's offset (row · panel + column) is its place here
-    magnitude = None if finite else np.empty(widened.shape, np.int16)
-    part = np.empty((len(operand), panel), F32) if k > rows else None
-    blocks = first * -(-k // rows)  # (lows lists its blocks panel by panel)
-    for column in range(first * panel, min(stop * panel, tile.shape[1]), panel):
-        columns = tile[:, column:column + panel]
-        result = out[:, column:column + panel]
-        for start in range(0, k, rows):
-            block = columns[start:start + rows]
-            weights = widened[:len(block), :block.shape[1]]
-            if lows is not None:  # finite, with subnormals: normal fp32 throughout
-                if isinstance(lows, str):
-                    np.copyto(weights, block)
-                else:
-                    _biased_half_into(block, weights)
-                    offsets, values = lows[blocks]
-                    flat[offsets] = values
-            elif finite or finite_half(block, magnitude[:, :block.shape[1]]):
-                _half_bits_into(block, weights)
-                if not scaled:
-                    weights *= _HALF_TO_FLOAT_SCALE
-            else:  # an inf or a NaN: numpy's cast, scaled as the others where the operand is
-                np.copyto(weights, block)
-                if scaled:
-                    weights *= F32(2.0 ** -112)
-            blocks += 1
-            if start == 0:
-                np.matmul(operand[:, :len(block)], weights, out=result)
-            else:
-                step = part[:, :block.shape[1]]
-                np.matmul(operand[:, start:start + len(block)], weights, out=step)
-                result += step
+def use_half_product(kernel=None) -> None:
+    """Make ``kernel(a, tile, out)`` compute :func:`half_product` (None: numpy's widening and product)."""
+    global _half_product
+    _half_product = kernel or _numpy_half_product
 
 
 def _epilogue(outs, ins, attrs):

@@ -281,115 +281,10 @@ def test_the_last_k_chunk_joins_where_the_partial_sum_is_dead(rng, partial_read_
     assert sorted(k for _, k, _ in shapes) == ([8, 16] if partial_read_later else [24])
 
 
-def test_a_few_rows_times_an_fp16_tile_widen_it_block_by_block():
-    """A decode step's product (one row, a tile of 1,000 × 320 fp16 weights, widened a block of rows at a
-    time): with small integers every fp32 sum is exact, so it equals numpy's product of the widened tile; a
-    block holding an inf gives what numpy gives (inf or NaN where it meets a zero)."""
-    from lpx_tvm.runtime_sim.semantics import half_product
-
-    rng = np.random.default_rng(3)
-    a = rng.integers(-3, 4, (1, 1000)).astype(np.float32)
-    tile = rng.integers(-3, 4, (1000, 320)).astype(np.float16)
-    np.testing.assert_array_equal(half_product(a, tile), a @ tile.astype(np.float32))
-    tile[500, 7] = np.inf
-    with np.errstate(invalid="ignore"):
-        np.testing.assert_array_equal(half_product(a, tile), a @ tile.astype(np.float32))
-    rows = rng.standard_normal((3, 1000)).astype(np.float32)
-    expected = rows @ tile[:, 8:].astype(np.float32)
-    np.testing.assert_allclose(half_product(rows, tile[:, 8:]), expected, atol=1e-5 * np.abs(expected).max())
-
-
-def _blockwise(a, tile, rows, panel=None):
-    """numpy's product of ``a`` and the fp16 ``tile`` cast to fp32, summed ``rows`` of K at a time, ``panel``
-    columns at a time (all of them where None)."""
-    panel = panel or tile.shape[1]
-    out = np.empty((len(a), tile.shape[1]), np.float32)
-    for column in range(0, tile.shape[1], panel):
-        columns = tile[:, column:column + panel]
-        part = a[:, :rows] @ columns[:rows].astype(np.float32)
-        for start in range(rows, len(tile), rows):
-            part += a[:, start:start + rows] @ columns[start:start + rows].astype(np.float32)
-        out[:, column:column + panel] = part
-    return out
-
-
-def _panel(columns: int) -> int:
-    """The panels the product goes in: all the columns below 1,024, else at most 2,048 and at most half of
-    them (so that two cores can share them)."""
-    return columns if columns < 1024 else min(2048, -(-columns // 2))
-
-
 def _block_rows(columns: int) -> int:
     from lpx_tvm.runtime_sim import semantics
 
     return semantics._HALF_ROWS_ELEMENTS // columns
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3])
-@pytest.mark.parametrize("finite", [False, True])
-@pytest.mark.parametrize("columns", [256, 5000])
-def test_a_few_rows_times_an_fp16_tile_are_numpys_sums_to_the_bit(rows, finite, columns):
-    """Random weights with fp16 subnormals, zeros and negative zeros, three blocks of K deep: the same bits as
-    numpy's cast and product summed block by block, whether one or two rows take the 2**112 on the operand or
-    three rows have it on the weights, whether the tile was known finite or checked, and whether it is narrow
-    (256 columns) or so wide (5,000) that it goes in panels."""
-    from lpx_tvm.runtime_sim.semantics import half_product
-
-    rng = np.random.default_rng(11)
-    panel = _panel(columns)
-    depth = 2 * _block_rows(panel) + 40
-    tile = (rng.standard_normal((depth, columns)) * 0.02).astype(np.float16)
-    tile.flat[::97] = np.float16(3e-6)  # subnormal
-    tile.flat[1::89] = -np.float16(6e-8)  # the smallest negative subnormal
-    tile.flat[2::83] = np.float16(-0.0)
-    a = rng.standard_normal((rows, depth)).astype(np.float32)
-    a[0, 5] = 7e-40  # a subnormal operand
-    got = half_product(a, tile, finite=finite)
-    np.testing.assert_array_equal(got.view(np.int32), _blockwise(a, tile, _block_rows(panel), panel).view(np.int32))
-
-
-def test_an_operand_too_large_to_scale_and_a_tile_with_an_inf_give_numpys_values():
-    """One row holding 2**17 (times 2**112 it would overflow) is scaled nowhere but in the weights; a block
-    holding an inf is cast by numpy and scaled to match the operand's 2**112: each equals numpy's product."""
-    from lpx_tvm.runtime_sim.semantics import half_product
-
-    rng = np.random.default_rng(12)
-    depth = _block_rows(256) + 100
-    tile = rng.integers(-3, 4, (depth, 256)).astype(np.float16)
-    a = rng.integers(-3, 4, (1, depth)).astype(np.float32)
-    a[0, 3] = 2.0 ** 17
-    np.testing.assert_array_equal(half_product(a, tile), _blockwise(a, tile, _block_rows(256)))
-    a[0, 3] = 1.0
-    tile[depth - 50, 9] = -np.inf
-    with np.errstate(invalid="ignore"):
-        got = half_product(a, tile)
-    expected = _blockwise(a, tile, _block_rows(256))
-    assert np.isinf(expected[0, 9])  # the inf reached the output
-    np.testing.assert_array_equal(got, expected)
-
-
-@pytest.mark.parametrize("columns", [256, 5000])
-def test_a_tile_with_many_subnormals_is_widened_in_normal_floats_to_numpys_bits(columns):
-    """Weights of std 0.002 (about 2% fp16 subnormals), with zeros, negative zeros and negative subnormals:
-    the tile's zero-exponent halves are put in after its bits are biased (none is ever an fp32 subnormal),
-    and the product is numpy's cast and product block by block, to the bit, for one row and for three."""
-    from lpx_tvm.runtime_sim.semantics import half_product, low_halves
-
-    rng = np.random.default_rng(13)
-    panel = _panel(columns)
-    depth = 2 * _block_rows(panel) + 40
-    tile = (rng.standard_normal((depth, columns)) * 0.002).astype(np.float16)
-    tile.flat[::101] = np.float16(-0.0)
-    tile.flat[1::103] = np.float16(0.0)
-    tile.flat[2::107] = -np.float16(6e-8)
-    lows = low_halves(tile)
-    assert isinstance(lows, list)
-    subnormal = (np.abs(tile.astype(np.float32)) < 2.0 ** -14) & (tile != 0)
-    assert subnormal.mean() > 0.01  # the case this path is for
-    for rows in (1, 3):
-        a = rng.standard_normal((rows, depth)).astype(np.float32)
-        got = half_product(a, tile, finite=True, lows=lows)
-        np.testing.assert_array_equal(got.view(np.int32), _blockwise(a, tile, _block_rows(panel), panel).view(np.int32))
 
 
 @pytest.mark.parametrize("columns", [256, 5000])
@@ -406,44 +301,6 @@ def test_a_tile_with_many_subnormals_widens_whole_to_numpys_cast(columns):
     np.testing.assert_array_equal(widen_half(tile).view(np.int32), tile.astype(np.float32).view(np.int32))
 
 
-def test_a_tile_mostly_zeros_is_cast_by_numpy_and_one_with_few_subnormals_keeps_its_bits():
-    """A tile a quarter zeros and 2% subnormals is ``"cast"``: its product is still numpy's to the bit; a tile
-    with no subnormal, or one in a thousand, needs nothing put in (None), zeros or not (a zero's bits serve)."""
-    from lpx_tvm.runtime_sim.semantics import half_product, low_halves
-
-    rng = np.random.default_rng(14)
-    tile = (rng.standard_normal((600, 256)) * 0.02).astype(np.float16)
-    tile.flat[5] = np.float16(0.0)
-    assert low_halves(tile) is None
-    tile.flat[::1000] = np.float16(3e-6)  # one in a thousand subnormal
-    assert low_halves(tile) is None
-    tile[:, ::4] = 0
-    assert low_halves(tile) is None
-    tile[:, 1::50] = np.float16(-3e-6)
-    assert low_halves(tile) == "cast"
-    a = rng.standard_normal((1, 600)).astype(np.float32)
-    got = half_product(a, tile, finite=True, lows="cast")
-    np.testing.assert_array_equal(got.view(np.int32), _blockwise(a, tile, _block_rows(256)).view(np.int32))
-
-
-def test_a_live_tile_is_known_finite_only_where_it_lies_in_a_weight():
-    """A tile inside a constant is checked for infs and NaNs once; one over activations never is known finite,
-    so each product checks its blocks again (its SRAM may hold an inf by the next call)."""
-    from lpx_tvm.runtime_sim.merge import _LiveTile
-
-    tile = np.full((4, 4), -65504.0, np.float16)  # the largest finite half, negative
-    assert _LiveTile(tile, constant=True).finite is True
-    assert _LiveTile(tile, constant=False).finite is False
-    for bad in (np.nan, -np.inf, np.inf):
-        tile[1, 2] = bad
-        assert _LiveTile(tile, constant=True).finite is False
-        assert _LiveTile(tile, constant=True).lows is None  # (the checked path: no subnormal plan)
-    subnormals = np.ones((64, 64), np.float16)
-    subnormals[::8, ::8] = np.float16(3e-6)  # one in 64
-    assert isinstance(_LiveTile(subnormals, constant=True).lows, list)
-    assert _LiveTile(subnormals, constant=False).lows is None
-
-
 def test_merged_entries_share_their_gather_buffers_slot_by_slot():
     """An entry needs its gather and scatter buffers only during its own call: the k-th buffer every entry
     asks for (of one dtype) is one buffer, as large as the largest asked for, never one an entry."""
@@ -458,35 +315,3 @@ def test_merged_entries_share_their_gather_buffers_slot_by_slot():
     assert b0.shape == (2, 8) and b1.dtype == np.float16
     larger = scratch.user()((16, 8), np.float32)  # past slot 0's size: a buffer of its own, entries after share it
     assert not np.shares_memory(larger, a0) and np.shares_memory(scratch.user()((1, 8), np.float32), larger)
-
-
-def _threaded_product_in_child(a, tile, queue):
-    from lpx_tvm.runtime_sim.semantics import half_product
-
-    queue.put(half_product(a, tile, finite=True))
-
-
-def test_a_forked_child_shares_a_large_tiles_panels_out_as_its_parent_did():
-    """A tile large enough that its panels go to two cores, multiplied once in the parent (its helper thread
-    started) and then in a forked child, which has no such thread: the child answers, with the parent's bits
-    (numpy's cast and product block by block)."""
-    import multiprocessing
-
-    from lpx_tvm.runtime_sim.semantics import half_product
-
-    rng = np.random.default_rng(14)
-    tile = (rng.standard_normal((1024, 4096)) * 0.02).astype(np.float16)
-    a = rng.standard_normal((1, 1024)).astype(np.float32)
-    want = _blockwise(a, tile, _block_rows(_panel(4096)), _panel(4096))
-    np.testing.assert_array_equal(half_product(a, tile, finite=True), want)
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_threaded_product_in_child, args=(a, tile, queue))
-    child.start()
-    try:
-        got = queue.get(timeout=60)
-    finally:
-        child.join(timeout=5)
-        if child.is_alive():
-            child.kill()
-    np.testing.assert_array_equal(got, want)

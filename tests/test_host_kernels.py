@@ -1,0 +1,119 @@
+"""The simulator's host kernel for few fp32 rows times an fp16 tile (``lpx_tvm.host_kernels``), against numpy.
+
+The kernel adds each sum's K products in order, each fused with its addition. numpy has no fused
+multiply-add, so the reference works each step in float64: the product of an fp32 and an fp16 is exact
+there (24 + 11 significant bits), and so is its sum with an fp32 partial sum of nearby magnitude, so one
+rounding to fp32 is the fused step's.
+"""
+
+import multiprocessing
+
+import numpy as np
+import pytest
+
+import lpx_tvm  # noqa: F401  (registers with TVM, which installs the kernel)
+import tvm  # noqa: F401
+from lpx_tvm import host_kernels
+from lpx_tvm.runtime_sim import semantics
+
+
+def _in_order(a, tile):
+    """Each output's K terms added in order, one rounding to fp32 a step (a fused multiply-add)."""
+    weights = tile.astype(np.float64)
+    total = np.zeros((len(a), tile.shape[1]), np.float32)
+    for k in range(tile.shape[0]):
+        total = (total.astype(np.float64) + a[:, k:k + 1].astype(np.float64) * weights[k]).astype(np.float32)
+    return total
+
+
+def _weights(rng, shape, scale=0.02):
+    """Normal weights with fp16 subnormals, the smallest negative subnormal and negative zeros among them."""
+    tile = (rng.standard_normal(shape) * scale).astype(np.float16)
+    tile.flat[::97] = np.float16(3e-6)
+    tile.flat[1::89] = -np.float16(6e-8)
+    tile.flat[2::83] = np.float16(-0.0)
+    return tile
+
+
+def test_lpx_installs_the_kernel_for_the_simulators_half_products():
+    assert semantics._half_product is host_kernels.half_product
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("columns, first", [(256, 0), (5000, 3), (7, 1)])
+def test_few_rows_times_an_fp16_tile_are_an_in_order_fused_sum_to_the_bit(rows, columns, first):
+    """Narrow, wide with a tail of 8 columns past the last whole vector, and narrower than one vector; each
+    tile a view that starts ``first`` halves into its rows (not where an allocation starts) and whose rows lie
+    farther apart than its width."""
+    rng = np.random.default_rng(rows * 7 + columns)
+    depth = 300
+    rows_of = _weights(rng, (depth, columns + 16))
+    tile = rows_of[:, first:first + columns]
+    a = rng.standard_normal((rows, depth)).astype(np.float32)
+    a[0, 5] = 7e-40  # a subnormal operand
+    got = semantics.half_product(a, tile)
+    np.testing.assert_array_equal(got.view(np.int32), _in_order(a, tile).view(np.int32))
+
+
+def test_the_kernel_writes_into_a_given_output_aligned_or_not_and_meets_an_inf_and_a_nan_as_numpy_does():
+    rng = np.random.default_rng(5)
+    tile = rng.integers(-3, 4, (64, 48)).astype(np.float16)  # small integers: every sum exact, in any order
+    a = rng.integers(-3, 4, (2, 64)).astype(np.float32)
+    a[:, 10] = 0.0
+    tile[10, 4] = np.inf  # meets only zeros: NaN, as in numpy
+    tile[11, 5] = -np.inf
+    tile[12, 6] = np.nan
+    with np.errstate(invalid="ignore"):
+        want = a @ tile.astype(np.float32)
+    assert np.isnan(want[:, 4]).all() and np.isnan(want[:, 6]).all()
+    raw = np.full(2 * 48 + 32, 7.0, np.float32)
+    aligned = -raw.ctypes.data % 64 // 4
+    for start in (aligned, aligned + 1):  # written in place, and through a copy from an aligned buffer
+        out = raw[start:start + 96].reshape(2, 48)
+        with np.errstate(invalid="ignore"):
+            assert semantics.half_product(a, tile, out) is out
+        np.testing.assert_array_equal(out, want)
+
+
+def test_a_tile_the_kernel_cannot_read_is_named():
+    a = np.ones((1, 8), np.float32)
+    with pytest.raises(ValueError, match="adjacent columns"):
+        host_kernels.half_product(a, np.ones((8, 8), np.float16)[:, ::2])
+    with pytest.raises(ValueError, match="fp32 rows of 8"):
+        host_kernels.half_product(np.ones((1, 9), np.float32), np.ones((8, 8), np.float16))
+
+
+def test_numpys_own_half_product_is_the_cast_and_product():
+    rng = np.random.default_rng(6)
+    tile = _weights(rng, (200, 320))
+    a = rng.standard_normal((2, 200)).astype(np.float32)
+    semantics.use_half_product(None)
+    try:
+        got = semantics.half_product(a, tile)
+    finally:
+        semantics.use_half_product(host_kernels.half_product)
+    np.testing.assert_array_equal(got, a @ tile.astype(np.float32))
+
+
+def _product_in_child(a, tile, queue):
+    queue.put(semantics.half_product(a, tile))
+
+
+def test_a_forked_child_runs_the_kernel_its_parent_built():
+    """The kernel runs on the calling thread (no thread pool a forked child would lack)."""
+    rng = np.random.default_rng(7)
+    tile = _weights(rng, (512, 4096))
+    a = rng.standard_normal((1, 512)).astype(np.float32)
+    want = _in_order(a, tile)
+    np.testing.assert_array_equal(semantics.half_product(a, tile), want)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_product_in_child, args=(a, tile, queue))
+    child.start()
+    try:
+        got = queue.get(timeout=60)
+    finally:
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+    np.testing.assert_array_equal(got, want)

@@ -316,7 +316,7 @@ def _matmul(outs, ins, attrs):
     a = _f32(a)
     tile = buffer.value
     if a.ndim == 2 and len(a) <= _FEW_ROWS and tile.dtype == np.float16 and tile.size >= 4096 \
-            and tile.strides[1] == 2 and not buffer.keeps_conversions:
+            and tile.strides[1] == 2 and tile.strides[0] >= 2 * tile.shape[1] and not buffer.keeps_conversions:
         product = half_product(a, tile, out if direct else None)
     else:
         product = np.matmul(a, buffer.converted(F32), out=out if direct else None)  # straight into out

@@ -40,7 +40,7 @@ def widen_half(x: np.ndarray) -> np.ndarray:
     float's place, sign-extended, then masked) and scaled by 2**112, which is exact for every finite half,
     subnormals included (with the FPU keeping subnormals, as numpy leaves it: the scaling is the one pass that
     meets an fp32 subnormal, and makes it normal); a block holding an inf or a NaN is cast by numpy instead. A
-    decode step's products spent nine tenths of their time widening fp16 weights."""
+    product of many rows (a prefill's) widens its fp16 tile whole, by this."""
     if x.ndim != 2 or x.strides[1] != 2 or x.size < 4096:
         return x.astype(F32)
     return _widen_half_into(x, np.empty(x.shape, F32))

@@ -32,7 +32,6 @@ def _build(columns: int):
     import tvm
     import tvm.tirx
     from tvm import s_tir, te
-    from tvm.target import codegen
 
     rows, depth, stride = te.var("rows", "int64"), te.var("depth", "int64"), te.var("stride", "int64")
     first = te.var("first_column", "int64")
@@ -51,8 +50,16 @@ def _build(columns: int):
     if block_columns % _LANES == 0:
         schedule.vectorize(schedule.split(inner, [None, _LANES])[1])
     schedule.decompose_reduction(block, k)
-    target = tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
-    return tvm.tirx.build(schedule.mod, target=target)["main"]
+    return tvm.tirx.build(schedule.mod, target=_target(fused=True))["main"]
+
+
+def _target(fused: bool):
+    """This CPU, fusing a multiplication with the addition after it (one rounding) or not."""
+    import tvm
+    from tvm.target import codegen
+
+    options = {} if fused else {"mattr": ["-fma"]}  # (TVM lets LLVM fuse wherever the CPU can)
+    return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), **options})
 
 
 def _kernel(columns: int):
@@ -126,6 +133,68 @@ def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None)
 
 
 def install() -> None:
-    """Make :func:`half_product` the simulator's product of few rows and an fp16 tile."""
+    """Make :func:`half_product` the simulator's product of few rows and an fp16 tile, and
+    :func:`depthwise_sums` its depthwise convolution."""
     from .runtime_sim import semantics
     semantics.use_half_product(half_product)
+    semantics.use_depthwise_sums(depthwise_sums)
+
+
+def _build_depthwise(kernel: tuple, stride: tuple, dilation: tuple):
+    """``main(x, w, out)``: ``out[b, c, y, v, l] = sum_(i, j) x[b, c, y·sh + i·dh, (16v + l)·sw + j·dw] · w[c, i, j]``,
+    the taps in order, for ``x`` padded ([N, C, H, W]; wide enough for every vector) and ``out`` [N, C, OH, V, 16]:
+    every size but the window's taken from the arrays."""
+    import tvm
+    import tvm.tirx
+    from tvm import s_tir, te
+
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    n, c, h, w_, oh, vectors = (te.var(name, "int64") for name in ("n", "c", "h", "w", "oh", "vectors"))
+    x = te.placeholder((n, c, h, w_), "float32", name="x")
+    taps = te.placeholder((c, kh, kw), "float32", name="taps")
+    i, j = te.reduce_axis((0, kh), name="i"), te.reduce_axis((0, kw), name="j")
+    out = te.compute((n, c, oh, vectors, _LANES), lambda b, ch, y, v, lane: te.sum(
+        x[b, ch, y * sh + i * dh, (v * _LANES + lane) * sw + j * dw] * taps[ch, i, j], axis=[i, j]), name="out")
+    schedule = s_tir.Schedule(te.create_prim_func([x, taps, out]).with_attr("global_symbol", "main"))
+    block = schedule.get_sblock("out")
+    b, ch, y, v, lane, i, j = schedule.get_loops(block)
+    schedule.reorder(b, ch, y, v, i, j, lane)
+    schedule.vectorize(lane)  # a vector of output columns sums its taps in a register
+    schedule.decompose_reduction(block, i)
+    # each product rounded before its addition, as numpy's passes do: the same sums, to the bit
+    return tvm.tirx.build(schedule.mod, target=_target(fused=False))["main"]
+
+
+def _aligned_zeros(shape) -> np.ndarray:
+    count = int(np.prod(shape))
+    raw = np.zeros(4 * count + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start:start + 4 * count].view(np.float32).reshape(shape)
+
+
+def depthwise_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """A depthwise convolution's fp32 sums, [N, C, OH, OW], for fp32 ``x`` [N, C, H, W] (zeros around it as
+    ``attrs["pad"]`` says) and ``w`` [C, KH, KW]: each output's taps added in order, row by row, each product
+    fused with its addition. One kernel per window (kernel, stride, dilation) serves every size; its output
+    columns go sixteen at a time, the last vector's extra columns over zeros and dropped."""
+    import tvm_ffi
+
+    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["stride"], attrs["dilation"]
+    top, left, bottom, right = attrs["pad"]
+    n, c, h, width = x.shape
+    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (width + left + right - (kw - 1) * dw - 1) // sw + 1
+    vectors = -(-ow // _LANES)
+    padded_w = max(width + left + right, (vectors * _LANES - 1) * sw + (kw - 1) * dw + 1)
+    padded = _aligned_zeros((n, c, h + top + bottom, padded_w))
+    padded[:, :, top:top + h, left:left + width] = x
+    taps = _aligned_zeros((c, kh, kw))
+    taps[...] = w
+    out = _aligned_zeros((n, c, oh, vectors, _LANES))
+    key = ("depthwise", (kh, kw), (sh, sw), (dh, dw))
+    with _lock:
+        if key not in _kernels:
+            _kernels[key] = _build_depthwise((kh, kw), (sh, sw), (dh, dw))
+        kernel = _kernels[key]
+    kernel(tvm_ffi.from_dlpack(padded), tvm_ffi.from_dlpack(taps), tvm_ffi.from_dlpack(out))
+    return out.reshape(n, c, oh, vectors * _LANES)[..., :ow]

@@ -480,7 +480,10 @@ def _dwconv(outs, ins, attrs):
     # int8: (x - zp) * w summed over at most a few hundred taps is exact in fp32 (|sum| < 2**24)
     zero_point = attrs["zp_in"] if quantized else 0
     # (measured on ppocr_rec's: 2-3 times as fast for up to 64 channels, no faster from 128, slower for 240)
-    if tuple(attrs["stride"]) == (1, 1) and ins[0].shape[0] * ins[0].shape[1] <= _FLAT_DWCONV_PLANES:
+    if _depthwise_sums is not None:
+        x = _f32(ins[0])
+        acc = _depthwise_sums(x - F32(zero_point) if zero_point else x, _f32(ins[1]), attrs)
+    elif tuple(attrs["stride"]) == (1, 1) and ins[0].shape[0] * ins[0].shape[1] <= _FLAT_DWCONV_PLANES:
         acc = _dwconv_unit_stride(ins[0], zero_point, _f32(ins[1]), attrs)
     else:
         x, w = _f32(ins[0]) - F32(zero_point), _f32(ins[1])
@@ -491,6 +494,16 @@ def _dwconv(outs, ins, attrs):
     if len(ins) == 3:
         acc = acc + _f32(ins[2])
     _store(outs[0], apply_epilogue(acc, attrs))
+
+
+_depthwise_sums = None  # a kernel that computes the sums in one pass (lpx_tvm installs TVM's when TVM loads)
+
+
+def use_depthwise_sums(kernel=None) -> None:
+    """Make ``kernel(x, w, attrs)`` give a depthwise convolution's fp32 sums, [N, C, OH, OW], from fp32 ``x``
+    [N, C, H, W] and ``w`` [C, KH, KW] (None: numpy's passes, one a tap)."""
+    global _depthwise_sums
+    _depthwise_sums = kernel
 
 
 _DWCONV_BLOCK = 1 << 15  # fp32 elements of the channels one pass of taps covers: it stays in a core's cache

@@ -35,8 +35,9 @@ def _weights(rng, shape, scale=0.02):
     return tile
 
 
-def test_lpx_installs_the_kernel_for_the_simulators_half_products():
+def test_lpx_installs_the_kernels_for_the_simulators_half_products_and_depthwise_convolutions():
     assert semantics._half_product is host_kernels.half_product
+    assert semantics._depthwise_sums is host_kernels.depthwise_sums
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16])
@@ -117,3 +118,33 @@ def test_a_forked_child_runs_the_kernel_its_parent_built():
         if child.is_alive():
             child.kill()
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape, kernel, stride, dilation, pad", [
+    ((1, 40, 10, 37), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # 37 columns: the last vector mostly past them
+    ((2, 24, 9, 13), (5, 5), (2, 2), (1, 1), (2, 2, 2, 2)),
+    ((1, 16, 16, 20), (3, 3), (1, 2), (2, 2), (0, 1, 2, 0)),  # dilated, pad on two sides only
+    ((1, 8, 6, 50), (1, 7), (1, 3), (1, 1), (0, 3, 0, 3)),
+])
+def test_depthwise_sums_are_numpys_tap_by_tap_to_the_bit(shape, kernel, stride, dilation, pad):
+    """Each product rounded, then added, the taps in order row by row of the window: numpy's passes
+    (``use_depthwise_sums(None)``), and a float64 sum of the same terms to within fp32's rounding."""
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((shape[1], *kernel)).astype(np.float32)
+    attrs = {"kernel": kernel, "stride": stride, "dilation": dilation, "pad": pad}
+    got = host_kernels.depthwise_sums(x, w, attrs)
+    semantics.use_depthwise_sums(None)
+    try:
+        out = np.empty((shape[0], shape[1], *got.shape[2:]), np.float32)
+        semantics._dwconv([out], [x, w], {**attrs, "act": semantics.Opcode.NOP})
+    finally:
+        semantics.use_depthwise_sums(host_kernels.depthwise_sums)
+    np.testing.assert_array_equal(got.view(np.int32), out.view(np.int32))
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    top, left, bottom, right = pad
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    oh, ow = got.shape[2:]
+    exact = sum(padded[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+                * w[None, :, i, j, None, None] for i in range(kh) for j in range(kw))
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)

@@ -15,6 +15,7 @@ at once, may call it.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -87,10 +88,12 @@ def _aligned_rows(tile: np.ndarray):
     return view, back // 2
 
 
-def _aligned_empty(rows: int, columns: int) -> np.ndarray:
-    raw = np.empty(4 * rows * columns + _ALIGN, np.uint8)
+def _aligned(shape, fill=np.empty) -> np.ndarray:
+    """A new fp32 array of ``shape`` from a multiple of 64 bytes (``fill``: np.empty or np.zeros)."""
+    count = math.prod(shape)
+    raw = fill(4 * count + _ALIGN, np.uint8)
     start = -raw.ctypes.data % _ALIGN
-    return raw[start:start + 4 * rows * columns].view(np.float32).reshape(rows, columns)
+    return raw[start:start + 4 * count].view(np.float32).reshape(shape)
 
 
 def _aligned_whole(x: np.ndarray) -> bool:
@@ -113,15 +116,15 @@ def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None)
     rows, columns = len(a), tile.shape[1]
     operand = a
     if not _aligned_whole(a):
-        operand = _aligned_empty(rows, tile.shape[0])
+        operand = _aligned((rows, tile.shape[0]))
         np.copyto(operand, a)
     vectors = columns - columns % _LANES  # the last few columns go by a kernel of their own
     direct = out is not None and vectors == columns and _aligned_whole(out) and out.dtype == np.float32
-    result = out if direct else _aligned_empty(rows, columns)
+    result = out if direct else _aligned((rows, columns))
     weights, first = _aligned_rows(tile)
     for start, stop in ((0, vectors), (vectors, columns)):
         if stop > start:
-            part = result if stop - start == columns else _aligned_empty(rows, stop - start)
+            part = result if stop - start == columns else _aligned((rows, stop - start))
             _kernel(stop - start)(tvm_ffi.from_dlpack(operand), tvm_ffi.from_dlpack(weights), first + start,
                                   tvm_ffi.from_dlpack(part))
             if part is not result:
@@ -165,13 +168,6 @@ def _build_depthwise(kernel: tuple, stride: tuple, dilation: tuple):
     return tvm.tirx.build(schedule.mod, target=_target(fused=False))["main"]
 
 
-def _aligned_zeros(shape) -> np.ndarray:
-    count = int(np.prod(shape))
-    raw = np.zeros(4 * count + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start:start + 4 * count].view(np.float32).reshape(shape)
-
-
 def depthwise_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     """A depthwise convolution's fp32 sums, [N, C, OH, OW], for fp32 ``x`` [N, C, H, W] (zeros around it as
     ``attrs["pad"]`` says) and ``w`` [C, KH, KW]: each output's taps added in order, row by row, each product
@@ -186,11 +182,11 @@ def depthwise_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     ow = (width + left + right - (kw - 1) * dw - 1) // sw + 1
     vectors = -(-ow // _LANES)
     padded_w = max(width + left + right, (vectors * _LANES - 1) * sw + (kw - 1) * dw + 1)
-    padded = _aligned_zeros((n, c, h + top + bottom, padded_w))
+    padded = _aligned((n, c, h + top + bottom, padded_w), np.zeros)
     padded[:, :, top:top + h, left:left + width] = x
-    taps = _aligned_zeros((c, kh, kw))
+    taps = _aligned((c, kh, kw))
     taps[...] = w
-    out = _aligned_zeros((n, c, oh, vectors, _LANES))
+    out = _aligned((n, c, oh, vectors, _LANES))
     key = ("depthwise", (kh, kw), (sh, sw), (dh, dw))
     with _lock:
         if key not in _kernels:

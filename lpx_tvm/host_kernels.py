@@ -10,7 +10,8 @@ passes; a llama-1b decode step's 2 GB of weights from memory: 6.6 GB/s, where nu
 
 One kernel per tile width serves every number of rows, of K rows and row stride; it is built at its first
 use (about 30 ms) and runs on the calling thread: no thread pool, so a forked child, or several threads
-at once, may call it.
+at once, may call it. The other kernel is a depthwise convolution's: numpy makes a pass over the output for
+each tap, the kernel one pass (ppocr_rec's 5 x 5 on 240 channels, 8 x 80: 0.52 ms against 1.74).
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def _build_depthwise(kernel: tuple, stride: tuple, dilation: tuple):
 def depthwise_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     """A depthwise convolution's fp32 sums, [N, C, OH, OW], for fp32 ``x`` [N, C, H, W] (zeros around it as
     ``attrs["pad"]`` says) and ``w`` [C, KH, KW]: each output's taps added in order, row by row, each product
-    fused with its addition. One kernel per window (kernel, stride, dilation) serves every size; its output
+    rounded before its addition (numpy's passes' sums, to the bit). One kernel per window (kernel, stride, dilation) serves every size; its output
     columns go sixteen at a time, the last vector's extra columns over zeros and dropped."""
     import tvm_ffi
 

@@ -470,7 +470,8 @@ def _avgpool(outs, ins, attrs):
 
 
 def _dwconv(outs, ins, attrs):
-    """Depthwise convolution: one multiply-accumulate pass per kernel tap, in fp32.
+    """Depthwise convolution: one multiply-accumulate pass per kernel tap, in fp32 (or an installed kernel's
+    one pass, the same sums: :func:`use_depthwise_sums`).
 
     The taps run channels-last, where each tap's weights broadcast along the
     contiguous axis (about twice as fast in numpy as broadcasting along NCHW's

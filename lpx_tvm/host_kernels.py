@@ -114,6 +114,8 @@ def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None)
                          f"{tile.shape} with strides {tile.strides}")
     if a.ndim != 2 or a.dtype != np.float32 or a.shape[1] != tile.shape[0]:
         raise ValueError(f"half_product takes fp32 rows of {tile.shape[0]}, got {a.dtype} {a.shape}")
+    if tile.__array_interface__["data"][0] % 2:  # halves at odd addresses (a byte buffer's view): copied whole
+        tile = tile.copy()
     rows, columns = len(a), tile.shape[1]
     operand = a
     if not _aligned_whole(a):

@@ -56,6 +56,19 @@ def test_few_rows_times_an_fp16_tile_are_an_in_order_fused_sum_to_the_bit(rows, 
     np.testing.assert_array_equal(got.view(np.int32), _in_order(a, tile).view(np.int32))
 
 
+def test_a_tile_at_an_odd_address_gives_the_same_sums():
+    """A view of halves at an odd byte address (as a byte buffer may hold them) has no 64-byte boundary at a
+    whole half before it: it is multiplied from a copy, with the same bits."""
+    rng = np.random.default_rng(8)
+    tile = _weights(rng, (64, 80))
+    raw = np.zeros(tile.nbytes + 1, np.uint8)
+    odd = raw[1:].view(np.float16).reshape(tile.shape)
+    odd[...] = tile
+    assert odd.__array_interface__["data"][0] % 2 == 1
+    a = rng.standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_array_equal(semantics.half_product(a, odd).view(np.int32), _in_order(a, tile).view(np.int32))
+
+
 def test_the_kernel_writes_into_a_given_output_aligned_or_not_and_meets_an_inf_and_a_nan_as_numpy_does():
     rng = np.random.default_rng(5)
     tile = rng.integers(-3, 4, (64, 48)).astype(np.float16)  # small integers: every sum exact, in any order

@@ -24,7 +24,7 @@ import numpy as np
 _ALIGN = 64  # TVM assumes a buffer's first byte at a multiple of 64 (its vector loads and stores do)
 _COLUMN_BLOCK = 256  # each weight row's columns are taken this many at a time: their sums stay in L1
 _LANES = 16  # fp32 lanes of an AVX-512 register
-_kernels: dict = {}
+_kernels: dict = {}  # (builder, its arguments) -> the compiled kernel
 _lock = threading.Lock()
 
 
@@ -64,11 +64,12 @@ def _target(fused: bool):
     return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), **options})
 
 
-def _kernel(columns: int):
+def _compiled(build, *key):
+    """``build(*key)``, compiled once a process."""
     with _lock:
-        if columns not in _kernels:
-            _kernels[columns] = _build(columns)
-        return _kernels[columns]
+        if (build, key) not in _kernels:
+            _kernels[build, key] = build(*key)
+        return _kernels[build, key]
 
 
 class _Interface:
@@ -128,7 +129,7 @@ def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None)
     for start, stop in ((0, vectors), (vectors, columns)):
         if stop > start:
             part = result if stop - start == columns else _aligned((rows, stop - start))
-            _kernel(stop - start)(tvm_ffi.from_dlpack(operand), tvm_ffi.from_dlpack(weights), first + start,
+            _compiled(_build, stop - start)(tvm_ffi.from_dlpack(operand), tvm_ffi.from_dlpack(weights), first + start,
                                   tvm_ffi.from_dlpack(part))
             if part is not result:
                 result[:, start:stop] = part
@@ -138,18 +139,11 @@ def half_product(a: np.ndarray, tile: np.ndarray, out: np.ndarray | None = None)
     return out
 
 
-def install() -> None:
-    """Make :func:`half_product` the simulator's product of few rows and an fp16 tile, and
-    :func:`depthwise_sums` its depthwise convolution."""
-    from .runtime_sim import semantics
-    semantics.use_half_product(half_product)
-    semantics.use_depthwise_sums(depthwise_sums)
-
-
 def _build_depthwise(kernel: tuple, stride: tuple, dilation: tuple):
-    """``main(x, w, out)``: ``out[b, c, y, v, l] = sum_(i, j) x[b, c, y·sh + i·dh, (16v + l)·sw + j·dw] · w[c, i, j]``,
-    the taps in order, for ``x`` padded ([N, C, H, W]; wide enough for every vector) and ``out`` [N, C, OH, V, 16]:
-    every size but the window's taken from the arrays."""
+    """``main(x, w, out)``:
+    ``out[b, c, y, v, l] = sum_(i, j) x[b, c, y·sh + i·dh, (16v + l)·sw + j·dw] · w[c, i, j]``, the taps in
+    order, for ``x`` padded ([N, C, H, W]; wide enough for every vector) and ``out`` [N, C, OH, V, 16]: every
+    size but the window's taken from the arrays."""
     import tvm
     import tvm.tirx
     from tvm import s_tir, te
@@ -174,15 +168,17 @@ def _build_depthwise(kernel: tuple, stride: tuple, dilation: tuple):
 def depthwise_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     """A depthwise convolution's fp32 sums, [N, C, OH, OW], for fp32 ``x`` [N, C, H, W] (zeros around it as
     ``attrs["pad"]`` says) and ``w`` [C, KH, KW]: each output's taps added in order, row by row, each product
-    rounded before its addition (numpy's passes' sums, to the bit). One kernel per window (kernel, stride, dilation) serves every size; its output
-    columns go sixteen at a time, the last vector's extra columns over zeros and dropped."""
+    rounded before its addition (numpy's passes' sums, to the bit). One kernel per window (kernel, stride,
+    dilation) serves every size; its output columns go sixteen at a time, the last vector's extra columns over
+    zeros and dropped."""
     import tvm_ffi
+
+    from .runtime_sim.shapes import window_out
 
     (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["stride"], attrs["dilation"]
     top, left, bottom, right = attrs["pad"]
     n, c, h, width = x.shape
-    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
-    ow = (width + left + right - (kw - 1) * dw - 1) // sw + 1
+    oh, ow = window_out(h, kh, sh, top, bottom, dh), window_out(width, kw, sw, left, right, dw)
     vectors = -(-ow // _LANES)
     padded_w = max(width + left + right, (vectors * _LANES - 1) * sw + (kw - 1) * dw + 1)
     padded = _aligned((n, c, h + top + bottom, padded_w), np.zeros)
@@ -190,10 +186,14 @@ def depthwise_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     taps = _aligned((c, kh, kw))
     taps[...] = w
     out = _aligned((n, c, oh, vectors, _LANES))
-    key = ("depthwise", (kh, kw), (sh, sw), (dh, dw))
-    with _lock:
-        if key not in _kernels:
-            _kernels[key] = _build_depthwise((kh, kw), (sh, sw), (dh, dw))
-        kernel = _kernels[key]
+    kernel = _compiled(_build_depthwise, (kh, kw), (sh, sw), (dh, dw))
     kernel(tvm_ffi.from_dlpack(padded), tvm_ffi.from_dlpack(taps), tvm_ffi.from_dlpack(out))
     return out.reshape(n, c, oh, vectors * _LANES)[..., :ow]
+
+
+def install() -> None:
+    """Make :func:`half_product` the simulator's product of few rows and an fp16 tile, and
+    :func:`depthwise_sums` its depthwise convolution."""
+    from .runtime_sim import semantics
+    semantics.use_half_product(half_product)
+    semantics.use_depthwise_sums(depthwise_sums)

@@ -84,13 +84,34 @@ class _Node:
     def entry(self) -> tuple:
         if len(self.steps) == 1:
             return (*self.steps[0], self.position)
-        steps = self.steps
+        steps = _product_into_epilogue(self.steps, self.chained)
 
         def run(_outs, _ins, _attrs):
             for fn, _, outs, ins, attrs in steps:
                 fn(outs, ins, attrs)
         run.opcodes = tuple(step[1] for step in steps)  # what one call runs, for whoever counts calls
         return (run, steps[-1][1], [], [], {}, self.position)
+
+
+def _product_into_epilogue(steps, chained) -> list:
+    """``steps`` (``(function, opcode, outs, ins, attrs)``) with each float MATMUL whose result only the
+    EPILOGUE after it reads computed where that EPILOGUE writes, which then works in place: no pass that
+    copies the result, or transposes it into an output laid out channels first. The EPILOGUE writes all of
+    it, and the two run as one call, so nothing sees those bytes between them."""
+    steps = list(steps)
+    for j in range(len(steps) - 1):
+        fn, op, outs, ins, attrs = steps[j]
+        next_fn, next_op, next_outs, next_ins, next_attrs = steps[j + 1]
+        dest = next_outs[0]
+        if op != Opcode.MATMUL or next_op != Opcode.EPILOGUE or chained[j + 1] != 0 \
+                or not (outs[0].dtype == dest.dtype == np.float32) or dest.shape != outs[0].shape:
+            continue
+        operands = [getattr(x, "value", x) for x in (*ins, *next_ins[1:])]
+        if any(isinstance(x, np.ndarray) and np.may_share_memory(dest, x) for x in operands):
+            continue
+        steps[j] = (fn, op, [dest], ins, attrs)
+        steps[j + 1] = (next_fn, next_op, next_outs, [dest, *next_ins[1:]], next_attrs)
+    return steps
 
 
 def _clash(x, y) -> bool:
@@ -482,14 +503,15 @@ def _stack_group(nodes, axis: int, scratch: _Scratch):
                 gathers.append(operand.pieces)
                 operand = operand.array
             ins.append(operand)
-        steps.append((fn, [out], ins, attrs))
+        steps.append((fn, op, [out], ins, attrs))
         previous = out
+    steps = _product_into_epilogue(steps, nodes[0].chained)
 
     def run(_outs, _ins, _attrs):
         for pieces in gathers:
             for whole, block in pieces:
                 np.copyto(whole, block)
-        for fn, outs, ins, attrs in steps:
+        for fn, _, outs, ins, attrs in steps:
             fn(outs, ins, attrs)
         for whole, block in scatters:
             np.copyto(block, whole)

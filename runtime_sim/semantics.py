@@ -312,14 +312,14 @@ def _matmul(outs, ins, attrs):
             acc += ins[2]
         np.copyto(out, acc, casting="unsafe")
         return
-    direct = out.dtype == F32 and out.flags.c_contiguous and (len(ins) == 2 or not np.shares_memory(out, ins[2]))
+    direct = out.dtype == F32 and (len(ins) == 2 or not np.shares_memory(out, ins[2]))
     a = _f32(a)
     tile = buffer.value
     if a.ndim == 2 and len(a) <= _FEW_ROWS and tile.dtype == np.float16 and tile.size >= 4096 \
             and tile.strides[1] == 2 and tile.strides[0] >= 2 * tile.shape[1] and not buffer.keeps_conversions:
         product = half_product(a, tile, out if direct else None)
-    else:
-        product = np.matmul(a, buffer.converted(F32), out=out if direct else None)  # straight into out
+    else:  # straight into out, whatever its layout (numpy writes a transposed or strided one as fast)
+        product = np.matmul(a, buffer.converted(F32), out=out if direct else None)
     if direct:
         if len(ins) == 3:
             out += ins[2]

@@ -315,3 +315,52 @@ def test_merged_entries_share_their_gather_buffers_slot_by_slot():
     assert b0.shape == (2, 8) and b1.dtype == np.float16
     larger = scratch.user()((16, 8), np.float32)  # past slot 0's size: a buffer of its own, entries after share it
     assert not np.shares_memory(larger, a0) and np.shares_memory(scratch.user()((1, 8), np.float32), larger)
+
+
+def test_a_products_epilogue_works_in_place_where_the_product_is_computed(rng):
+    """Every float product of the conv pair streams only to its EPILOGUE: the fast path computes it where that
+    EPILOGUE writes (the activation, channels first, so the product's rows are the output's columns), and
+    the EPILOGUE adds its bias there, in place: as many in-place EPILOGUEs as the program has distinct tiles,
+    and the values are the reference's."""
+    from lpx_tvm.runtime_sim.semantics import SEMANTICS
+
+    compiled = lpx_tvm.compile(conv_pair(rng), config="tsp")
+    (sim,) = compiled.simulators.values()
+    x = rng.integers(-1, 2, (1, 16, 28, 28)).astype(np.float32)
+    in_place, epilogue = [], SEMANTICS[Opcode.EPILOGUE]
+
+    def recording(outs, ins, attrs):
+        in_place.append(ins[0] is outs[0])
+        epilogue(outs, ins, attrs)
+    SEMANTICS[Opcode.EPILOGUE] = recording
+    try:
+        fast = lpx_tvm.runtime_sim.Simulator(sim.program, check_schedule=False).run([x])[0]
+    finally:
+        SEMANTICS[Opcode.EPILOGUE] = epilogue
+    assert in_place == [True] * _tiles(sim.program)
+    with reference_arithmetic():
+        (reference,) = run_on_lpx(compiled, [x], programs=1)
+    np.testing.assert_array_equal(fast, reference)
+
+
+def test_a_product_is_not_computed_over_the_bias_its_epilogue_reads(rng):
+    """y = a @ W + bias, the EPILOGUE writing y over the SRAM row that holds the bias (its last row): the
+    product may not be computed where y goes, or the EPILOGUE would add the product's last row, not the
+    bias. The values are numpy's."""
+    from lpx_tvm.runtime_sim import DType, Simulator, Space, TensorRef
+    from programs import Layout, ins, program
+
+    f32 = DType.F32
+    layout = Layout()
+    w = layout.const(rng.integers(-2, 3, (8, 8)).astype(np.float32))
+    a, y = layout.take((8, 8), f32), layout.take((8, 8), f32)
+    bias = TensorRef(y.addr + 7 * 8 * 4, (1, 8), f32)
+    stream = TensorRef(0, (8, 8), f32, None, Space.STREAM)
+    code = [ins("LOAD", [], [a], cycle=0, index=0), ins("LOAD", [], [bias], cycle=1, index=1),
+            ins("INSTALL", [w], [], cycle=10, buffer=0), ins("MATMUL", [a], [stream], cycle=20, buffer=0),
+            ins("EPILOGUE", [stream, bias], [y], cycle=30), ins("STORE", [y], [], cycle=40, index=0)]
+    prog = program(code, layout, inputs=[((8, 8), f32), ((1, 8), f32)], outputs=[((8, 8), f32)])
+    x, b = rng.integers(-2, 3, (8, 8)).astype(np.float32), rng.integers(-2, 3, (1, 8)).astype(np.float32)
+    (got,) = Simulator(prog, check_schedule=False).run([x, b])
+    weights = np.frombuffer(layout.constants[0].data, np.float32).reshape(8, 8)
+    np.testing.assert_array_equal(got, x @ weights + b)

@@ -72,13 +72,11 @@ class _Node:
     """One entry of the fast path: a run of steps ``(function, opcode, outs, ins, attrs)``, each after the
     first reading the one before it through a stream (``chained[k]``: which of step k's inputs)."""
 
-    __slots__ = ("steps", "chained", "reads", "writes", "position", "outer", "merged")
+    __slots__ = ("steps", "chained", "reads", "writes", "position", "merged")
 
-    def __init__(self, steps, chained, reads, writes, position, internal=(), merged=False):
+    def __init__(self, steps, chained, reads, writes, position, merged=False):
         self.steps, self.chained, self.reads, self.writes, self.position = steps, chained, reads, writes, position
         self.merged = merged  # several entries' one call: not merged again
-        # without the streams between its steps: what it touches once stacked (a buffer of its own replaces them)
-        self.outer = _Accesses([k for k in reads if k not in internal], [k for k in writes if k not in internal])
 
     @property
     def entry(self) -> tuple:
@@ -196,8 +194,8 @@ def fast_entries(sim) -> list:
             writes = [_region(_OUTPUTS, attrs["index"], attrs["offset"], attrs["offset"] + ins.srcs[0].nbytes)]
         slots.append(_Node([(fn, op, outs, srcs, attrs)], [None], reads, writes, pos))
     _accumulations(slots, instructions, order, tiles)
-    _chain(slots, instructions, order)
     scratch = _Scratch()
+    _chain(slots, instructions, order, scratch)
     for build, members in _stack_runs(slots, instructions, order, scratch) + _band_runs(slots, instructions, order):
         _merge(slots, members, build)
     return [node.entry for node in slots if node is not None]
@@ -328,9 +326,11 @@ def _joined_chunks(first: _Node, second: _Node, tiles: dict):
     return fn, op, outs, [operand, _tile_of(tiles, weights), *ins[2:]], attrs
 
 
-def _chain(slots, instructions, order) -> None:
+def _chain(slots, instructions, order, scratch) -> None:
     """Join each instruction whose result streams to exactly one consumer with that consumer, where it can
-    move down to it: a stream's contents are dead once read, so a stacked chain need not keep them."""
+    move down to it. A stream's contents are dead once read: the joined steps pass the result through a
+    buffer of their own (the k-th a chain needs is ``scratch``'s k-th), and the stream is no longer among
+    what they touch, so a later write of the same stream does not hold them back."""
     touches = defaultdict(list)  # stream key -> (position, writes it) of every access, in issue order
     for pos, node in enumerate(slots):
         if node is not None:
@@ -361,12 +361,23 @@ def _chain(slots, instructions, order) -> None:
             continue
         stream = node.steps[-1][2][0]
         reading = [i for i, x in enumerate(consumer.steps[0][3]) if x is stream]
-        if len(reading) != 1 or not _movable(slots, [pos, consumer_at], consumer_at):
+        if len(reading) != 1:
             continue
-        # the streams between its steps; one the last step writes (a stream op in place) is its result, not that
-        internal = ({k for k in node.writes if k not in node.outer.writes} | {_key(dsts[0])}) - set(consumer.writes)
-        slots[consumer_at] = _Node(node.steps + consumer.steps, node.chained + reading, node.reads + consumer.reads,
-                                   node.writes + consumer.writes, consumer_at, internal)
+        # the stream is the producer's last step's write and the consumer's reading-th read; neither touches it
+        # once a buffer of their own carries it (a joined last K-chunk's writes end with its partial sum's)
+        streamed = len(node.writes) - 1 - node.writes[::-1].index(_key(dsts[0]))
+        producer = _Accesses(node.reads, node.writes[:streamed] + node.writes[streamed + 1:])
+        if any(slots[s] is not None and _clash(producer, slots[s]) for s in range(pos + 1, consumer_at)):
+            continue
+        (fn, op, _, ins, attrs), = consumer.steps
+        carrier = scratch.take(len(node.steps) - 1, stream.shape, stream.dtype)  # after its earlier steps' ones
+        last_fn, last_op, _, last_ins, last_attrs = node.steps[-1]
+        ins = [carrier if i == reading[0] else x for i, x in enumerate(ins)]
+        reads = consumer.reads[:reading[0]] + consumer.reads[reading[0] + 1:]
+        slots[consumer_at] = _Node(node.steps[:-1] + [(last_fn, last_op, [carrier], last_ins, last_attrs),
+                                                      (fn, op, consumer.steps[0][2], ins, attrs)],
+                                   node.chained + reading, node.reads + reads, producer.writes + consumer.writes,
+                                   consumer_at)
         slots[pos] = None
 
 
@@ -451,9 +462,11 @@ class _Scratch:
     def user(self):
         """A function ``(shape, dtype) -> buffer`` for one entry: its k-th request gets the k-th buffer."""
         slots = iter(range(1 << 30))
-        return lambda shape, dtype: self._take(next(slots), tuple(shape), np.dtype(dtype))
+        return lambda shape, dtype: self.take(next(slots), shape, dtype)
 
-    def _take(self, slot: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    def take(self, slot: int, shape, dtype) -> np.ndarray:
+        """The ``slot``-th buffer, viewed as ``shape`` and ``dtype``."""
+        shape, dtype = tuple(shape), np.dtype(dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         flat = self._flat.get((slot, dtype))
         if flat is None or flat.nbytes < nbytes:  # (entries built before keep the smaller one)
@@ -598,8 +611,8 @@ def _merge(slots, positions, build) -> None:
     target = _target(slots, positions) if all(n is not None and not n.merged for n in nodes) else None
     fn = build(nodes) if target is not None else None
     if fn is not None:
-        merged = _Node([(fn, nodes[0].steps[-1][1], [], [], {})], [None], [k for n in nodes for k in n.outer.reads],
-                       [k for n in nodes for k in n.outer.writes], target, merged=True)
+        merged = _Node([(fn, nodes[0].steps[-1][1], [], [], {})], [None], [k for n in nodes for k in n.reads],
+                       [k for n in nodes for k in n.writes], target, merged=True)
         for p in positions:
             slots[p] = None
         slots[target] = merged
@@ -610,27 +623,26 @@ def _merge(slots, positions, build) -> None:
 
 
 def _target(slots, positions):
-    """Where the stacked members (which no longer touch the streams between their steps) can all move to, when
-    they are independent: the last one's place, the first's, or another member's; None where nowhere."""
+    """Where the stacked members can all move to, when they are independent: the last one's place, the
+    first's, or another member's; None where nowhere."""
     if max(positions) - min(positions) > _MAX_SPAN:
         return None
-    nodes = [slots[p].outer for p in positions]
+    nodes = [slots[p] for p in positions]
     for i, x in enumerate(nodes):
         if any(_clash(x, y) for y in nodes[i + 1:]):
             return None
     ordered = sorted(positions)
     for target in [ordered[-1], ordered[0], *ordered[1:-1]]:
-        if _movable(slots, positions, target, True):
+        if _movable(slots, positions, target):
             return target
     return None
 
 
-def _movable(slots, positions, target: int, stacked: bool = False) -> bool:
-    """Whether every member can move to ``target`` past the instructions between (``stacked``: as its
-    stacked form, which touches no stream between its steps)."""
+def _movable(slots, positions, target: int) -> bool:
+    """Whether every member can move to ``target`` past the instructions between."""
     members = set(positions)
     for p in positions:
-        node = slots[p].outer if stacked else slots[p]
+        node = slots[p]
         lo, hi = (p, target) if p < target else (target, p)
         for s in range(lo + 1, hi):
             other = slots[s]

@@ -364,3 +364,35 @@ def test_a_product_is_not_computed_over_the_bias_its_epilogue_reads(rng):
     (got,) = Simulator(prog, check_schedule=False).run([x, b])
     weights = np.frombuffer(layout.constants[0].data, np.float32).reshape(8, 8)
     np.testing.assert_array_equal(got, x @ weights + b)
+
+
+def test_a_chain_joins_past_a_later_write_of_a_stream_it_passes_a_result_through(rng):
+    """Two bands of y = -(-(x + c)), the second's first step issued between the first band's steps and
+    writing the stream the first band's first result went through (dead by then). The chain carries that
+    result in a buffer of its own, so the write does not hold it back: each band is one chain, and the two,
+    whose rows follow each other, run as one call of three steps. The values are numpy's."""
+    from lpx_tvm.runtime_sim import DType, Simulator, Space, TensorRef
+    from programs import Layout, ins, program
+
+    f32 = DType.F32
+    layout = Layout()
+    c = layout.const(rng.integers(-2, 3, (1, 8)).astype(np.float32))  # a row both bands add
+    x, y = layout.take((8, 8), f32), layout.take((8, 8), f32)
+
+    def rows(ref, band):
+        return TensorRef(ref.addr + band * 4 * 8 * 4, (4, 8), f32)
+
+    def stream(number):
+        return TensorRef(number, (4, 8), f32, None, Space.STREAM)
+    code = [ins("LOAD", [], [x], cycle=0, index=0),
+            ins("ADD", [rows(x, 0), c], [stream(0)], cycle=10), ins("NEG", [stream(0)], [stream(1)], cycle=11),
+            ins("ADD", [rows(x, 1), c], [stream(0)], cycle=12),  # band 1 writes stream 0 again
+            ins("NEG", [stream(1)], [rows(y, 0)], cycle=13),
+            ins("NEG", [stream(0)], [stream(2)], cycle=14), ins("NEG", [stream(2)], [rows(y, 1)], cycle=15),
+            ins("STORE", [y], [], cycle=20, index=0)]
+    prog = program(code, layout, inputs=[((8, 8), f32)], outputs=[((8, 8), f32)])
+    sim = Simulator(prog, check_schedule=False)
+    data = rng.integers(-4, 5, (8, 8)).astype(np.float32)
+    (got,) = sim.run([data])
+    np.testing.assert_array_equal(got, data + np.frombuffer(layout.constants[0].data, np.float32))
+    assert (_calls(sim)[Opcode.ADD], _calls(sim)[Opcode.NEG]) == (1, 2)

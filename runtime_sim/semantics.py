@@ -166,17 +166,30 @@ BINARY_UFUNCS = {
 }
 
 
+# the unary ops that are one numpy ufunc: from fp32 into fp32 they write their destination directly
+_UNARY_INTO = {
+    Opcode.RELU: lambda x, attrs, out: np.maximum(x, F32(0), out=out),
+    Opcode.CLIP: lambda x, attrs, out: np.clip(x, F32(attrs["lo"]), F32(attrs["hi"]), out=out),
+    Opcode.EXP: lambda x, attrs, out: np.exp(x, out=out),
+    Opcode.TANH: lambda x, attrs, out: np.tanh(x, out=out),
+    Opcode.SQRT: lambda x, attrs, out: np.sqrt(x, out=out),
+    Opcode.NEG: lambda x, attrs, out: np.negative(x, out=out),
+    Opcode.SIN: lambda x, attrs, out: np.sin(x, out=out),
+    Opcode.COS: lambda x, attrs, out: np.cos(x, out=out),
+}
+
+
 def _unary(op):
-    fn = UNARY_FUNCS[op]
+    fn, into = UNARY_FUNCS[op], _UNARY_INTO.get(op)
 
     def run(outs, ins, attrs):
-        x = ins[0]
+        x, out = ins[0], outs[0]
         if op == Opcode.COPY:
-            _store(outs[0], x)
-        elif op == Opcode.RELU and x.dtype == F32:
-            np.maximum(x, F32(0), out=outs[0])
+            _store(out, x)
+        elif into is not None and x.dtype == out.dtype == F32:
+            into(x, attrs, out)
         else:
-            _store(outs[0], fn(_f32(x), attrs))
+            _store(out, fn(_f32(x), attrs))
     return run
 
 

@@ -82,7 +82,7 @@ class _Node:
     def entry(self) -> tuple:
         if len(self.steps) == 1:
             return (*self.steps[0], self.position)
-        steps = _product_into_epilogue(self.steps, self.chained)
+        steps = _into_destination(self.steps, self.chained)
 
         def run(_outs, _ins, _attrs):
             for fn, _, outs, ins, attrs in steps:
@@ -91,24 +91,31 @@ class _Node:
         return (run, steps[-1][1], [], [], {}, self.position)
 
 
-def _product_into_epilogue(steps, chained) -> list:
-    """``steps`` (``(function, opcode, outs, ins, attrs)``) with each float MATMUL whose result only the
-    EPILOGUE after it reads computed where that EPILOGUE writes, which then works in place: no pass that
-    copies the result, or transposes it into an output laid out channels first. The EPILOGUE writes all of
-    it, and the two run as one call, so nothing sees those bytes between them."""
+# steps that read each input whole before they write their result (elementwise): they may work in place
+_IN_PLACE = {*UNARY_OPS, *BINARY_OPS, Opcode.EPILOGUE}
+
+
+def _into_destination(steps, chained) -> list:
+    """``steps`` (``(function, opcode, outs, ins, attrs)``) with each result that only the next step reads
+    computed where that step writes, where the next step is elementwise and works in place: a float product
+    where its EPILOGUE stores it, an elementwise chain in its last step's destination; no pass that copies a
+    result, or transposes it into an output laid out channels first. The steps run as one call and the last
+    writes every byte of the destination, so nothing sees those bytes between them; none of the steps' other
+    inputs may lie in it (they would be read after it is written)."""
     steps = list(steps)
-    for j in range(len(steps) - 1):
+    for j in reversed(range(len(steps) - 1)):
         fn, op, outs, ins, attrs = steps[j]
         next_fn, next_op, next_outs, next_ins, next_attrs = steps[j + 1]
-        dest = next_outs[0]
-        if op != Opcode.MATMUL or next_op != Opcode.EPILOGUE or chained[j + 1] != 0 \
-                or not (outs[0].dtype == dest.dtype == np.float32) or dest.shape != outs[0].shape:
+        dest, reading = next_outs[0], chained[j + 1]
+        if next_op not in _IN_PLACE or reading is None or outs[0].dtype != dest.dtype or outs[0].shape != dest.shape:
             continue
-        operands = [getattr(x, "value", x) for x in (*ins, *next_ins[1:])]
-        if any(isinstance(x, np.ndarray) and np.may_share_memory(dest, x) for x in operands):
+        others = [getattr(x, "value", x) for k in range(j, len(steps)) for i, x in enumerate(steps[k][3])
+                  if i != chained[k]]
+        if any(isinstance(x, np.ndarray) and np.may_share_memory(dest, x) for x in others):
             continue
         steps[j] = (fn, op, [dest], ins, attrs)
-        steps[j + 1] = (next_fn, next_op, next_outs, [dest, *next_ins[1:]], next_attrs)
+        steps[j + 1] = (next_fn, next_op, next_outs, [dest if i == reading else x for i, x in enumerate(next_ins)],
+                        next_attrs)
     return steps
 
 
@@ -518,7 +525,7 @@ def _stack_group(nodes, axis: int, scratch: _Scratch):
             ins.append(operand)
         steps.append((fn, op, [out], ins, attrs))
         previous = out
-    steps = _product_into_epilogue(steps, nodes[0].chained)
+    steps = _into_destination(steps, nodes[0].chained)
 
     def run(_outs, _ins, _attrs):
         for pieces in gathers:

@@ -396,3 +396,38 @@ def test_a_chain_joins_past_a_later_write_of_a_stream_it_passes_a_result_through
     (got,) = sim.run([data])
     np.testing.assert_array_equal(got, data + np.frombuffer(layout.constants[0].data, np.float32))
     assert (_calls(sim)[Opcode.ADD], _calls(sim)[Opcode.NEG]) == (1, 2)
+
+
+@pytest.mark.parametrize("other_in_destination", [False, True], ids=["apart", "other-input-in-destination"])
+def test_an_elementwise_chain_runs_in_its_last_steps_destination(rng, other_in_destination):
+    """y = (x + c) · z through a stream. Apart, the ADD writes y and the MUL multiplies there, in place. With z
+    lying in y (the MUL writes over the operand it reads), the ADD may not write y first, or the MUL would
+    read the sum where z was. The values are numpy's either way."""
+    from lpx_tvm.runtime_sim import DType, Simulator, Space, TensorRef
+    from lpx_tvm.runtime_sim.semantics import SEMANTICS
+    from programs import Layout, ins, program
+
+    f32 = DType.F32
+    layout = Layout()
+    c = layout.const(rng.integers(-2, 3, (4, 8)).astype(np.float32))
+    x, y = layout.take((4, 8), f32), layout.take((4, 8), f32)
+    z = y if other_in_destination else layout.take((4, 8), f32)
+    stream = TensorRef(0, (4, 8), f32, None, Space.STREAM)
+    code = [ins("LOAD", [], [x], cycle=0, index=0), ins("LOAD", [], [z], cycle=1, index=1),
+            ins("ADD", [x, c], [stream], cycle=10), ins("MUL", [stream, z], [y], cycle=11),
+            ins("STORE", [y], [], cycle=20, index=0)]
+    prog = program(code, layout, inputs=[((4, 8), f32)] * 2, outputs=[((4, 8), f32)])
+    data, other = (rng.integers(-4, 5, (4, 8)).astype(np.float32) for _ in range(2))
+    in_place, multiply = [], SEMANTICS[Opcode.MUL]
+
+    def recording(outs, ins, attrs):
+        in_place.append(ins[0] is outs[0])
+        multiply(outs, ins, attrs)
+    SEMANTICS[Opcode.MUL] = recording
+    try:
+        (got,) = Simulator(prog, check_schedule=False).run([data, other])
+    finally:
+        SEMANTICS[Opcode.MUL] = multiply
+    np.testing.assert_array_equal(got, (data + np.frombuffer(layout.constants[0].data, np.float32).reshape(4, 8))
+                                  * other)
+    assert in_place == [not other_in_destination]

@@ -431,3 +431,34 @@ def test_an_elementwise_chain_runs_in_its_last_steps_destination(rng, other_in_d
     np.testing.assert_array_equal(got, (data + np.frombuffer(layout.constants[0].data, np.float32).reshape(4, 8))
                                   * other)
     assert in_place == [not other_in_destination]
+
+
+def test_an_elementwise_step_writes_over_its_own_input_in_its_chains_destination(rng):
+    """y = relu(x + y), a residual's shape: the ADD reads y and the RELU writes it. numpy reads each element of
+    the ADD's operands before it writes that element, so the ADD may write y and the RELU work there, in
+    place. The values are numpy's."""
+    from lpx_tvm.runtime_sim import DType, Simulator, Space, TensorRef
+    from lpx_tvm.runtime_sim.semantics import SEMANTICS
+    from programs import Layout, ins, program
+
+    f32 = DType.F32
+    layout = Layout()
+    x, y = layout.take((4, 8), f32), layout.take((4, 8), f32)
+    stream = TensorRef(0, (4, 8), f32, None, Space.STREAM)
+    code = [ins("LOAD", [], [x], cycle=0, index=0), ins("LOAD", [], [y], cycle=1, index=1),
+            ins("ADD", [x, y], [stream], cycle=10), ins("RELU", [stream], [y], cycle=11),
+            ins("STORE", [y], [], cycle=20, index=0)]
+    prog = program(code, layout, inputs=[((4, 8), f32)] * 2, outputs=[((4, 8), f32)])
+    data, other = (rng.integers(-4, 5, (4, 8)).astype(np.float32) for _ in range(2))
+    in_place, relu = [], SEMANTICS[Opcode.RELU]
+
+    def recording(outs, ins, attrs):
+        in_place.append(ins[0] is outs[0])
+        relu(outs, ins, attrs)
+    SEMANTICS[Opcode.RELU] = recording
+    try:
+        (got,) = Simulator(prog, check_schedule=False).run([data, other])
+    finally:
+        SEMANTICS[Opcode.RELU] = relu
+    np.testing.assert_array_equal(got, np.maximum(data + other, 0))
+    assert in_place == [True]

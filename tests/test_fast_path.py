@@ -83,20 +83,30 @@ def test_a_convolution_s_products_run_once_per_tile(rng, dtype):
 
 
 @contextmanager
-def _recording_products():
-    """The ``(M, K, N)`` of every MATMUL call of the simulators built inside (each call appended as it runs)."""
+def _recording(opcode, what):
+    """``what(outs, ins)`` of every call of ``opcode`` by the simulators built inside, appended as each runs."""
     from lpx_tvm.runtime_sim.semantics import SEMANTICS
 
-    shapes, matmul = [], SEMANTICS[Opcode.MATMUL]
+    seen, run = [], SEMANTICS[opcode]
 
     def recording(outs, ins, attrs):
-        shapes.append((int(np.prod(ins[0].shape[:-1])), *ins[1].value.shape))
-        matmul(outs, ins, attrs)
-    SEMANTICS[Opcode.MATMUL] = recording
+        seen.append(what(outs, ins))
+        run(outs, ins, attrs)
+    SEMANTICS[opcode] = recording
     try:
-        yield shapes
+        yield seen
     finally:
-        SEMANTICS[Opcode.MATMUL] = matmul
+        SEMANTICS[opcode] = run
+
+
+def _recording_products():
+    """The ``(M, K, N)`` of every MATMUL call."""
+    return _recording(Opcode.MATMUL, lambda outs, ins: (int(np.prod(ins[0].shape[:-1])), *ins[1].value.shape))
+
+
+def _in_place(outs, ins) -> bool:
+    """Whether a call reads its first input where it writes its result."""
+    return ins[0] is outs[0]
 
 
 def _product_shapes(compiled, x) -> list:
@@ -322,21 +332,11 @@ def test_a_products_epilogue_works_in_place_where_the_product_is_computed(rng):
     EPILOGUE writes (the activation, channels first, so the product's rows are the output's columns), and
     the EPILOGUE adds its bias there, in place: as many in-place EPILOGUEs as the program has distinct tiles,
     and the values are the reference's."""
-    from lpx_tvm.runtime_sim.semantics import SEMANTICS
-
     compiled = lpx_tvm.compile(conv_pair(rng), config="tsp")
     (sim,) = compiled.simulators.values()
     x = rng.integers(-1, 2, (1, 16, 28, 28)).astype(np.float32)
-    in_place, epilogue = [], SEMANTICS[Opcode.EPILOGUE]
-
-    def recording(outs, ins, attrs):
-        in_place.append(ins[0] is outs[0])
-        epilogue(outs, ins, attrs)
-    SEMANTICS[Opcode.EPILOGUE] = recording
-    try:
+    with _recording(Opcode.EPILOGUE, _in_place) as in_place:
         fast = lpx_tvm.runtime_sim.Simulator(sim.program, check_schedule=False).run([x])[0]
-    finally:
-        SEMANTICS[Opcode.EPILOGUE] = epilogue
     assert in_place == [True] * _tiles(sim.program)
     with reference_arithmetic():
         (reference,) = run_on_lpx(compiled, [x], programs=1)
@@ -404,7 +404,6 @@ def test_an_elementwise_chain_runs_in_its_last_steps_destination(rng, other_in_d
     lying in y (the MUL writes over the operand it reads), the ADD may not write y first, or the MUL would
     read the sum where z was. The values are numpy's either way."""
     from lpx_tvm.runtime_sim import DType, Simulator, Space, TensorRef
-    from lpx_tvm.runtime_sim.semantics import SEMANTICS
     from programs import Layout, ins, program
 
     f32 = DType.F32
@@ -418,16 +417,8 @@ def test_an_elementwise_chain_runs_in_its_last_steps_destination(rng, other_in_d
             ins("STORE", [y], [], cycle=20, index=0)]
     prog = program(code, layout, inputs=[((4, 8), f32)] * 2, outputs=[((4, 8), f32)])
     data, other = (rng.integers(-4, 5, (4, 8)).astype(np.float32) for _ in range(2))
-    in_place, multiply = [], SEMANTICS[Opcode.MUL]
-
-    def recording(outs, ins, attrs):
-        in_place.append(ins[0] is outs[0])
-        multiply(outs, ins, attrs)
-    SEMANTICS[Opcode.MUL] = recording
-    try:
+    with _recording(Opcode.MUL, _in_place) as in_place:
         (got,) = Simulator(prog, check_schedule=False).run([data, other])
-    finally:
-        SEMANTICS[Opcode.MUL] = multiply
     np.testing.assert_array_equal(got, (data + np.frombuffer(layout.constants[0].data, np.float32).reshape(4, 8))
                                   * other)
     assert in_place == [not other_in_destination]
@@ -438,7 +429,6 @@ def test_an_elementwise_step_writes_over_its_own_input_in_its_chains_destination
     the ADD's operands before it writes that element, so the ADD may write y and the RELU work there, in
     place. The values are numpy's."""
     from lpx_tvm.runtime_sim import DType, Simulator, Space, TensorRef
-    from lpx_tvm.runtime_sim.semantics import SEMANTICS
     from programs import Layout, ins, program
 
     f32 = DType.F32
@@ -450,15 +440,7 @@ def test_an_elementwise_step_writes_over_its_own_input_in_its_chains_destination
             ins("STORE", [y], [], cycle=20, index=0)]
     prog = program(code, layout, inputs=[((4, 8), f32)] * 2, outputs=[((4, 8), f32)])
     data, other = (rng.integers(-4, 5, (4, 8)).astype(np.float32) for _ in range(2))
-    in_place, relu = [], SEMANTICS[Opcode.RELU]
-
-    def recording(outs, ins, attrs):
-        in_place.append(ins[0] is outs[0])
-        relu(outs, ins, attrs)
-    SEMANTICS[Opcode.RELU] = recording
-    try:
+    with _recording(Opcode.RELU, _in_place) as in_place:
         (got,) = Simulator(prog, check_schedule=False).run([data, other])
-    finally:
-        SEMANTICS[Opcode.RELU] = relu
     np.testing.assert_array_equal(got, np.maximum(data + other, 0))
     assert in_place == [True]

@@ -101,7 +101,7 @@ def _into_destination(steps, chained) -> list:
     where its EPILOGUE stores it, an elementwise chain in its last step's destination; no pass that copies a
     result, or transposes it into an output laid out channels first. The steps run as one call and the last
     writes every byte of the destination, so nothing sees those bytes between them; none of the later steps'
-    other inputs may lie in it (they would be read after it is written), nor a product's own."""
+    other inputs may lie in it (they would be read after it is written), nor a product's or EPILOGUE's own."""
     steps = list(steps)
     for j in reversed(range(len(steps) - 1)):
         fn, op, outs, ins, attrs = steps[j]
@@ -109,8 +109,9 @@ def _into_destination(steps, chained) -> list:
         dest, reading = next_outs[0], chained[j + 1]
         if next_op not in _IN_PLACE or reading is None or outs[0].dtype != dest.dtype or outs[0].shape != dest.shape:
             continue
-        # an elementwise step may write over its own inputs (numpy reads each element before it writes it)
-        first = j + 1 if op in _IN_PLACE else j
+        # a unary or binary step may write over its own inputs: it is one elementwise pass, or computes its
+        # result whole before storing it (an EPILOGUE's scale is read after its sum is written)
+        first = j + 1 if op in UNARY_OPS or op in BINARY_OPS else j
         others = [getattr(x, "value", x) for k in range(first, len(steps)) for i, x in enumerate(steps[k][3])
                   if i != chained[k]]
         if any(isinstance(x, np.ndarray) and np.may_share_memory(dest, x) for x in others):

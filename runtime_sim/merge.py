@@ -38,6 +38,7 @@ import numpy as np
 
 from .hazards import footprint_key, meets, overlaps, range_key
 from .isa import BINARY_OPS, UNARY_OPS, Opcode
+from .program import aligned_array
 from .semantics import exact_in_fp32, to_f32, widen_half
 
 # regions of their own, below SRAM's addresses: stream n, weight buffer (unit, buffer), host output n
@@ -91,7 +92,7 @@ class _Node:
         return (run, steps[-1][1], [], [], {}, self.position)
 
 
-# steps that read each input whole before they write their result (elementwise): they may work in place
+# elementwise steps: they may read their chained input where they write their result
 _IN_PLACE = {*UNARY_OPS, *BINARY_OPS, Opcode.EPILOGUE}
 
 
@@ -383,7 +384,9 @@ def _chain(slots, instructions, order, scratch) -> None:
         carrier = scratch.take(len(node.steps) - 1, stream.shape, stream.dtype)  # after its earlier steps' ones
         last_fn, last_op, _, last_ins, last_attrs = node.steps[-1]
         ins = [carrier if i == reading[0] else x for i, x in enumerate(ins)]
-        reads = consumer.reads[:reading[0]] + consumer.reads[reading[0] + 1:]
+        # (by its key: a MATMUL's bound inputs hold its weight buffer at 1, its reads hold the tile's key last)
+        at = consumer.reads.index(_key(dsts[0]))
+        reads = consumer.reads[:at] + consumer.reads[at + 1:]
         slots[consumer_at] = _Node(node.steps[:-1] + [(last_fn, last_op, [carrier], last_ins, last_attrs),
                                                       (fn, op, consumer.steps[0][2], ins, attrs)],
                                    node.chained + reading, node.reads + reads, producer.writes + consumer.writes,
@@ -480,7 +483,7 @@ class _Scratch:
         nbytes = int(np.prod(shape)) * dtype.itemsize
         flat = self._flat.get((slot, dtype))
         if flat is None or flat.nbytes < nbytes:  # (entries built before keep the smaller one)
-            flat = self._flat[(slot, dtype)] = np.empty(nbytes, np.uint8)
+            flat = self._flat[(slot, dtype)] = aligned_array(nbytes)  # (a host kernel writes it in place)
         return flat[:nbytes].view(dtype).reshape(shape)
 
 

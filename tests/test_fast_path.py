@@ -444,3 +444,36 @@ def test_an_elementwise_step_writes_over_its_own_input_in_its_chains_destination
         (got,) = Simulator(prog, check_schedule=False).run([data, other])
     np.testing.assert_array_equal(got, np.maximum(data + other, 0))
     assert in_place == [True]
+
+
+def test_a_product_joined_to_its_accumulators_producer_still_reads_its_own_tile(rng):
+    """y = -(a @ W + (x + c)): the ADD streams into the MATMUL as its partial sum, and the next tile goes into
+    the same weight buffer (from the same SRAM, reloaded) between the MATMUL and the NEG, and a product by it
+    follows. The joined ADD and MATMUL may not move past that INSTALL: they must still multiply by W. The
+    values are numpy's."""
+    from lpx_tvm.runtime_sim import DType, Simulator, Space, TensorRef
+    from programs import Layout, ins, program
+
+    f32 = DType.F32
+    layout = Layout()
+    c = layout.const(rng.integers(-2, 3, (4, 8)).astype(np.float32))
+    x, a, t, y = (layout.take(shape, f32) for shape in [(4, 8), (4, 8), (8, 8), (4, 8)])
+
+    def stream(number):
+        return TensorRef(number, (4, 8), f32, None, Space.STREAM)
+    code = [ins("LOAD", [], [x], cycle=0, index=0), ins("LOAD", [], [a], cycle=1, index=1),
+            ins("LOAD", [], [t], cycle=2, index=2), ins("INSTALL", [t], [], cycle=10, buffer=0),
+            ins("LOAD", [], [t], cycle=11, index=3),  # the next tile's bytes, over W's while it is installed
+            ins("ADD", [x, c], [stream(0)], cycle=20),
+            ins("MATMUL", [a, stream(0)], [stream(1)], cycle=21, buffer=0),
+            ins("INSTALL", [t], [], cycle=22, buffer=0),
+            ins("NEG", [stream(1)], [y], cycle=23),
+            ins("LOAD", [], [t], cycle=30, index=2), ins("MATMUL", [a], [x], cycle=31, buffer=0),  # the next tile's
+            ins("STORE", [y], [], cycle=40, index=0)]
+    prog = program(code, layout, inputs=[((4, 8), f32), ((4, 8), f32), ((8, 8), f32), ((8, 8), f32)],
+                   outputs=[((4, 8), f32)])
+    data, rows, w, other = (rng.integers(-3, 4, shape).astype(np.float32)
+                            for shape in [(4, 8), (4, 8), (8, 8), (8, 8)])
+    (got,) = Simulator(prog, check_schedule=False).run([data, rows, w, other])
+    bias = np.frombuffer(layout.constants[0].data, np.float32).reshape(4, 8)
+    np.testing.assert_array_equal(got, -(rows @ w + (data + bias)))

@@ -12,6 +12,9 @@ sizes.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 from ..runtime_sim import ChipConfig
 from .graph import Graph, layer_label
 
@@ -82,22 +85,57 @@ def resident_bytes(g: Graph, ops: list) -> int:
     return sum(_align(g.tensors[b].nbytes) for b in bases if g.is_resident(b))
 
 
+_HELD = contextvars.ContextVar("lpx_held_weights", default=None)
+
+
+@contextlib.contextmanager
+def held_weights_first(held):
+    """Within this block, constants that lie in ``held``'s arrays (a
+    :class:`~lpx_tvm.runtime_sim.held.HeldWeights`) are placed first, in the order of its names, the others
+    after them in the order they are first used: two models compiled over the same weights (a decoder's
+    prefill and decode) place each weight they both read at the same address, on a chip that reads the same
+    ones, so the chip keeps one copy resident for both."""
+    token = _HELD.set(held)
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
+def current_held():
+    """The :class:`~lpx_tvm.runtime_sim.held.HeldWeights` of :func:`held_weights_first`'s block, or None."""
+    return _HELD.get()
+
+
+def _resident_order(g: Graph, resident: list) -> list:
+    """``resident`` (bases in first-use order) in the order they are placed (see :func:`held_weights_first`)."""
+    held = _HELD.get()
+    if held is None:
+        return resident
+    keys = {}
+    for position, base in enumerate(resident):
+        where = held.place(g.tensors[base].data)
+        keys[base] = (0, held.order[where[0]], where[1]) if where else (1, position, 0)
+    return sorted(resident, key=keys.__getitem__)
+
+
 def _liveness(g: Graph, ops: list, const_base: int) -> tuple:
     """Constants' addresses from ``const_base`` up, the top of them, and each activation's first and last op."""
-    addr, cursor = {}, _align(const_base)
-    first, last = {}, {}
+    resident, first, last = {}, {}, {}
     for i, op in enumerate(ops):
         for operand in op.dsts + op.srcs:
             if operand.tensor is None:  # a chained stream: no SRAM
                 continue
             base = g.base(operand.tensor)
             if g.is_resident(base):
-                if base not in addr:
-                    addr[base] = cursor
-                    cursor += _align(g.tensors[base].nbytes)
+                resident.setdefault(base, None)
                 continue
             first.setdefault(base, i)
             last[base] = i
+    addr, cursor = {}, _align(const_base)
+    for base in _resident_order(g, list(resident)):
+        addr[base] = cursor
+        cursor += _align(g.tensors[base].nbytes)
     return addr, cursor, first, last
 
 

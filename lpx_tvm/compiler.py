@@ -12,6 +12,7 @@ from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
 from .codegen import CodegenOptions
+from .codegen.alloc import held_weights_first
 from .diagnostics import native_output_to_log
 from .frontend import FrontendError, from_onnx
 from .patterns import partition_for_lpx
@@ -19,6 +20,7 @@ from .pipeline import lower_lpx_calls, lpx_functions
 from .report import OffloadReport, offload_report
 from .runtime import load_program, program_key, release
 from .runtime_sim.config import ChipConfig, register_config
+from .runtime_sim.held import HeldWeights
 from .runtime_sim.system import load_system
 from .runtime_sim.simulator import CallError
 from .runtime_sim.system_sim import axis_slice
@@ -45,8 +47,10 @@ class CompiledModel:
     """
 
     def __init__(self, executable, report: OffloadReport, programs: dict, params, dtype: str = "fp32",
-                 input_names=None, state_where=None):
+                 input_names=None, state_where=None, held=None):
         self.executable = executable
+        self.held = held  # the caller's weights its programs name instead of copying (kept alive with them)
+        self.held_bytes = 0  # how many bytes of them its programs name
         self.state_where = state_where or {}
         self.dtype = dtype
         self.report = report
@@ -131,6 +135,10 @@ class CompiledModel:
 
     def export_library(self, path) -> None:
         """Write a shared library that ``tvm.runtime.load_module`` reloads (import lpx_tvm first)."""
+        if self.held is not None:
+            raise ValueError("this model's programs read the weights passed to compile(weights=...) where they "
+                             "are, by name (hold_weights=True), so a library could not carry them: compile it "
+                             "without hold_weights to export it")
         self.executable.export_library(str(path))
 
 
@@ -198,7 +206,7 @@ def _to_numpy(result) -> list:
 def compile(model, config: str | None = None, input_shapes: dict | None = None, in_order: bool = False,
             dump_dir: str | None = None, dtype: str = "fp32", system: str | None = None,
             parallel: str = "pipeline", chips: int | None = None, state=(), example_inputs=None,
-            weights: dict | None = None) -> CompiledModel:
+            weights: dict | None = None, hold_weights=False) -> CompiledModel:
     """Compile an ONNX model (or a Relax module, or a PyTorch module) for lpx with host fallback.
 
     Parameters
@@ -234,11 +242,19 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         ``{initializer name: array}`` for an ONNX model that holds its weights as external data not loaded
         (``lpx_tvm.app.llama`` builds a decoder's two graphs so): bound in place, never copied
         (:func:`lpx_tvm.frontend.from_onnx`).
+    hold_weights : bool or HeldWeights
+        With ``weights``: the programs name each weight that lies in those arrays (stored as the very bytes)
+        and read it there, instead of carrying a copy; the caller's arrays then are the only copy in the host
+        (:mod:`lpx_tvm.runtime_sim.held`). They must not change while the model lives, and the model cannot be
+        exported. Another model's ``held`` (compiled over the same arrays): this one keeps each weight on the
+        chip, and at the SRAM address, where that one placed it (a decoder's decode program over its prefill
+        program's resident weights).
 
     Returns
     -------
     CompiledModel
     """
+    held = _held(hold_weights, weights)
     if isinstance(state, (str, bytes)):  # (a name alone would be taken letter by letter)
         raise ValueError(f"state must be a sequence of input names, got {state!r}")
     from .pytorch import from_pytorch, is_torch_module
@@ -264,9 +280,35 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
             raise FrontendError(f"nothing can run on lpx until the shapes are pinned: {advice} (or "
                                 "input_shapes={name: dims} in Python)")
         programs = {}
-        lowered, _, state_where = lower_lpx_calls(partitioned, options, programs_out=programs, state=tuple(state))
+        named = held.named if held is not None else 0
+        with held_weights_first(held):
+            lowered, _, state_where = lower_lpx_calls(partitioned, options, programs_out=programs,
+                                                      state=tuple(state), held=held)
         executable = tvm.compile(lowered, target="lpx", relax_pipeline=relax.pipeline.default_build_pipeline())
-    return CompiledModel(executable, report, programs, params, dtype, input_names, state_where)
+    held = held if held is not None and held.named > named else None  # (none lies in the arrays: none held)
+    model = CompiledModel(executable, report, programs, params, dtype, input_names, state_where, held)
+    model.held_bytes = held.named - named if held is not None else 0
+    return model
+
+
+def _held(hold_weights, weights):
+    """The :class:`HeldWeights` a compile names its weights in (see :func:`compile`), or None."""
+    if hold_weights is False or hold_weights is None:
+        return None
+    if not weights:
+        raise ValueError("hold_weights holds the arrays passed as weights=...; none were given")
+    if hold_weights is True:
+        return HeldWeights(weights)
+    if not isinstance(hold_weights, HeldWeights):
+        raise ValueError(f"hold_weights must be True, False or another model's held weights (its .held), "
+                         f"got {hold_weights!r}")
+    for name, held in hold_weights.bytes.items():
+        given = weights.get(name)
+        if not (isinstance(given, np.ndarray) and given.nbytes == held.nbytes
+                and given.ctypes.data == held.ctypes.data):
+            raise ValueError(f"hold_weights: the other model holds {name!r}, and weights[{name!r}] is not that "
+                             "array: both models must be compiled over the same arrays")
+    return hold_weights
 
 
 def compile_programs(model, config: str | None = "tsp", input_shapes: dict | None = None,

@@ -160,10 +160,12 @@ def state_arguments(mod, functions: dict, names) -> tuple:
     return args, where
 
 
-def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = None, state=()) -> tuple:
+def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = None, state=(), held=None) -> tuple:
     """Compile every lpx function and call its program through the runtime bridge.
 
-    ``state`` names model inputs kept resident on the chips from call to call (see :func:`state_arguments`).
+    ``state`` names model inputs kept resident on the chips from call to call (see :func:`state_arguments`);
+    ``held`` (a :class:`~lpx_tvm.runtime_sim.held.HeldWeights`): the programs name the constants that lie
+    inside its arrays instead of carrying a copy.
 
     Returns
     -------
@@ -178,7 +180,7 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
     compiled = compile_model({str(f.attrs["global_symbol"]): f for f in functions.values()}, options, state_args)
     for name, func in functions.items():
         symbol = str(func.attrs["global_symbol"])
-        program = compiled[symbol]
+        program = compiled[symbol] if held is None else held.program(compiled[symbol])
         programs[name] = program.encoded()
         if programs_out is not None:
             programs_out[symbol] = programs[name]

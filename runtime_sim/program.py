@@ -24,6 +24,7 @@ import numpy as np
 from .config import ChipConfig, load_config
 from .columns import ProgramColumns
 from .container import HEADER, opened, seal
+from .held import held_bytes
 from .isa import (MAX_CYCLE, MAX_RANK, UNIT_OF, DType, HostTensor, Instruction, Opcode, Space, TensorRef, format_attrs,
                   pack_attrs, split_attrs)
 from .rules import (MAX_DIM, MAX_OPERAND_BYTES, ProgramFormatError, _check_ref, _is_count, _validate_instruction,
@@ -31,9 +32,10 @@ from .rules import (MAX_DIM, MAX_OPERAND_BYTES, ProgramFormatError, _check_ref, 
 
 MAGIC = b"LPXPROG\0"
 SYSTEM_MAGIC = b"LPXSYS\0\0"  # a system program (system_sim): the same header, one program per chip inside
-VERSION = 8  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
+VERSION = 9  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
 # 6: resident state; 7: inputs the host converts, outputs it widens; 8: each constant's bytes start at a multiple
-# of 64 from the program's first byte (zeros before them), so a simulator reads them where they lie
+# of 64 from the program's first byte (zeros before them), so a simulator reads them where they lie; 9: a constant
+# may be held by the host by name (.held) instead of carried
 _ALIGN = 64
 _PAD = object()  # in an encoding's parts: zeros up to the next multiple of _ALIGN
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
@@ -46,6 +48,8 @@ class Constant:
 
     ref: TensorRef
     data: np.ndarray  # its bytes in C order are the value: 1-D uint8 once decoded, any array when emitted
+    # (weight set id, name, byte offset) where the host holds the bytes (see .held): encoded by name, no copy
+    held: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -256,8 +260,12 @@ def _parts(program: Program) -> list:
     parts.append(struct.pack("<I", len(program.constants)))
     for const in program.constants:
         parts.append(_pack_ref(const.ref))
-        parts.append(_PAD)
-        parts.append(const.data)
+        if const.held:
+            set_id, name, offset = const.held
+            parts.append(struct.pack("<B8s", 1, set_id) + _pack_str(name) + struct.pack("<Q", offset))
+        else:
+            parts += [b"\0"] if VERSION >= 9 else []  # (VERSION: a test writes an older format)
+            parts += [_PAD, const.data]
     parts.append(struct.pack("<I", len(program.streamed)))
     for weight in program.streamed:
         parts.append(_pack_dims(weight.host.dtype, weight.host.shape))
@@ -369,7 +377,7 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
 def decoded_columns(blob, config: ChipConfig | str | None = None, verified: bool = False):
     """:func:`decode`, returning the program as :class:`.columns.ProgramColumns` (see :func:`validated_columns`);
     ``verified``: its checksum is not checked again (a system program's checksum covers its chips' bytes)."""
-    version, body, digest = opened(blob, MAGIC, (7, VERSION), "program", verified)
+    version, body, digest = opened(blob, MAGIC, (7, 8, VERSION), "program", verified)
     try:
         program = _parse_body(_Reader(body), digest, version)
     except ProgramFormatError:
@@ -418,6 +426,16 @@ def _parse_body(r: _Reader, digest: bytes, version: int = VERSION) -> Program:
     constants = []
     for _ in range(n_const):
         ref = r.ref("constant")
+        (kind,) = r.unpack("B", "constant kind") if version >= 9 else (0,)
+        if kind == 1:  # held by the host, by name
+            (set_id,) = r.unpack("8s", "constant's weight set")
+            name = r.string("constant's name")
+            (offset,) = r.unpack("Q", "constant's offset")
+            data = held_bytes(set_id, name, offset, ref.nbytes, f"constant {ref}")
+            constants.append(Constant(ref, data, (set_id, name, offset)))
+            continue
+        if kind != 0:
+            raise ProgramFormatError(f"constant {ref}: unknown kind {kind}")
         if version >= 8 and any(r.take(-(HEADER.size + r.pos) % _ALIGN, "constant padding")):
             raise ProgramFormatError("constant padding is not zeros")
         data = np.frombuffer(r.take(ref.nbytes, "constant data"), dtype=np.uint8)

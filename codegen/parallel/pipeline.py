@@ -18,6 +18,7 @@ import numpy as np
 
 from ...runtime_sim import ChipConfig
 from ...runtime_sim.system import SystemConfig
+from ..alloc import current_held
 from ..graph import Graph, Node, layer_label
 from .base import Mapping, Part, SystemCompileError, chip_order, node_weights, strategy, weight_budget
 
@@ -70,13 +71,17 @@ def crossing_bytes(g: Graph) -> list:
     return out
 
 
-def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int, exact: bool = True) -> list:
+def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int, exact: bool = True,
+                 pins=None) -> list:
     """Contiguous runs of node indexes, ``min(chips, nodes)`` of them (or, unless ``exact``, fewer where fewer
     do as well), each holding at most ``budget`` bytes of weights. First the smallest largest stage that can
     be had (a stage's estimated cycles and the send of what crosses its end); then, of the splits whose stages
     all stay within 10% of that, the one whose transfers cost least: every token waits for every transfer,
     while balance only sets the pipeline's rate. In a transformer that cuts at layer boundaries, where the
-    hidden state alone crosses."""
+    hidden state alone crosses.
+
+    ``pins[i]`` (where given and not -1): the stage node ``i`` must be in, ``chips`` stages exactly (the
+    stages of another model over the same held weights, :func:`weight_pins`)."""
     costs = [node_cycles(g, n, chip, dtype) for n in g.nodes]
     weights = [node_weights(g, n) for n in g.nodes]
     n = len(g.nodes)
@@ -108,7 +113,9 @@ def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int
     fits = (starts < ends) & (ends <= np.append(reach, n)[starts])
 
     stages = min(chips, n)
-    balanced = _split(n, stages, fits, stage, np.maximum)
+    balanced = _split(n, stages, fits, stage, np.maximum, pins=pins)
+    if balanced is None and pins is not None:
+        return None  # the held weights' stages cannot be kept: the caller splits afresh
     if balanced is None:
         total = sum(g.tensors[t].nbytes for t in set().union(*weights)) if weights else 0
         raise SystemCompileError(f"the model's {total} bytes of weights need more than {chips} chips at "
@@ -116,22 +123,47 @@ def split_stages(g: Graph, chip: ChipConfig, chips: int, dtype: str, budget: int
     limit = 1.1 * balanced[0]
     send = chip.latency_cycles["C2C"]  # and a hop or more: a stage fewer is a transfer fewer
     transfer = np.broadcast_to(np.where(ends < n, after + send, 0.0), stage.shape)
-    lean = _split(n, stages, fits & (stage <= limit), transfer, np.add, fewer=not exact)
+    lean = _split(n, stages, fits & (stage <= limit), transfer, np.add, fewer=not exact and pins is None, pins=pins)
     return (lean or balanced)[1]
 
 
-def _split(n: int, stages: int, allowed: np.ndarray, cost: np.ndarray, combine, fewer: bool = False):
+def weight_pins(g: Graph, order: list):
+    """``(stages, pins)``: where a model compiled before over the same held weights (see
+    :func:`~lpx_tvm.codegen.alloc.held_weights_first`) put them, each node that reads one pinned to the stage
+    on that chip (``order``: the chips stages go on), -1 where free; None where nothing is held there, or a
+    weight's chip is not among ``order``."""
+    held = current_held()
+    if held is None or not held.homes:
+        return None
+    pins = np.full(len(g.nodes), -1)
+    for i, node in enumerate(g.nodes):
+        for t in node_weights(g, node):
+            where = held.place(g.tensors[t].data) if g.tensors[t].data is not None else ()
+            home = held.homes.get(where[0]) if where else None
+            if home is None:
+                continue
+            if home not in order or pins[i] not in (-1, order.index(home)):
+                return None
+            pins[i] = order.index(home)
+    return (int(pins.max()) + 1, pins) if (pins >= 0).any() else None
+
+
+def _split(n: int, stages: int, allowed: np.ndarray, cost: np.ndarray, combine, fewer: bool = False, pins=None):
     """``(value, runs)``: ``stages`` contiguous runs (or, with ``fewer``, as many up to that as is best)
     covering nodes ``[0, n)``, each ``[a, b)`` ``allowed[a, b]``, that minimise the runs' ``cost[a, b]`` folded
     by ``combine`` (``np.maximum`` or ``np.add``); None when there are none. Of equal values the earliest
     start wins. One pass of numpy over every (start, end) per run added: a Python loop over the pairs took
-    most of a rack's compile."""
+    most of a rack's compile. ``pins[i]`` (not -1): node ``i`` must be in run ``pins[i]``."""
     cost = np.where(allowed, cost, np.inf)
     value = np.full(n + 1, np.inf)
     value[0] = 0.0  # value[e]: the best k runs covering [0, e)
     best, starts = [], []
     for k in range(1, stages + 1):
-        options = combine(value[:, None], cost)  # [start, end]
+        run_cost = cost
+        if pins is not None:  # run k - 1 may hold no node pinned elsewhere
+            elsewhere = np.concatenate([[0], np.cumsum((pins >= 0) & (pins != k - 1))])
+            run_cost = np.where(elsewhere[None, :] == elsewhere[:, None], cost, np.inf)
+        options = combine(value[:, None], run_cost)  # [start, end]
         start = options.argmin(axis=0)
         value = options[start, np.arange(n + 1)]
         last = n + 1 if fewer else n - (stages - k) + 1
@@ -201,7 +233,10 @@ def split_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
     stage, :func:`split_stages`), each a neighbour of the one before where the topology allows."""
     n = min(chips or system.chips, system.chips, max(len(g.nodes), 1))
     budget = weight_budget(g, chip)
-    runs = split_stages(g, chip, n, dtype, budget, exact=chips is not None)
+    pinned = weight_pins(g, chip_order(system, system.chips))
+    runs = split_stages(g, chip, pinned[0], dtype, budget, pins=pinned[1]) if pinned else None
+    if runs is None:
+        runs = split_stages(g, chip, n, dtype, budget, exact=chips is not None)
     stages = plan_pipeline(g, runs, chip_order(system, len(runs)))
     tags = {}
     for stage in stages:

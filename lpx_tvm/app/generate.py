@@ -346,7 +346,8 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     weights = decoder.weights  # (a preset's: held apart from its graphs, for ORT and TVM alike)
     start = time.perf_counter()
     say("compiling the prefill graph ...")
-    prefill = lpx_tvm.compile(prefill_graph, input_shapes=prefill_shapes, weights=weights, **options)
+    prefill = lpx_tvm.compile(prefill_graph, input_shapes=prefill_shapes, weights=weights,
+                              hold_weights=bool(weights), **options)
     compile_s = time.perf_counter() - start
     del prefill_graph
     decoder.drop_prefill_graph()
@@ -369,13 +370,15 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     got = dict(zip(decoder.outputs, prefill(**decoder.prefill_feeds(prompt))))
     token = check(got["logits"][0, -1], lambda: reference.prefill(prompt))
     prefill_cycles, prefill_programs = _cycles(prefill), prefill.report.lpx_functions
-    # the prefill has run: its programs (each a copy of the weights it reads) go before the decode program is
-    # built, so the host never holds two programs' weights at once
+    held = prefill.held
+    # the prefill has run: its programs go before the decode program is built (they name the weights held
+    # apart, where there are such; any they carry, converted or cut, the host never holds twice at once)
     del prefill
     gc.collect()
     say("compiling the decode graph (KV cache resident) ...")
     start = time.perf_counter()
-    decode = lpx_tvm.compile(decode_graph, input_shapes=decode_shapes, state=names, weights=weights, **options)
+    decode = lpx_tvm.compile(decode_graph, input_shapes=decode_shapes, state=names, weights=weights,
+                             hold_weights=held or bool(weights), **options)  # (over the prefill's weights)
     compile_s += time.perf_counter() - start
     del decode_graph
     decoder.drop_graphs()  # compiled, and ORT holds its own: their weights need not stay
@@ -419,6 +422,9 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
               "programs": {"prefill": prefill_programs, "decode": decode.report.lpx_functions},
               "weight_bytes": decoder.weight_bytes, "cache_bytes": decoder.cache_bytes(context),
               "kv_write_bytes_per_chip": kv_bytes_per_chip(decode, names, nbytes)}
+    if held is not None:  # the decode program over the prefill's resident weights: where it kept them
+        report["resident_weights"] = {"held_by_name_bytes": decode.held_bytes, "shared_bytes": held.shared,
+                                      "moved_bytes": held.moved}
     if quantised:
         report["quantised"] = quantised
     report.update(_system_figures(decode))
@@ -485,6 +491,12 @@ def table(report: dict) -> str:
                 f"{report['sampling']['top_k'] or 'all'}, one draw a step for both)"))
     if "quantised" in report:
         text += f"\nint8: {report['quantised']}; ONNX Runtime runs the same QDQ graphs"
+    if "resident_weights" in report:
+        held = report["resident_weights"]
+        text += (f"\nresident weights: {held['held_by_name_bytes'] / 1e6:.1f} MB named by the decode program, "
+                 f"read where the host holds them (no copy); it keeps {held['shared_bytes'] / 1e6:.1f} "
+                 f"MB of them on the chip and at the address the prefill's put them, "
+                 f"{held['moved_bytes'] / 1e6:.1f} MB elsewhere")
     text += (f"\nsimulated: compiled in {report['compile_s']:.1f} s; {report['new_tokens']} decode steps in "
              f"{report['decode_wall_s']:.1f} s ({report['new_tokens'] / report['decode_wall_s']:.2f} steps/s, each "
              f"checked against ONNX Runtime: {report.get('reference', 'ONNX Runtime step by step')})")

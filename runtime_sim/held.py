@@ -1,0 +1,143 @@
+"""Weights the host holds for its programs: named, not copied.
+
+A program compiled beside its caller's weight arrays (a decoder whose prefill and decode programs read
+the same weights, which ONNX Runtime reads too) need not carry a copy of them. Each of its constants that
+lies inside one of those arrays is encoded as ``(weight set, name, byte offset)``; decoding it views the
+array where it is. The arrays are registered here, under a weight set id, for as long as the
+:class:`HeldWeights` that names them lives (a compiled model keeps its own), and must not change while
+they are held: the program's digest covers their names and sizes, not their bytes.
+
+A program that holds weights so runs only in the process that holds them; it cannot be exported.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from bisect import bisect_right
+
+import numpy as np
+
+from .rules import ProgramFormatError
+
+__all__ = ["HeldWeights", "held_bytes"]
+
+_SETS: dict = {}  # weight set id -> {name: that array's bytes, 1-D uint8}
+_LOCK = threading.Lock()
+
+
+class HeldWeights:
+    """A set of named arrays that programs may hold by name instead of copying.
+
+    Parameters
+    ----------
+    arrays : dict
+        ``{name: array}``. Only a C-contiguous array can be viewed from its bytes; any other is left out
+        (a constant drawn from it stays a copy).
+    """
+
+    def __init__(self, arrays: dict):
+        self.id = os.urandom(8)
+        self.bytes = {name: np.asarray(a).reshape(-1).view(np.uint8) for name, a in arrays.items()
+                      if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.nbytes}
+        self.order = {name: k for k, name in enumerate(self.bytes)}
+        spans = sorted((b.ctypes.data, b.ctypes.data + b.nbytes, name) for name, b in self.bytes.items())
+        self._starts = [s for s, _, _ in spans]
+        self._spans = spans
+        self.named = 0  # bytes of constants named so far, not copied
+        # name -> the system chip that first held it: a later model over these weights keeps each there
+        self.homes = {}
+        # (name, offset, bytes) -> (chip, SRAM address) where the first model placed it; of a later model's,
+        # the bytes placed there too, and those placed elsewhere (a second copy on the machine)
+        self.places, self.shared, self.moved = {}, 0, 0
+        with _LOCK:
+            _SETS[self.id] = self.bytes
+        weakref.finalize(self, _forget, self.id)
+
+    def place(self, data: np.ndarray) -> tuple:
+        """``(name, byte offset)`` of the held array whose buffer holds ``data``'s bytes (C order), or ``()``."""
+        if not isinstance(data, np.ndarray) or not data.flags.c_contiguous or not data.nbytes:
+            return ()
+        start = data.ctypes.data
+        k = bisect_right(self._starts, start) - 1
+        if k < 0:
+            return ()
+        lo, hi, name = self._spans[k]
+        if start + data.nbytes > hi:
+            return ()
+        return name, start - lo
+
+    def holding(self, constants) -> tuple:
+        """``constants`` with each that lies inside a held array named (:class:`~.program.Constant`
+        ``held``), the others as they are."""
+        from .program import Constant
+
+        out = []
+        for const in constants:
+            where = () if const.held else self.place(const.data)
+            out.append(Constant(const.ref, const.data, (self.id, *where)) if where else const)
+            self.named += const.ref.nbytes if where else 0
+        return tuple(out)
+
+
+    def program(self, program, chip: int = 0):
+        """``program`` (a :class:`~.program.Program` on ``chip``, or a system program: each chip's) holding by
+        name every constant that lies inside a held array."""
+        from dataclasses import replace
+
+        if hasattr(program, "programs"):  # a system program
+            held = replace(program, programs=tuple(self.program(p, chip)
+                                                   for chip, p in zip(program.chips, program.programs)))
+            for chip, part in zip(held.chips, held.programs):  # the first model over them sets their homes
+                for const in part.constants:
+                    if const.held:
+                        self.homes.setdefault(const.held[1], chip)
+            return held
+        held = replace(program, constants=self.holding(program.constants))
+        for const in held.constants:
+            if const.held:
+                key, where = (*const.held[1:], const.ref.nbytes), (chip, const.ref.addr)
+                first = self.places.get(key)
+                if first is None:
+                    self.places[key] = where
+                elif first == where:
+                    self.shared += const.ref.nbytes
+                else:
+                    self.moved += const.ref.nbytes
+        return held
+
+    def held_in(self, program) -> int:
+        """Bytes of ``program``'s constants (each chip's, for a system program) it holds by name."""
+        if hasattr(program, "programs"):
+            return sum(self.held_in(p) for p in program.programs)
+        return sum(c.ref.nbytes for c in program.constants if c.held)
+
+
+def _forget(set_id: bytes) -> None:
+    with _LOCK:
+        _SETS.pop(set_id, None)
+
+
+def held_bytes(set_id: bytes, name: str, offset: int, nbytes: int, what: str) -> np.ndarray:
+    """The ``nbytes`` bytes at ``offset`` in the array held as ``name`` in weight set ``set_id``.
+
+    Raises
+    ------
+    ProgramFormatError
+        Where this process does not hold that set or that name, or the bytes run past the array's end.
+    """
+    with _LOCK:
+        arrays = _SETS.get(set_id)
+    if arrays is None:
+        raise ProgramFormatError(f"{what} is held by the host as {name!r} (weight set {set_id.hex()}), and this "
+                                 "process holds no such set: a program compiled with hold_weights=True runs only "
+                                 "while the model it was compiled in lives, in that process")
+    held = arrays.get(name)
+    if held is None:
+        raise ProgramFormatError(f"{what} is held by the host as {name!r}, which weight set {set_id.hex()} "
+                                 "does not hold")
+    if offset + nbytes > held.nbytes:
+        raise ProgramFormatError(f"{what}: {nbytes} bytes at {offset} run past the end of {name!r} "
+                                 f"({held.nbytes} bytes)")
+    return held[offset:offset + nbytes]

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from ..runtime_sim import Program
 from ..runtime_sim.program import SramPlan
-from .alloc import CapacityError, activation_peak, resident_bytes
+from .alloc import CapacityError, activation_peak, current_held, resident_bytes
 from .graph import Graph
 from .options import DEFAULT_CONFIG, DTYPES, CodegenOptions
 from .parallel import SystemCompileError, compile_system
@@ -107,9 +107,12 @@ def _compile_model(functions: dict, options: CodegenOptions, state_args: dict) -
             if budget == 0:
                 raise
     # the plan's id: what was compiled, and how (another model, or this one in another dtype, is another plan)
+    # (and over which held weights: its programs name them, another compile's name another set)
+    held = current_held()
     model = hashlib.blake2b(repr((sorted((name, _content_hash(f)) for name, f in functions.items()),
                                   options.config, options.dtype, options.in_order,
-                                  sorted((k, sorted(v)) for k, v in state_args.items()))).encode(),
+                                  sorted((k, sorted(v)) for k, v in state_args.items()),
+                                  held.id if held is not None else b"")).encode(),
                             digest_size=8).digest()
     plan = SramPlan(model, max(c.addr["high_water"] for c in comps.values()) if comps else 0, base)
     programs = {}

@@ -234,7 +234,13 @@ def split_pipeline(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str,
     n = min(chips or system.chips, system.chips, max(len(g.nodes), 1))
     budget = weight_budget(g, chip)
     pinned = weight_pins(g, chip_order(system, system.chips))
-    runs = split_stages(g, chip, pinned[0], dtype, budget, pins=pinned[1]) if pinned else None
+    runs = None
+    # as few stages as keep the held weights on their chips, or one or two more (after the last weight, the
+    # first model may have had a stage of unheld weights: a tied head's transposed table)
+    for count in range(pinned[0], min(pinned[0] + 3, n + 1)) if pinned else ():
+        runs = split_stages(g, chip, count, dtype, budget, pins=pinned[1])
+        if runs is not None:
+            break
     if runs is None:
         runs = split_stages(g, chip, n, dtype, budget, exact=chips is not None)
     stages = plan_pipeline(g, runs, chip_order(system, len(runs)))

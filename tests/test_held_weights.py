@@ -1,0 +1,128 @@
+"""Weights the host holds, named by the programs (``compile(..., weights=w, hold_weights=True)``): the encoded
+programs carry none of the bytes, they run as ONNX Runtime does, and a decoder's decode program keeps every
+weight on the chip, and at the SRAM address, where its prefill program put it."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import lpx_tvm
+from lpx_tvm.app import llama as L
+from lpx_tvm.runtime import offload_counts
+from lpx_tvm.runtime_sim import ProgramFormatError
+from lpx_tvm.runtime_sim.program import decode
+from lpx_tvm.runtime_sim.system_sim import decode_system, is_system_program
+
+SMALL = L.LlamaConfig(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512,
+                      vocab_size=512, max_context=16)
+PROMPT = [3, 141, 59, 265, 358, 97]
+# the chips' weights: every projection (q, k, v, o, gate, up, down) of both layers and the untied head; the
+# norms are widened to fp32 for the vector unit and the embedding is gathered on the host
+PRODUCTS = [n for n in L.llama_weights(SMALL) if n.endswith("proj.weight")] + ["lm_head.weight"]
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return L.llama_weights(SMALL.replace(dtype="fp16"), seed=5)
+
+
+def _placements(compiled) -> dict:
+    """``{(weight name, byte offset): (chip, SRAM address, bytes)}`` of every constant its programs name."""
+    out = {}
+    for blob in compiled.programs.values():
+        if is_system_program(blob):
+            system = decode_system(blob)
+            parts = zip(system.chips, system.programs)
+        else:
+            parts = [(0, decode(blob))]
+        for chip, program in parts:
+            for const in program.constants:
+                if const.held:
+                    out[const.held[1:]] = (chip, const.ref.addr, const.ref.nbytes)
+    return out
+
+
+def test_held_programs_carry_no_weight_bytes_and_run_as_onnx_runtime_does(weights):
+    graph = L.build_prefill(SMALL, len(PROMPT), weights=weights, external=True)
+    feeds = L.prefill_feeds(SMALL, PROMPT)
+    (session,) = L.ort_sessions(graph, weights=weights)
+    want = session.run(None, feeds)[0]
+    order = [i.name for i in graph.graph.input]
+    before = offload_counts()
+    held = lpx_tvm.compile(graph, weights=weights, dtype="fp16", hold_weights=True)
+    got = held(*[feeds[n] for n in order])[0]
+    assert sum((offload_counts() - before).values()) == 1  # it ran on lpx
+    (blob,) = held.programs.values()
+    on_chip = sum(weights[n].nbytes for n in PRODUCTS)  # 2,621,440 bytes
+    assert held.held_bytes == on_chip
+    assert len(blob) < on_chip // 20  # the instructions and the small constants, not the weights
+    named = _placements(held)
+    assert {name for name, _ in named} == set(PRODUCTS) and all(offset == 0 for _, offset in named)
+    # the same arithmetic as a program that carries the bytes, and ONNX Runtime's up to fp16 activations
+    inline = lpx_tvm.compile(graph, weights=weights, dtype="fp16")
+    assert len(next(iter(inline.programs.values()))) > on_chip
+    np.testing.assert_array_equal(got, inline(*[feeds[n] for n in order])[0])
+    assert np.abs(got - want).max() < 0.02 * np.abs(want).max()
+
+
+def test_a_held_program_outside_its_model_and_an_export_of_one_are_refused_by_name(weights, tmp_path):
+    graph = L.build_decode(SMALL, weights=weights, external=True)
+    compiled = lpx_tvm.compile(graph, weights=weights, dtype="fp16", hold_weights=True)
+    with pytest.raises(ValueError, match="read the weights passed to compile.*without hold_weights to export"):
+        compiled.export_library(tmp_path / "decode.so")
+    (blob,) = compiled.programs.values()
+    blob = bytes(blob)
+    del compiled
+    gc.collect()
+    with pytest.raises(ProgramFormatError, match=r"is held by the host as 'model\.layers\.0\.self_attn\.q_proj"
+                                                 r"\.weight' \(weight set [0-9a-f]{16}\), and this process holds "
+                                                 "no such set"):
+        decode(blob)
+
+
+def test_hold_weights_needs_the_arrays_it_holds(weights):
+    graph = L.build_decode(SMALL, weights=weights, external=True)
+    with pytest.raises(ValueError, match="hold_weights holds the arrays passed as weights=...; none were given"):
+        lpx_tvm.compile(L.build_decode(SMALL, weights=weights), hold_weights=True)
+    first = lpx_tvm.compile(graph, weights=weights, dtype="fp16", hold_weights=True)
+    other = dict(weights, **{"lm_head.weight": weights["lm_head.weight"].copy()})
+    with pytest.raises(ValueError, match=r"the other model holds 'lm_head.weight', and weights\['lm_head.weight'\] "
+                                         "is not that array"):
+        lpx_tvm.compile(graph, weights=other, dtype="fp16", hold_weights=first.held)
+    with pytest.raises(ValueError, match="hold_weights must be True, False or another model's held weights"):
+        lpx_tvm.compile(graph, weights=weights, dtype="fp16", hold_weights="yes")
+
+
+@pytest.mark.parametrize("system", [None, "tiny-4"])
+def test_decode_keeps_every_weight_where_the_prefill_put_it(weights, system):
+    """One chip: the same addresses though the two programs' small constants differ (the prefill's causal mask).
+    Four chips: a pipeline balanced afresh puts the decode's stages elsewhere (layer 0's o_proj on chip 0,
+    not 1); over the prefill's held weights each stays on its chip."""
+    options = dict(dtype="fp16", system=system)
+    prefill = lpx_tvm.compile(L.build_prefill(SMALL, len(PROMPT), weights=weights, external=True),
+                              weights=weights, hold_weights=True, **options)
+    decode_graph = L.build_decode(SMALL, weights=weights, external=True)
+    names = L.cache_names(SMALL)
+    decoded = lpx_tvm.compile(decode_graph, weights=weights, state=names, hold_weights=prefill.held, **options)
+    first, then = _placements(prefill), _placements(decoded)
+    assert set(first) == set(then) == {(n, 0) for n in PRODUCTS}
+    assert then == first
+    chips = {chip for chip, _, _ in first.values()}
+    assert chips == ({0} if system is None else {0, 1, 2, 3})
+    assert prefill.held.shared == sum(weights[n].nbytes for n in PRODUCTS) and prefill.held.moved == 0
+    if system is not None:  # afresh, the decode pipeline would have put some of them elsewhere
+        afresh = _placements(lpx_tvm.compile(decode_graph, weights=weights, state=names, hold_weights=True,
+                                             **options))
+        assert {key for key in afresh if afresh[key] != first[key]} >= {("model.layers.0.self_attn.o_proj.weight", 0)}
+
+
+def test_generate_reports_the_decode_program_over_the_prefills_resident_weights():
+    from lpx_tvm.app.generate import generate
+
+    report = generate("llama-small", tokens=2, system="tiny-4", dtype="fp16", prompt_len=6)
+    assert report["agree"] and len(report["tokens"]) == 3
+    # 4 layers of q and o 256x256, k and v 256x128, gate, up and down 256x512, and the 256x1024 head, in fp16
+    on_chips = 2 * (4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512) + 256 * 1024)
+    assert report["resident_weights"] == {"held_by_name_bytes": on_chips, "shared_bytes": on_chips,
+                                          "moved_bytes": 0}

@@ -16,15 +16,24 @@ from .rules import ProgramFormatError
 HEADER = struct.Struct("<8sHHQ16s")
 
 
-def seal(view: memoryview, magic: bytes, version: int) -> None:
+def body_digest(body, version: int, keyed_from: int | None = None) -> bytes:
+    """The 16-byte blake2b of ``body``; from version ``keyed_from`` on, keyed by the version too, so that a
+    changed version field (the body of one format read as another's) fails the checksum."""
+    keyed = keyed_from is not None and version >= keyed_from
+    return hashlib.blake2b(body, digest_size=16, person=struct.pack("<H", version) if keyed else b"").digest()
+
+
+def seal(view: memoryview, magic: bytes, version: int, keyed_from: int | None = None) -> None:
     """Write the header over the first :data:`HEADER` bytes of ``view``, whose body follows them."""
     body = view[HEADER.size:]
-    HEADER.pack_into(view, 0, magic, version, 0, len(body), hashlib.blake2b(body, digest_size=16).digest())
+    HEADER.pack_into(view, 0, magic, version, 0, len(body), body_digest(body, version, keyed_from))
 
 
-def opened(blob, magic: bytes, versions: tuple, what: str, verified: bool = False) -> tuple:
+def opened(blob, magic: bytes, versions: tuple, what: str, verified: bool = False,
+           keyed_from: int | None = None) -> tuple:
     """``(version, body, digest)`` of a sealed container, every header field checked; the checksum too, unless
-    ``verified`` (the container lies inside another whose checksum, checked already, covers its bytes).
+    ``verified`` (the container lies inside another whose checksum, checked already, covers its bytes);
+    ``keyed_from``: see :func:`body_digest`.
 
     Raises
     ------
@@ -44,7 +53,7 @@ def opened(blob, magic: bytes, versions: tuple, what: str, verified: bool = Fals
     body = buf[HEADER.size:]
     if len(body) != body_len:
         raise ProgramFormatError(f"{what} truncated or padded: body is {len(body)} bytes, header says {body_len}")
-    if not verified and hashlib.blake2b(body, digest_size=16).digest() != digest:
+    if not verified and body_digest(body, version, keyed_from) != digest:
         raise ProgramFormatError(f"{what} checksum mismatch: the bytes were corrupted")
     return version, body, digest
 

@@ -36,6 +36,7 @@ VERSION = 9  # 2: streamed weights; 3: attributes in op-table order; 4: streams,
 # 6: resident state; 7: inputs the host converts, outputs it widens; 8: each constant's bytes start at a multiple
 # of 64 from the program's first byte (zeros before them), so a simulator reads them where they lie; 9: a constant
 # may be held by the host by name (.held) instead of carried
+_KEYED_FROM = 9  # from format 9 the checksum covers the version field too (container.body_digest)
 _ALIGN = 64
 _PAD = object()  # in an encoding's parts: zeros up to the next multiple of _ALIGN
 _INSTR = struct.Struct("<BBBBBBIQ")  # opcode unit unit_index n_src n_dst n_attr layer cycle
@@ -238,7 +239,7 @@ class Encoding:
             else:
                 view[at:at + size] = part
             at += size
-        seal(view[:self.nbytes], MAGIC, VERSION)
+        seal(view[:self.nbytes], MAGIC, VERSION, _KEYED_FROM)
 
 
 def _parts(program: Program) -> list:
@@ -377,7 +378,7 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
 def decoded_columns(blob, config: ChipConfig | str | None = None, verified: bool = False):
     """:func:`decode`, returning the program as :class:`.columns.ProgramColumns` (see :func:`validated_columns`);
     ``verified``: its checksum is not checked again (a system program's checksum covers its chips' bytes)."""
-    version, body, digest = opened(blob, MAGIC, (7, 8, VERSION), "program", verified)
+    version, body, digest = opened(blob, MAGIC, (7, 8, VERSION), "program", verified, _KEYED_FROM)
     try:
         program = _parse_body(_Reader(body), digest, version)
     except ProgramFormatError:

@@ -85,6 +85,7 @@ def test_isa_reference_is_current():
 
 def test_an_attribute_count_the_table_does_not_allow_is_a_format_error():
     import hashlib
+    import struct
 
     from lpx_tvm.runtime_sim.container import HEADER as _HEADER
     from lpx_tvm.runtime_sim.program import _INSTR, MAGIC, VERSION
@@ -100,6 +101,7 @@ def test_an_attribute_count_the_table_does_not_allow_is_a_format_error():
     end = bytes(body).rindex(b"\x00\x00\x00\x00\x00\x00\xf0?")  # drop CLIP's last attribute (hi = 1.0)
     del body[end:end + 8]
     body = bytes(body)
-    signed = _HEADER.pack(MAGIC, VERSION, 0, len(body), hashlib.blake2b(body, digest_size=16).digest()) + body
+    signed = _HEADER.pack(MAGIC, VERSION, 0, len(body), hashlib.blake2b(body, digest_size=16,
+                                 person=struct.pack("<H", VERSION)).digest()) + body
     with pytest.raises(ProgramFormatError, match="CLIP: attributes end before 'hi'"):
         decode(signed)

@@ -92,6 +92,7 @@ def test_padding_that_is_not_zeros_is_named_even_behind_a_valid_checksum():
     """The bytes before a weight are zeros in format 8: a program whose padding holds anything else (damage
     that a re-signed checksum hides) is refused, not run."""
     import hashlib
+    import struct
 
     import pytest
 
@@ -107,6 +108,7 @@ def test_padding_that_is_not_zeros_is_named_even_behind_a_valid_checksum():
     body = bytearray(blob[HEADER.size:])
     body[data_b.ctypes.data - blob.ctypes.data - HEADER.size - 1] = 7  # the byte just before b's
     body = bytes(body)
-    signed = HEADER.pack(fmt.MAGIC, fmt.VERSION, 0, len(body), hashlib.blake2b(body, digest_size=16).digest()) + body
+    signed = HEADER.pack(fmt.MAGIC, fmt.VERSION, 0, len(body), hashlib.blake2b(body, digest_size=16,
+                                 person=struct.pack("<H", fmt.VERSION)).digest()) + body
     with pytest.raises(ProgramFormatError, match="constant padding is not zeros"):
         fmt.decode(signed)

@@ -90,12 +90,13 @@ def _aligned_rows(tile: np.ndarray):
     return view, back // 2
 
 
-def _aligned(shape, fill=np.empty) -> np.ndarray:
-    """A new fp32 array of ``shape`` from a multiple of 64 bytes (``fill``: np.empty or np.zeros)."""
-    count = math.prod(shape)
-    raw = fill(4 * count + _ALIGN, np.uint8)
+def _aligned(shape, fill=np.empty, dtype=np.float32) -> np.ndarray:
+    """A new array of ``shape`` (fp32 unless ``dtype``) from a multiple of 64 bytes (``fill``: np.empty or
+    np.zeros)."""
+    size = math.prod(shape) * np.dtype(dtype).itemsize
+    raw = fill(size + _ALIGN, np.uint8)
     start = -raw.ctypes.data % _ALIGN
-    return raw[start:start + 4 * count].view(np.float32).reshape(shape)
+    return raw[start:start + size].view(dtype).reshape(shape)
 
 
 def _aligned_whole(x: np.ndarray) -> bool:
@@ -192,8 +193,12 @@ def depthwise_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
 
 
 def install() -> None:
-    """Make :func:`half_product` the simulator's product of few rows and an fp16 tile, and
-    :func:`depthwise_sums` its depthwise convolution."""
-    from .runtime_sim import semantics
+    """Make :func:`half_product` the simulator's product of few rows and an fp16 tile, :func:`depthwise_sums`
+    its depthwise convolution, :func:`.fused_kernels.kernel` the builder of its fused elementwise runs, and
+    :mod:`.window_kernels` its IM2COL and max pooling."""
+    from . import fused_kernels, window_kernels
+    from .runtime_sim import fusion, semantics
     semantics.use_half_product(half_product)
     semantics.use_depthwise_sums(depthwise_sums)
+    fusion.use_elementwise_kernels(fused_kernels.kernel)
+    semantics.use_window_kernels(window_kernels.im2col, window_kernels.max_pool)

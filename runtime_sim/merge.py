@@ -36,6 +36,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from .fusion import fused
 from .hazards import footprint_key, meets, overlaps, range_key
 from .isa import BINARY_OPS, UNARY_OPS, Opcode
 from .program import aligned_array
@@ -81,9 +82,9 @@ class _Node:
 
     @property
     def entry(self) -> tuple:
-        if len(self.steps) == 1:
-            return (*self.steps[0], self.position)
-        steps = _into_destination(self.steps, self.chained)
+        steps = fused(_into_destination(self.steps, self.chained), self.chained)
+        if len(steps) == 1:
+            return (*steps[0], self.position)
 
         def run(_outs, _ins, _attrs):
             for fn, _, outs, ins, attrs in steps:
@@ -531,7 +532,7 @@ def _stack_group(nodes, axis: int, scratch: _Scratch):
             ins.append(operand)
         steps.append((fn, op, [out], ins, attrs))
         previous = out
-    steps = _into_destination(steps, nodes[0].chained)
+    steps = fused(_into_destination(steps, nodes[0].chained), nodes[0].chained)
 
     def run(_outs, _ins, _attrs):
         for pieces in gathers:

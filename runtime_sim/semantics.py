@@ -468,8 +468,22 @@ def _pool(x, attrs, fill, combine):
 
 
 def _maxpool(outs, ins, attrs):
+    if _window_kernels is not None and _window_kernels[1](ins[0], outs[0], attrs):
+        return
     # int8/uint8 values are exact in fp32, so one path serves every dtype
     _store(outs[0], _pool(_f32(ins[0]), attrs, -np.inf, np.maximum))
+
+
+_window_kernels = None  # (im2col, max_pool) kernels that walk every tap in one call (lpx_tvm installs TVM's)
+
+
+def use_window_kernels(im2col=None, max_pool=None) -> tuple | None:
+    """Make ``im2col(x, out, attrs)`` and ``max_pool(x, out, attrs)`` compute IM2COL and MAXPOOL where they
+    can (each returns False, having written nothing, where it cannot); None: numpy's passes, one a tap.
+    Returns the pair it replaces (None where there was none)."""
+    global _window_kernels
+    previous, _window_kernels = _window_kernels, ((im2col, max_pool) if im2col is not None else None)
+    return previous
 
 
 def _avgpool(outs, ins, attrs):
@@ -595,6 +609,8 @@ def _im2col(outs, ins, attrs):
     pad value: the input is not padded first (that copy cost a third of the time).
     """
     x = ins[0]
+    if _window_kernels is not None and _window_kernels[0](x, outs[0], attrs):
+        return
     (kh, kw), groups = attrs["kernel"], attrs["groups"]
     (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
     top, left, bottom, right = attrs["pad"]

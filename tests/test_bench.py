@@ -36,3 +36,22 @@ def test_the_chain_is_layers_of_distinct_weights_that_run_on_lpx():
     (y,) = run_on_lpx(compiled, [x], programs=1)
     np.testing.assert_allclose(y, ort_run(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
+
+
+def test_the_engines_are_timed_in_turns(monkeypatch):
+    """Ten calls of each of two engines in five turns: each turn one untimed call, then two timed, engine after
+    engine; each median from its own calls' times (a clock that advances 1 s in the first engine's calls and
+    3 s in the second's)."""
+    from lpx_tvm.app import bench
+
+    log, clock = [], [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def engine(name, seconds):
+        def call():
+            log.append(name)
+            clock[0] += seconds
+        return call
+    medians = bench.side_by_side([engine("sim", 1.0), engine("ort", 3.0)], repeat=10, turns=5)
+    assert log == (["sim"] * 3 + ["ort"] * 3) * 5
+    assert medians == [1.0, 3.0]

@@ -82,6 +82,17 @@ def test_a_convolution_s_products_run_once_per_tile(rng, dtype):
     assert fast[Opcode.IM2COL] < in_stream[Opcode.IM2COL], "the bands of the 3×3 convolution"
 
 
+@pytest.fixture
+def numpy_steps():
+    """Every elementwise step by numpy, one call a step, none fused into a kernel
+    (:mod:`lpx_tvm.runtime_sim.fusion`): the calls these tests watch."""
+    from lpx_tvm.runtime_sim import fusion
+
+    compiler = fusion.use_elementwise_kernels(None)
+    yield
+    fusion.use_elementwise_kernels(compiler)
+
+
 @contextmanager
 def _recording(opcode, what):
     """``what(outs, ins)`` of every call of ``opcode`` by the simulators built inside, appended as each runs."""
@@ -327,7 +338,7 @@ def test_merged_entries_share_their_gather_buffers_slot_by_slot():
     assert not np.shares_memory(larger, a0) and np.shares_memory(scratch.user()((1, 8), np.float32), larger)
 
 
-def test_a_products_epilogue_works_in_place_where_the_product_is_computed(rng):
+def test_a_products_epilogue_works_in_place_where_the_product_is_computed(rng, numpy_steps):
     """Every float product of the conv pair streams only to its EPILOGUE: the fast path computes it where that
     EPILOGUE writes (the activation, channels first, so the product's rows are the output's columns), and
     the EPILOGUE adds its bias there, in place: as many in-place EPILOGUEs as the program has distinct tiles,
@@ -399,7 +410,7 @@ def test_a_chain_joins_past_a_later_write_of_a_stream_it_passes_a_result_through
 
 
 @pytest.mark.parametrize("other_in_destination", [False, True], ids=["apart", "other-input-in-destination"])
-def test_an_elementwise_chain_runs_in_its_last_steps_destination(rng, other_in_destination):
+def test_an_elementwise_chain_runs_in_its_last_steps_destination(rng, numpy_steps, other_in_destination):
     """y = (x + c) · z through a stream. Apart, the ADD writes y and the MUL multiplies there, in place. With z
     lying in y (the MUL writes over the operand it reads), the ADD may not write y first, or the MUL would
     read the sum where z was. The values are numpy's either way."""
@@ -424,7 +435,7 @@ def test_an_elementwise_chain_runs_in_its_last_steps_destination(rng, other_in_d
     assert in_place == [not other_in_destination]
 
 
-def test_an_elementwise_step_writes_over_its_own_input_in_its_chains_destination(rng):
+def test_an_elementwise_step_writes_over_its_own_input_in_its_chains_destination(rng, numpy_steps):
     """y = relu(x + y), a residual's shape: the ADD reads y and the RELU writes it. numpy reads each element of
     the ADD's operands before it writes that element, so the ADD may write y and the RELU work there, in
     place. The values are numpy's."""

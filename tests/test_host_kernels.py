@@ -161,3 +161,94 @@ def test_depthwise_sums_are_numpys_tap_by_tap_to_the_bit(shape, kernel, stride, 
     exact = sum(padded[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
                 * w[None, :, i, j, None, None] for i in range(kh) for j in range(kw))
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)
+
+
+def _numpy_windows():
+    """A context in which IM2COL and MAXPOOL run numpy's passes, one a tap (the definition)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def windows():
+        previous = semantics.use_window_kernels(None)
+        try:
+            yield
+        finally:
+            semantics.use_window_kernels(*previous)
+    return windows()
+
+
+_WINDOWS = [  # (input shape, kernel, stride, dilation, pad, groups)
+    ((1, 64, 6, 56), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),  # a band of ResNet-50's 3 x 3
+    ((1, 3, 19, 224), (7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 1),  # its stem: stride 2, 112 columns
+    ((2, 8, 9, 13), (3, 5), (1, 2), (2, 1), (0, 2, 1, 0), 2),  # dilated, grouped, padded on two sides
+    ((1, 4, 5, 7), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1),  # fewer columns than a vector holds
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
+@pytest.mark.parametrize("shape, kernel, stride, dilation, pad, groups", _WINDOWS)
+def test_im2col_by_the_kernel_is_numpys_to_the_bit(dtype, shape, kernel, stride, dilation, pad, groups):
+    """The kernel's columns are numpy's tap-by-tap copy's, the pad value around them included, for every element
+    type a program's IM2COL moves; the input a band of rows of a larger array (a view that starts inside it)."""
+    from lpx_tvm import window_kernels
+
+    rng = np.random.default_rng(sum(shape))
+    whole = (rng.standard_normal((shape[0], shape[1], shape[2] + 3, shape[3])) * 50).astype(dtype)
+    x = whole[:, :, 2:2 + shape[2]]
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    top, left, bottom, right = pad
+    oh = (shape[2] + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (shape[3] + left + right - (kw - 1) * dw - 1) // sw + 1
+    attrs = {"kernel": kernel, "stride": stride, "dilation": dilation, "pad": pad, "groups": groups,
+             "pad_value": 3}
+    columns = (shape[1] // groups * kh * kw, oh * ow)
+    got = np.full((shape[0], groups, *columns), 99, dtype)
+    assert window_kernels.im2col(x, got, attrs)
+    want = np.full_like(got, 99)
+    with _numpy_windows():
+        semantics._im2col([want], [x], attrs)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_max_pooling_by_the_kernel_is_numpys_to_the_bit_nans_and_signed_zeros_included():
+    """numpy's maximum keeps a NaN and, of two equal values, the second (so -0.0 then 0.0 gives 0.0): the
+    kernel takes the taps in numpy's order by the same rule, into a strided band of a larger output."""
+    from lpx_tvm import window_kernels
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 5, 17, 35)).astype(np.float32)
+    x[0, 0, ::3, ::2] = np.float32(-0.0)
+    x[0, 1, ::2, ::3] = np.float32(0.0)
+    x[0, 1, 1::2, ::3] = np.float32(-0.0)
+    x[0, 2, 4, 4] = np.nan
+    x[0, 3, 6, 6] = -np.inf
+    x[0, 4] = -np.inf
+    attrs = {"kernel": (3, 3), "stride": (2, 2), "dilation": (1, 1), "pad": (1, 1, 1, 1)}
+    whole = np.full((1, 5, 12, 18), 7, np.float32)
+    got = whole[:, :, 1:10]
+    assert window_kernels.max_pool(x, got, attrs)
+    want = np.empty((1, 5, 9, 18), np.float32)
+    with _numpy_windows():
+        semantics._maxpool([want], [x], attrs)
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    assert (whole[:, :, 0] == 7).all() and (whole[:, :, 10:] == 7).all(), "nothing written outside the band"
+
+
+def test_the_window_kernels_decline_what_they_cannot_lay_out():
+    """An output whose positions are not adjacent (or an int8 max pool) is left to numpy: the kernel says no
+    and writes nothing."""
+    from lpx_tvm import window_kernels
+
+    x = np.ones((1, 2, 4, 4), np.float32)
+    attrs = {"kernel": (1, 1), "stride": (1, 1), "dilation": (1, 1), "pad": (0, 0, 0, 0), "groups": 1,
+             "pad_value": 0}
+    out = np.zeros((1, 1, 2, 32), np.float32)[..., ::2]
+    assert not window_kernels.im2col(x, out, attrs)
+    assert not out.any()
+    assert not window_kernels.max_pool(x.astype(np.int8), np.zeros((1, 2, 4, 4), np.int8), attrs)
+
+
+def test_lpx_installs_the_window_kernels():
+    from lpx_tvm import window_kernels
+
+    assert semantics._window_kernels == (window_kernels.im2col, window_kernels.max_pool)

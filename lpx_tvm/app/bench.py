@@ -1,7 +1,8 @@
 """Benchmark the flow itself, side by side in one run: simulator vs ONNX Runtime, lpx compile vs TVM llvm.
 
-Times are medians over repeated calls in the same process (these machines are
-noisy, so only ratios taken together mean anything). Peak RSS is measured in a
+Times are medians over repeated calls in the same process, the engines timed
+in turns (these machines are noisy, so only ratios taken together mean
+anything). Peak RSS is measured in a
 fresh child process per engine, each reporting its own high-water mark. The
 simulator runs with its schedule checks on: they happen once, at program load.
 """
@@ -57,7 +58,7 @@ def bench_model(model: str, repeat: int = 10) -> dict:
 
     from .. import compile as lpx_compile
     from ..runtime_sim import reference_arithmetic
-    from .zoo import ZOO, llvm_build, timed
+    from .zoo import ZOO, llvm_build
 
     entry = ZOO[model]
     onnx_model = entry.load()
@@ -75,10 +76,11 @@ def bench_model(model: str, repeat: int = 10) -> dict:
     lpx_compile_s, llvm_compile_s = float(np.median(lpx_times)), float(np.median(llvm_times))
     args = [feeds[n] for n, _, _ in compiled.input_signature]
     sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
-    sim_s = timed(lambda: compiled(*args), repeat)
-    with reference_arithmetic():
-        reference_s = timed(lambda: compiled(*args), repeat)
-    ort_s = timed(lambda: sess.run(None, feeds), repeat)
+    def reference():
+        with reference_arithmetic():
+            compiled(*args)
+    sim_s, reference_s, ort_s = side_by_side([lambda: compiled(*args), reference, lambda: sess.run(None, feeds)],
+                                             repeat)
     # the model's FLOPs at numpy's best GEMM rate here: no simulator that multiplies with numpy runs faster
     floor_s = compiled.report.flops_total / numpy_gemm_flops()
     return {"model": model, "sim_s": sim_s, "reference_s": reference_s, "ort_s": ort_s, "sim_over_ort": sim_s / ort_s,
@@ -86,6 +88,21 @@ def bench_model(model: str, repeat: int = 10) -> dict:
             "lpx_compile_s": lpx_compile_s, "tvm_llvm_compile_s": llvm_compile_s,
             "compile_over_tvm": lpx_compile_s / llvm_compile_s,
             "sim_peak_rss_mb": _child_peak_rss_mb(model, "lpx"), "ort_peak_rss_mb": _child_peak_rss_mb(model, "ort")}
+
+
+def side_by_side(functions, repeat: int, turns: int = 5) -> list:
+    """Median wall seconds of each of ``functions``, timed in turns: each in turn is called ``repeat // turns``
+    times (after one call that is not timed: what ran just before, such as ONNX Runtime's spinning threads,
+    falls on it), so that a machine that slows down or speeds up meanwhile does so for all of them alike."""
+    times = [[] for _ in functions]
+    for _ in range(turns):
+        for fn, taken in zip(functions, times):
+            fn()
+            for _ in range(max(1, repeat // turns)):
+                start = time.perf_counter()
+                fn()
+                taken.append(time.perf_counter() - start)
+    return [float(np.median(taken)) for taken in times]
 
 
 def numpy_gemm_flops(size: int = 1024, repeat: int = 5) -> float:

@@ -1,0 +1,141 @@
+"""The simulator's IM2COL and max pooling as kernels TVM compiles for this CPU.
+
+numpy's IM2COL copies one strided view a kernel tap (and fills the border
+strips around it), and its max pooling makes a pass a tap: a 7 x 7 stem is 49
+copies and up to 196 fills a band of rows, each a numpy call of a few
+microseconds over a few hundred bytes, so the calls, not the bytes, are the
+cost (ResNet-50's stem: 220 us a band). Here the input is padded once
+(numpy), and one kernel a window (kernel, stride, dilation) and element type
+walks every tap: a copy is exact in any type, and a maximum takes numpy's
+rule (a NaN wins, and of two equal values the second), each tap in numpy's
+order, so the results are numpy's bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .host_kernels import _aligned, _compiled, _target
+
+_LANES = 16
+
+
+def _vector_loop(T, count, body):
+    """``body(x)`` for x in [0, count): sixteen at a time in vector registers, then the rest one by one."""
+    with T.serial(0, count // _LANES) as block:
+        with T.vectorized(0, _LANES) as lane:
+            body(block * _LANES + lane)
+    with T.serial(0, count % _LANES) as rest:
+        body(count // _LANES * _LANES + rest)
+
+
+def _build_im2col(window: tuple, dtype: str):
+    """``main(x, out, channels, height, width, oh, ow, groups, s_n, s_g, s_k)``: ``x`` padded [N, C, H, W]
+    contiguous, ``out`` [N, G, C/G·kh·kw, OH·OW] with those strides (elements) and adjacent positions."""
+    import tvm
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    (kh, kw), (sh, sw), (dh, dw) = window
+    with IRBuilder() as builder:
+        with T.prim_func():
+            T.func_name("main")
+            px, po = T.arg("x", T.handle(dtype)), T.arg("out", T.handle(dtype))
+            batch, channels, height, width, oh, ow, groups, s_n, s_g, s_k = (
+                T.arg(name, T.int64()) for name in
+                ("batch", "channels", "height", "width", "oh", "ow", "groups", "s_n", "s_g", "s_k"))
+            x = T.decl_buffer((batch * channels * height * width,), dtype, data=px)
+            out = T.decl_buffer((batch * s_n,), dtype, data=po, align=np.dtype(dtype).itemsize)
+            per_group = channels // groups
+            with T.serial(0, batch) as b, T.serial(0, groups) as g, T.serial(0, per_group) as c:
+                for i in range(kh):
+                    for j in range(kw):
+                        row = b * s_n + g * s_g + ((c * kh + i) * kw + j) * s_k
+                        with T.serial(0, oh) as y:
+                            source = ((b * channels + g * per_group + c) * height + y * sh + i * dh) * width + j * dw
+
+                            def copy(col, row=row, y=y, source=source):
+                                T.buffer_store(out, x[source + col * sw], [row + y * ow + col])
+                            _vector_loop(T, ow, copy)
+    return tvm.tirx.build(tvm.IRModule({"main": builder.get()}), target=_target(fused=False))["main"]
+
+
+def _build_maxpool(window: tuple):
+    """``main(x, out, planes, height, width, oh, ow, s_p, s_y)``: ``x`` padded [P, H, W] fp32 contiguous (P the
+    batch times the channels), ``out`` [P, OH, OW] with strides ``s_p``, ``s_y`` (elements), columns adjacent."""
+    import tvm
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    from .fused_kernels import _maximum
+
+    (kh, kw), (sh, sw), (dh, dw) = window
+    with IRBuilder() as builder:
+        with T.prim_func():
+            T.func_name("main")
+            px, po = T.arg("x", T.handle("float32")), T.arg("out", T.handle("float32"))
+            planes, height, width, oh, ow, s_p, s_y = (
+                T.arg(name, T.int64()) for name in ("planes", "height", "width", "oh", "ow", "s_p", "s_y"))
+            x = T.decl_buffer((planes * height * width,), "float32", data=px)
+            out = T.decl_buffer((planes * s_p,), "float32", data=po, align=4)
+            with T.serial(0, planes) as p, T.serial(0, oh) as y:
+                def pool(col, p=p, y=y):
+                    at = p * s_p + y * s_y + col
+                    # the running maximum kept in the output: as one expression it would grow as 3 ** taps
+                    for i in range(kh):
+                        for j in range(kw):
+                            tap = x[(p * height + y * sh + i * dh) * width + col * sw + j * dw]
+                            T.buffer_store(out, _maximum(out[at], tap) if i or j else tap, [at])
+                _vector_loop(T, ow, pool)
+    return tvm.tirx.build(tvm.IRModule({"main": builder.get()}), target=_target(fused=False))["main"]
+
+
+def _padded(x: np.ndarray, attrs: dict, fill) -> np.ndarray:
+    """``x`` [N, C, H, W] padded as ``attrs["pad"]`` says with ``fill``, contiguous from a multiple of 64 bytes."""
+    top, left, bottom, right = attrs["pad"]
+    n, c, h, w = x.shape
+    padded = _aligned((n, c, h + top + bottom, w + left + right), dtype=x.dtype)
+    if top or left or bottom or right:
+        padded[...] = fill
+    padded[:, :, top:top + h, left:left + w] = x
+    return padded
+
+
+def _window(attrs: dict) -> tuple:
+    return tuple(tuple(int(v) for v in attrs[name]) for name in ("kernel", "stride", "dilation"))
+
+
+def im2col(x: np.ndarray, out: np.ndarray, attrs: dict) -> bool:
+    """IM2COL of ``x`` [N, C, H, W] into ``out`` [N, G, C/G·kh·kw, OH·OW] (attributes as the instruction's).
+    False, having written nothing, where ``out``'s positions are not adjacent."""
+    (kh, kw), (sh, sw), (dh, dw) = _window(attrs)
+    if out.ndim != 4 or out.strides[3] != out.itemsize or any(s % out.itemsize for s in out.strides):
+        return False
+    padded = _padded(x, attrs, attrs["pad_value"])
+    n, c, h, w = padded.shape
+    oh, ow = (h - (kh - 1) * dh - 1) // sh + 1, (w - (kw - 1) * dw - 1) // sw + 1
+    s_n, s_g, s_k, _ = (s // out.itemsize for s in out.strides)
+    kernel = _compiled(_build_im2col, _window(attrs), str(x.dtype))
+    kernel(_pointer(padded), _pointer(out), n, c, h, w, oh, ow, attrs["groups"], s_n, s_g, s_k)
+    return True
+
+
+def max_pool(x: np.ndarray, out: np.ndarray, attrs: dict) -> bool:
+    """Max pooling of fp32 ``x`` [N, C, H, W] into fp32 ``out`` [N, C, OH, OW]. False, having written nothing,
+    where ``out``'s columns are not adjacent or its planes do not share one stride."""
+    if x.dtype != np.float32 or out.dtype != np.float32 or out.ndim != 4 or out.strides[3] != 4 \
+            or any(s % 4 for s in out.strides) or (out.shape[0] > 1 and out.strides[0] != out.strides[1] * out.shape[1]):
+        return False
+    (kh, kw), (sh, sw), (dh, dw) = _window(attrs)
+    padded = _padded(x, attrs, -np.inf)
+    n, c, h, w = padded.shape
+    oh, ow = out.shape[2:]
+    kernel = _compiled(_build_maxpool, _window(attrs))
+    kernel(_pointer(padded), _pointer(out), n * c, h, w, oh, ow, out.strides[1] // 4,
+           out.strides[2] // 4)
+    return True
+
+
+def _pointer(array: np.ndarray):
+    import ctypes
+    return ctypes.c_void_p(array.ctypes.data)

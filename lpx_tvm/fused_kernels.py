@@ -53,7 +53,8 @@ def _clip(x, lo, hi):
 
 # how many times a node's TIR reads each operand: TVM inlines every bound value where it is read, so a run's
 # expression grows as the product of these along it
-_READS = {"max": (3, 2), "min": (3, 2), "relu": (3,), "clip": (4,), "leaky_relu": (3,), "hard_swish": (5,)}
+_READS = {"max": (3, 2), "min": (3, 2), "relu": (3,), "clip": (4,), "leaky_relu": (3,), "hard_swish": (5,),
+          "gelu_from_exp": (8, 1)}
 _MAX_EXPRESSION = 256  # nodes of a run's expression, written out: past this the run is split (its build
 # time grows with it: 0.1 s at 120 nodes, 0.3 s at 360, 3 s at 1,100)
 
@@ -65,6 +66,26 @@ def expression_size(nodes) -> int:
         reads = _READS.get(name, (1,) * len(operands))
         sizes.append(1 + sum(n * (sizes[-1 - r] if r < 0 else 1) for n, r in zip(reads, operands)))
     return sizes[-1]
+
+
+_HALF_SQRT2 = 0.7071067811865476
+_ERF_P, _ERF_FIRST, _ERF_COEFFICIENTS = 0.3275911, 1.061405429, (-1.453152027, 1.421413741, -0.284496736, 0.254829592)
+
+
+def _gelu(x, exp):
+    """GELU of ``x`` as :func:`lpx_tvm.runtime_sim.semantics.gelu` computes it, step for step in fp32, given
+    ``exp`` = exp(-(x / sqrt 2)²) (numpy's)."""
+    from tvm.script.ir_builder import tirx as T
+
+    z = x * T.float32(_HALF_SQRT2)
+    t = T.float32(1.0) / (T.float32(_ERF_P) * T.abs(z) + T.float32(1.0))
+    poly = t * T.float32(_ERF_FIRST)
+    for coefficient in _ERF_COEFFICIENTS:
+        poly = (poly + T.float32(coefficient)) * t
+    magnitude = T.float32(1.0) - poly * exp
+    sign = T.reinterpret("int32", z) & T.int32(-0x80000000)
+    erf = T.reinterpret("float32", (T.reinterpret("int32", magnitude) & T.int32(0x7FFFFFFF)) | sign)
+    return x * T.float32(0.5) * (T.float32(1.0) + erf)
 
 
 def _node_value(name: str, args: list, constants: tuple):
@@ -100,6 +121,11 @@ def _node_value(name: str, args: list, constants: tuple):
     if name == "hard_swish":  # x * clip(x + 3, 0, 6) / 6, each rounded as numpy rounds it
         x = args[0]
         return x * _clip(x + T.float32(3.0), zero, T.float32(6.0)) / T.float32(6.0)
+    if name == "gelu_exp_argument":  # -(|x / sqrt 2|)², what erf takes the exp of
+        a = T.abs(args[0] * T.float32(_HALF_SQRT2))
+        return -(a * a)
+    if name == "gelu_from_exp":  # x / 2 · (1 + erf(x / sqrt 2)), erf's exp given
+        return _gelu(args[0], args[1])
     if name == "copy":
         return args[0]
     raise ValueError(f"no fused kernel node {name!r}")

@@ -52,7 +52,7 @@ def use_elementwise_kernels(compiler=None):
 _BINARY = {Opcode.ADD: "add", Opcode.SUB: "sub", Opcode.MUL: "mul", Opcode.DIV: "div",
            Opcode.MAXIMUM: "max", Opcode.MINIMUM: "min"}
 _UNARY = {Opcode.COPY, Opcode.CAST, Opcode.RELU, Opcode.CLIP, Opcode.NEG, Opcode.SQRT, Opcode.LEAKY_RELU,
-          Opcode.HARD_SWISH}
+          Opcode.HARD_SWISH, Opcode.GELU}
 
 
 def _activation(act: Opcode, attrs: dict, x: int, nodes: list) -> int | None:
@@ -75,6 +75,8 @@ def _activation(act: Opcode, attrs: dict, x: int, nodes: list) -> int | None:
         return node("leaky_relu", [x], [attrs["alpha"]])
     if act == Opcode.HARD_SWISH:
         return node("hard_swish", [x])
+    if act == Opcode.GELU:  # (its exp is numpy's: :func:`_gelu_step` runs it between two kernels)
+        return node("gelu", [x])
     return None
 
 
@@ -176,19 +178,51 @@ def _fused_step(steps, chained):
                 return None
             if np.may_share_memory(x, out) and not _same_view(np.broadcast_to(x, out.shape), out):
                 return None
+    if any(node[0] == "gelu" for node in nodes[:-1]):
+        return None
+    if nodes[-1][0] == "gelu":
+        return _gelu_step(steps, nodes, inputs)
+    call = _kernel_call(nodes, out, inputs)
+    if call is None:
+        return None
+
+    def run(_outs, _ins, _attrs):
+        call()
+    return (run, steps[-1][1], [out], inputs, {})
+
+
+def _kernel_call(nodes, out, inputs):
+    """A function of no arguments that runs the kernel of ``nodes`` from ``inputs`` into ``out``; None where
+    the arrays do not lie as a kernel takes them, or no kernel is built."""
     geometry = _rows(out.shape, [out, *inputs])
     if geometry is None:
         return None
     rows, cols, row_strides, col_strides = geometry
-    key = (tuple(nodes), tuple(s == 0 for s in col_strides[1:]))
-    kernel = _compiler(key)
+    kernel = _compiler((tuple(nodes), tuple(s == 0 for s in col_strides[1:])))
     if kernel is None:
         return None
     keep = [out, *inputs]  # the arrays whose pointers the call holds
     args = (*(ctypes.c_void_p(a.ctypes.data) for a in keep), *row_strides, rows, cols)
+    return lambda keep=keep: kernel(*args)
 
-    def run(_outs, _ins, _attrs, keep=keep):
-        kernel(*args)
+
+def _gelu_step(steps, nodes, inputs):
+    """A run that ends in GELU: erf's exp is numpy's, so a kernel computes the run and exp's argument into a
+    buffer of the step's own, numpy takes the exp there, and a second kernel computes the run again and
+    finishes erf and GELU (:func:`.semantics.erf`'s operations, in its order). Three passes, not fifteen."""
+    out = steps[-1][2][0]
+    operand = nodes[-1][1][0]
+    exps = np.empty_like(out)  # laid out as the destination is, so that the two lie alike
+    before = nodes[:-1]
+    argument = _kernel_call(before + [("gelu_exp_argument", (operand,), ())], exps, inputs)
+    finish = _kernel_call(before + [("gelu_from_exp", (operand, len(inputs)), ())], out, [*inputs, exps])
+    if argument is None or finish is None:
+        return None
+
+    def run(_outs, _ins, _attrs):
+        argument()
+        np.exp(exps, out=exps)
+        finish()
     return (run, steps[-1][1], [out], inputs, {})
 
 

@@ -39,13 +39,14 @@ def test_the_chain_is_layers_of_distinct_weights_that_run_on_lpx():
 
 
 def test_the_engines_are_timed_in_turns(monkeypatch):
-    """Ten calls of each of two engines in five turns: each turn one untimed call, then two timed, engine after
-    engine; each median from its own calls' times (a clock that advances 1 s in the first engine's calls and
+    """Ten calls of each of two engines in five turns: each turn a pause, one untimed call, then two timed, engine
+    after engine; each median from its own calls' times (a clock that advances 1 s in the first engine's calls and
     3 s in the second's)."""
     from lpx_tvm.app import bench
 
     log, clock = [], [0.0]
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench.time, "sleep", lambda seconds: log.append("pause"))
 
     def engine(name, seconds):
         def call():
@@ -53,5 +54,5 @@ def test_the_engines_are_timed_in_turns(monkeypatch):
             clock[0] += seconds
         return call
     medians = bench.side_by_side([engine("sim", 1.0), engine("ort", 3.0)], repeat=10, turns=5)
-    assert log == (["sim"] * 3 + ["ort"] * 3) * 5
+    assert log == (["pause"] + ["sim"] * 3 + ["pause"] + ["ort"] * 3) * 5
     assert medians == [1.0, 3.0]

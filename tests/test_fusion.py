@@ -60,12 +60,12 @@ def _check(build, inputs):
 
 
 @pytest.mark.parametrize("act, args", [(Opcode.RELU, ()), (Opcode.CLIP, (0.0, 6.0)), (Opcode.CLIP, (-1.5, 2.0)),
-                                       (Opcode.LEAKY_RELU, (0.1,)), (Opcode.HARD_SWISH, ())])
+                                       (Opcode.LEAKY_RELU, (0.1,)), (Opcode.HARD_SWISH, ()), (Opcode.GELU, ())])
 @pytest.mark.parametrize("layout", ["rows", "channels-first"])
 def test_a_products_epilogue_bias_and_activation_in_one_pass(act, args, layout, rng):
     """ResNet-50's EPILOGUE: the product's block of a channels-first activation (a band of a wider array, 37
     columns: two vectors and a tail), its bias one per row, the activation, in place; or bert's, rows of
-    positions with a bias per column."""
+    positions with a bias per column. GELU's erf takes numpy's exp between two kernels."""
     wide = _specials(rng.standard_normal((24, 50)).astype(np.float32) * 4, rng)
     if layout == "rows":
         bias = rng.standard_normal((24, 1)).astype(np.float32)

@@ -1,9 +1,9 @@
 """Benchmark the flow itself, side by side in one run: simulator vs ONNX Runtime, lpx compile vs TVM llvm.
 
-Times are medians over repeated calls in the same process, the engines timed
-in turns (these machines are noisy, so only ratios taken together mean
-anything). Peak RSS is measured in a
-fresh child process per engine, each reporting its own high-water mark. The
+Times are medians over repeated calls in one fresh process a model, the
+engines timed in turns (these machines are noisy, so only ratios taken
+together mean anything). Peak RSS is measured in a fresh child process per
+engine, each reporting its own high-water mark. The
 simulator runs with its schedule checks on: they happen once, at program load.
 """
 
@@ -40,6 +40,38 @@ print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def engine_times(model: str, repeat: int) -> list:
+    """Median seconds of the simulator (fast), the simulator tile by tile and ONNX Runtime on ``model``'s seeded
+    inputs, timed in turns (:func:`side_by_side`)."""
+    import onnxruntime as ort
+
+    from .. import compile as lpx_compile
+    from ..runtime_sim import reference_arithmetic
+    from .zoo import ZOO
+
+    entry = ZOO[model]
+    onnx_model = entry.load()
+    feeds = entry.feeds(onnx_model)
+    compiled = lpx_compile(onnx_model, config="tsp", input_shapes=entry.input_shapes)
+    args = [feeds[n] for n, _, _ in compiled.input_signature]
+    sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    def reference():
+        with reference_arithmetic():
+            compiled(*args)
+    return side_by_side([lambda: compiled(*args), reference, lambda: sess.run(None, feeds)], repeat)
+
+
+def _child_engine_times(model: str, repeat: int) -> list:
+    """:func:`engine_times` in a fresh process: what this one ran before (TVM's llvm builds slowed a 3 ms
+    simulation after them by a third) does not fall on it."""
+    code = f"from lpx_tvm.app.bench import engine_times; print(*engine_times({model!r}, {repeat}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"timing child for {model} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    return [float(v) for v in out.stdout.strip().splitlines()[-1].split()]
+
+
 COMPILE_REPEATS = 3  # each compile, lpx's and TVM llvm's in turn
 
 
@@ -54,15 +86,11 @@ def bench_model(model: str, repeat: int = 10) -> dict:
         ORT's time), ``lpx_compile_s`` and ``tvm_llvm_compile_s`` (medians of :data:`COMPILE_REPEATS` compiles
         each, in turn), ``compile_over_tvm``, ``sim_peak_rss_mb``, ``ort_peak_rss_mb``.
     """
-    import onnxruntime as ort
-
     from .. import compile as lpx_compile
-    from ..runtime_sim import reference_arithmetic
     from .zoo import ZOO, llvm_build
 
     entry = ZOO[model]
     onnx_model = entry.load()
-    feeds = entry.feeds(onnx_model)
     # each compile in turn, the median of each: the first of either pays what the process had not yet done
     # (TVM's passes built, lpx's patterns registered), which once fell on whichever ran first
     lpx_times, llvm_times = [], []
@@ -74,13 +102,7 @@ def bench_model(model: str, repeat: int = 10) -> dict:
         llvm_build(onnx_model, entry.input_shapes)
         llvm_times.append(time.perf_counter() - start)
     lpx_compile_s, llvm_compile_s = float(np.median(lpx_times)), float(np.median(llvm_times))
-    args = [feeds[n] for n, _, _ in compiled.input_signature]
-    sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
-    def reference():
-        with reference_arithmetic():
-            compiled(*args)
-    sim_s, reference_s, ort_s = side_by_side([lambda: compiled(*args), reference, lambda: sess.run(None, feeds)],
-                                             repeat)
+    sim_s, reference_s, ort_s = _child_engine_times(model, repeat)
     # the model's FLOPs at numpy's best GEMM rate here: no simulator that multiplies with numpy runs faster
     floor_s = compiled.report.flops_total / numpy_gemm_flops()
     return {"model": model, "sim_s": sim_s, "reference_s": reference_s, "ort_s": ort_s, "sim_over_ort": sim_s / ort_s,
@@ -90,13 +112,18 @@ def bench_model(model: str, repeat: int = 10) -> dict:
             "sim_peak_rss_mb": _child_peak_rss_mb(model, "lpx"), "ort_peak_rss_mb": _child_peak_rss_mb(model, "ort")}
 
 
+_QUIET_S = 0.3  # before each turn: the thread pools of what ran before (ONNX Runtime's, OpenBLAS's) stop spinning
+
+
 def side_by_side(functions, repeat: int, turns: int = 5) -> list:
     """Median wall seconds of each of ``functions``, timed in turns: each in turn is called ``repeat // turns``
-    times (after one call that is not timed: what ran just before, such as ONNX Runtime's spinning threads,
-    falls on it), so that a machine that slows down or speeds up meanwhile does so for all of them alike."""
+    times, after a pause in which the thread pools of what ran before stop spinning on the cores (ONNX
+    Runtime's after its runs doubled a 3 ms simulation's time) and one call that is not timed, so that a
+    machine that slows down or speeds up meanwhile does so for all of them alike."""
     times = [[] for _ in functions]
     for _ in range(turns):
         for fn, taken in zip(functions, times):
+            time.sleep(_QUIET_S)
             fn()
             for _ in range(max(1, repeat // turns)):
                 start = time.perf_counter()

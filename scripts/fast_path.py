@@ -6,7 +6,8 @@
 fp8 runs on lp30 (tsp has no fp8 matrix unit), the rest on tsp. A row is ``fast=ref`` when the two are
 bit-equal (int8 must be), else the largest difference over the output's largest magnitude. Exits 1 when an
 int8 model is not bit-equal or an fp32 one differs by more than the zoo's tolerance. ``--speed`` instead
-times each model's programs (fp32, tsp) fast and tile by tile, alternated call by call in one process.
+times each model's programs (fp32, tsp) tile by tile, fast, and fast without the host kernels (every
+elementwise step, IM2COL and max pool by numpy), in turns in one process.
 """
 
 import argparse
@@ -33,7 +34,8 @@ def main(argv=None) -> int:
     if args.speed:
         models = args.models or ["resnet50", "bert_encoder", "ppocr_rec"]
         print(tabulate([speed(name) for name in models], headers=["model", "tile by tile ms", "fast ms", "ratio",
-                                                                  "instructions", "fast calls"],
+                                                                  "numpy steps ms", "ratio", "instructions",
+                                                                  "fast calls"],
                        tablefmt="github", disable_numparse=True))
         return 0
     records, rows, bad = [], [], 0
@@ -65,10 +67,14 @@ def main(argv=None) -> int:
     return 1 if bad else 0
 
 
-def speed(name: str, calls: int = 9) -> list:
-    """Medians of ``calls`` alternated runs of every program of ``name`` (fp32 on tsp): tile by tile, then fast."""
+def speed(name: str, calls: int = 10) -> list:
+    """Medians of ``calls`` runs of every program of ``name`` (fp32 on tsp), timed in turns: tile by tile, fast,
+    and fast with every elementwise step, IM2COL and max pool by numpy (no host kernel: the simulator as
+    ``runtime_sim`` alone runs it)."""
     import lpx_tvm
-    from lpx_tvm.runtime_sim import Simulator
+    import tvm  # noqa: F401  (lpx_tvm installs the host kernels when TVM loads)
+    from lpx_tvm.app.bench import side_by_side
+    from lpx_tvm.runtime_sim import Simulator, fusion, semantics
 
     entry = ZOO[name]
     model = entry.load()
@@ -84,17 +90,28 @@ def speed(name: str, calls: int = 9) -> list:
         compiled(*[feeds[n] for n, _, _ in compiled.input_signature])
     finally:
         Simulator.run = run
-    times = {True: [], False: []}
-    for _ in range(calls):
-        for reference in (True, False):
-            start = time.perf_counter()
-            for sim, inputs in captured.values():
+    kernels = fusion.use_elementwise_kernels(None)
+    numpy_steps = [(Simulator(sim.program, check_schedule=False), inputs) for sim, inputs in captured.values()]
+    fusion.use_elementwise_kernels(kernels)
+    windows = semantics.use_window_kernels(None)
+    semantics.use_window_kernels(*windows)
+
+    def runs(pairs, reference=False, window_kernels=windows):
+        def run_all():
+            semantics.use_window_kernels(*(window_kernels or (None,)))
+            for sim, inputs in pairs:
                 sim.run(inputs, reference=reference)
-            times[reference].append(time.perf_counter() - start)
-    slow, fast = (float(np.median(times[k])) for k in (True, False))
+        return run_all
+    pairs = list(captured.values())
+    try:
+        slow, fast, by_numpy = side_by_side([runs(pairs, reference=True), runs(pairs),
+                                             runs(numpy_steps, window_kernels=None)], calls)
+    finally:
+        semantics.use_window_kernels(*windows)
     sims = [sim for sim, _ in captured.values()]
-    return [name, f"{slow * 1e3:.1f}", f"{fast * 1e3:.1f}", f"{slow / fast:.2f}",
-            str(sum(len(s.program.instructions) for s in sims)), str(sum(len(s._fast) for s in sims))]
+    return [name, f"{slow * 1e3:.1f}", f"{fast * 1e3:.1f}", f"{slow / fast:.2f}", f"{by_numpy * 1e3:.1f}",
+            f"{by_numpy / fast:.2f}", str(sum(len(s.program.instructions) for s in sims)),
+            str(sum(len(s._fast) for s in sims))]
 
 
 if __name__ == "__main__":

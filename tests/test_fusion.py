@@ -44,17 +44,21 @@ def _run(steps):
             fn(outs, ins, attrs)
 
 
-def _check(build, inputs):
-    """Run the steps ``build(arrays)`` makes by numpy on copies of ``inputs``, and fused on others: one kernel
-    step, and every byte of every array alike."""
+def _numpy_and_fused(build, inputs):
+    """``(arrays by numpy, arrays fused, the fused steps)``: the steps ``build(arrays)`` makes (and their
+    ``chained``) run one by one by numpy on copies of ``inputs``, and fused on other copies."""
     numpy_arrays = [a.copy() for a in inputs]
-    numpy_steps, chained = build(numpy_arrays)
-    _run(numpy_steps)
+    _run(build(numpy_arrays)[0])
     fused_arrays = [a.copy() for a in inputs]
-    steps, chained = build(fused_arrays)
-    fused = fusion.fused(steps, chained)
-    assert len(fused) == 1 and fused[0][0] not in SEMANTICS.values(), "the run became one kernel step"
+    fused = fusion.fused(*build(fused_arrays))
     _run(fused)
+    return numpy_arrays, fused_arrays, fused
+
+
+def _check(build, inputs):
+    """One kernel step for the steps ``build`` makes, and every byte of every array as numpy's steps leave it."""
+    numpy_arrays, fused_arrays, fused = _numpy_and_fused(build, inputs)
+    assert len(fused) == 1 and fused[0][0] not in SEMANTICS.values(), "the run became one kernel step"
     for got, want in zip(fused_arrays, numpy_arrays):
         _assert_bits(got, want)
 
@@ -117,14 +121,8 @@ def test_a_hard_swish_written_out_as_six_ops():
                 _step(Opcode.MUL, carrier, [x, carrier]), _step(Opcode.DIV, carrier, [carrier, six]),
                 _step(Opcode.MUL, carrier, [carrier, three]), _step(Opcode.ADD, out, [carrier, residual])], \
             [None, 0, 1, 0, 0, 0]
-    inputs = [x, three, zero_six, residual, carrier, out]
-    numpy_arrays = [a.copy() for a in inputs]
-    steps, chained = build(numpy_arrays)
-    _run(steps)
-    fused_arrays = [a.copy() for a in inputs]
-    steps, chained = build(fused_arrays)
-    (step,) = fusion.fused(steps, chained)
-    _run([step])
+    numpy_arrays, fused_arrays, fused = _numpy_and_fused(build, [x, three, zero_six, residual, carrier, out])
+    assert len(fused) == 1 and fused[0][0] not in SEMANTICS.values()
     # the carrier between the steps is never stored: only the destination is compared
     _assert_bits(fused_arrays[5], numpy_arrays[5])
 
@@ -176,15 +174,8 @@ def test_a_long_run_is_split_where_its_expression_would_grow_too_large():
     def build(arrays):
         x, *rest = arrays
         return [_step(Opcode.MAXIMUM, x, [x, r]) for r in rest], [None] + [0] * 11
-    arrays = [x, *others]
-    numpy_arrays = [a.copy() for a in arrays]
-    steps, chained = build(numpy_arrays)
-    _run(steps)
-    fused_arrays = [a.copy() for a in arrays]
-    steps, chained = build(fused_arrays)
-    fused = fusion.fused(steps, chained)
+    numpy_arrays, fused_arrays, fused = _numpy_and_fused(build, [x, *others])
     assert 1 < len(fused) < 12 and not any(step[0] in SEMANTICS.values() for step in fused)
-    _run(fused)
     _assert_bits(fused_arrays[0], numpy_arrays[0])
 
 

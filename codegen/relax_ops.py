@@ -266,8 +266,15 @@ def _permute(lw, call, args, layer):
     perm = list(range(rank))[::-1] if call.attrs.axes is None else _ints(call.attrs.axes)
     value = lw.const_value(args[0])
     if value is not None:
+        from .alloc import current_held
+
         g = lw.graph
-        tid = g.constant(np.ascontiguousarray(value.transpose(perm)), dtype_of(call))
+        held = current_held()
+        transposed = lambda v: np.ascontiguousarray(v.transpose(perm))  # noqa: E731
+        # a held weight's transpose (a tied head) is made once and held too: every program over these
+        # weights names that one array
+        folded = held.derived(value, ("transpose", *perm), transposed) if held is not None else transposed(value)
+        tid = g.constant(folded, dtype_of(call))
         if args[0] in g.quantized:  # a transposed quantised weight (Gemm's transB) keeps its integers
             g.quantized[tid] = tuple(np.ascontiguousarray(part.transpose(perm)) for part in g.quantized[args[0]])
         return tid

@@ -302,7 +302,7 @@ def _held(hold_weights, weights):
     if not isinstance(hold_weights, HeldWeights):
         raise ValueError(f"hold_weights must be True, False or another model's held weights (its .held), "
                          f"got {hold_weights!r}")
-    for name, held in hold_weights.bytes.items():
+    for name, held in hold_weights.given().items():
         given = weights.get(name)
         if not (isinstance(given, np.ndarray) and given.nbytes == held.nbytes
                 and given.ctypes.data == held.ctypes.data):

@@ -7,6 +7,10 @@ array where it is. The arrays are registered here, under a weight set id, for as
 :class:`HeldWeights` that names them lives (a compiled model keeps its own), and must not change while
 they are held: the program's digest covers their names and sizes, not their bytes.
 
+An array the lowering derives from a held one (a tied LM head's transposed embedding table) is made once
+for the set and held with it under a name of its own (:meth:`HeldWeights.derived`), so that a decoder's
+prefill and decode programs name one copy rather than carrying one each.
+
 A program that holds weights so runs only in the process that holds them; it cannot be exported.
 """
 
@@ -45,6 +49,7 @@ class HeldWeights:
         spans = sorted((b.ctypes.data, b.ctypes.data + b.nbytes, name) for name, b in self.bytes.items())
         self._starts = [s for s, _, _ in spans]
         self._spans = spans
+        self._derived = {}  # name -> an array made from held ones (:meth:`derived`), held with them
         self.named = 0  # bytes of constants named so far, not copied
         # name -> the system chip that first held it: a later model over these weights keeps each there
         self.homes = {}
@@ -54,6 +59,29 @@ class HeldWeights:
         with _LOCK:
             _SETS[self.id] = self.bytes
         weakref.finalize(self, _forget, self.id)
+
+    def derived(self, source: np.ndarray, how: tuple, make) -> np.ndarray:
+        """``make(source)`` for a ``source`` that lies in a held array, made once for this set and held with it
+        under a name of its own (the source's, its offset and shape, and ``how``): every model compiled over
+        these weights that derives the same array (a tied head's transposed embedding, in a decoder's prefill
+        and decode) gets this one, so its programs name it and the chips keep one copy. ``make(source)``
+        itself, held by no one, where ``source`` lies in no held array."""
+        where = self.place(source)
+        if not where:
+            return make(source)
+        name = f"{where[0]}@{where[1]}{list(source.shape)}.{'.'.join(str(part) for part in how)}"
+        if name not in self._derived:
+            array = np.ascontiguousarray(make(source))
+            self._derived[name] = array
+            self.bytes[name] = array.reshape(-1).view(np.uint8)
+            self.order[name] = len(self.order)
+            spans = sorted(self._spans + [(array.ctypes.data, array.ctypes.data + array.nbytes, name)])
+            self._spans, self._starts = spans, [s for s, _, _ in spans]
+        return self._derived[name]
+
+    def given(self) -> dict:
+        """``{name: bytes}`` of the arrays the caller gave (not those :meth:`derived` made from them)."""
+        return {name: b for name, b in self.bytes.items() if name not in self._derived}
 
     def place(self, data: np.ndarray) -> tuple:
         """``(name, byte offset)`` of the held array whose buffer holds ``data``'s bytes (C order), or ``()``."""

@@ -126,3 +126,29 @@ def test_generate_reports_the_decode_program_over_the_prefills_resident_weights(
     on_chips = 2 * (4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512) + 256 * 1024)
     assert report["resident_weights"] == {"held_by_name_bytes": on_chips, "shared_bytes": on_chips,
                                           "moved_bytes": 0}
+
+
+def test_a_tied_heads_transpose_is_made_once_and_named_by_both_programs(weights):
+    """A tied head reads the embedding table transposed, which the lowering folds into a new array. Over held
+    weights that array is made once, held with them, and both the prefill and the decode name it: neither
+    program carries its 512 x 256 fp16 bytes, the chip keeps it at one address, and the logits are those of a
+    program that carries them."""
+    tied = SMALL.replace(tie_word_embeddings=True)
+    table = weights["model.embed_tokens.weight"]
+    tied_weights = {n: a for n, a in weights.items() if n != "lm_head.weight"}
+    prefill_graph = L.build_prefill(tied, len(PROMPT), weights=tied_weights, external=True)
+    prefill = lpx_tvm.compile(prefill_graph, weights=tied_weights, dtype="fp16", hold_weights=True)
+    decoded = lpx_tvm.compile(L.build_decode(tied, weights=tied_weights, external=True), weights=tied_weights,
+                              state=L.cache_names(tied), dtype="fp16", hold_weights=prefill.held)
+    on_chip = sum(weights[n].nbytes for n in PRODUCTS)  # the projections and a head of the table's size
+    assert prefill.held_bytes == decoded.held_bytes == on_chip
+    first, then = _placements(prefill), _placements(decoded)
+    (head,) = [key for key in first if key[0] not in weights]
+    assert then == first and first[head][2] == table.nbytes
+    derived = prefill.held.derived(table, ("transpose", 1, 0), lambda v: None)
+    np.testing.assert_array_equal(derived, table.T)
+    assert prefill.held.moved == 0 and all(len(b) < table.nbytes for b in decoded.programs.values())
+    feeds = L.prefill_feeds(tied, PROMPT)
+    args = [feeds[i.name] for i in prefill_graph.graph.input]
+    inline = lpx_tvm.compile(prefill_graph, weights=tied_weights, dtype="fp16")
+    np.testing.assert_array_equal(prefill(*args)[0], inline(*args)[0])

@@ -20,9 +20,16 @@ calling thread.
 
 from __future__ import annotations
 
-from .host_kernels import _compiled, _target
+from .host_kernels import _LANES, _compiled, _target
 
-_LANES = 16  # fp32 lanes of an AVX-512 register
+
+def vector_loop(T, count, body) -> None:
+    """``body(j)`` for j in [0, count): sixteen at a time in vector registers, then the rest one by one."""
+    with T.serial(0, count // _LANES) as block:
+        with T.vectorized(0, _LANES) as lane:
+            body(block * _LANES + lane)
+    with T.serial(0, count % _LANES) as rest:
+        body(count // _LANES * _LANES + rest)
 
 
 def _select(condition, a, b):
@@ -158,13 +165,7 @@ def _build(key: tuple):
                 return values[-1]
 
             with T.serial(0, rows) as i:
-                with T.serial(0, cols // _LANES) as block:
-                    with T.vectorized(0, _LANES) as lane:
-                        j = block * _LANES + lane
-                        T.buffer_store(buffers[0], element(i, j), [i * strides[0] + j])
-                with T.serial(0, cols % _LANES) as rest:
-                    j = cols // _LANES * _LANES + rest
-                    T.buffer_store(buffers[0], element(i, j), [i * strides[0] + j])
+                vector_loop(T, cols, lambda j, i=i: T.buffer_store(buffers[0], element(i, j), [i * strides[0] + j]))
     return tvm.tirx.build(tvm.IRModule({"main": builder.get()}), target=_target(fused=False))["main"]
 
 

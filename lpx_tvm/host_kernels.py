@@ -99,6 +99,17 @@ def _aligned(shape, fill=np.empty, dtype=np.float32) -> np.ndarray:
     return raw[start:start + size].view(dtype).reshape(shape)
 
 
+def padded_copy(x: np.ndarray, pad, fill, width: int | None = None) -> np.ndarray:
+    """``x`` [N, C, H, W] with ``pad`` (top, left, bottom, right) rows and columns of ``fill`` around it, ``width``
+    columns in all where given (more on the right), contiguous from a multiple of 64 bytes."""
+    top, left, bottom, right = pad
+    n, c, h, w = x.shape
+    padded = _aligned((n, c, h + top + bottom, width or w + left + right), dtype=x.dtype)
+    padded[...] = fill
+    padded[:, :, top:top + h, left:left + w] = x
+    return padded
+
+
 def _aligned_whole(x: np.ndarray) -> bool:
     """Whether ``x`` is C-contiguous from a multiple of 64 bytes: a buffer the kernel may take as it is."""
     return x.flags.c_contiguous and x.__array_interface__["data"][0] % _ALIGN == 0
@@ -182,8 +193,7 @@ def depthwise_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     oh, ow = window_out(h, kh, sh, top, bottom, dh), window_out(width, kw, sw, left, right, dw)
     vectors = -(-ow // _LANES)
     padded_w = max(width + left + right, (vectors * _LANES - 1) * sw + (kw - 1) * dw + 1)
-    padded = _aligned((n, c, h + top + bottom, padded_w), np.zeros)
-    padded[:, :, top:top + h, left:left + width] = x
+    padded = padded_copy(x, attrs["pad"], 0, width=padded_w)
     taps = _aligned((c, kh, kw))
     taps[...] = w
     out = _aligned((n, c, oh, vectors, _LANES))

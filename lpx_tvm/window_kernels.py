@@ -15,18 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .host_kernels import _aligned, _compiled, _target
-
-_LANES = 16
-
-
-def _vector_loop(T, count, body):
-    """``body(x)`` for x in [0, count): sixteen at a time in vector registers, then the rest one by one."""
-    with T.serial(0, count // _LANES) as block:
-        with T.vectorized(0, _LANES) as lane:
-            body(block * _LANES + lane)
-    with T.serial(0, count % _LANES) as rest:
-        body(count // _LANES * _LANES + rest)
+from .fused_kernels import _maximum, vector_loop
+from .host_kernels import _compiled, _target, padded_copy
 
 
 def _build_im2col(window: tuple, dtype: str):
@@ -56,7 +46,7 @@ def _build_im2col(window: tuple, dtype: str):
 
                             def copy(col, row=row, y=y, source=source):
                                 T.buffer_store(out, x[source + col * sw], [row + y * ow + col])
-                            _vector_loop(T, ow, copy)
+                            vector_loop(T, ow, copy)
     return tvm.tirx.build(tvm.IRModule({"main": builder.get()}), target=_target(fused=False))["main"]
 
 
@@ -66,8 +56,6 @@ def _build_maxpool(window: tuple):
     import tvm
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
-
-    from .fused_kernels import _maximum
 
     (kh, kw), (sh, sw), (dh, dw) = window
     with IRBuilder() as builder:
@@ -86,19 +74,8 @@ def _build_maxpool(window: tuple):
                         for j in range(kw):
                             tap = x[(p * height + y * sh + i * dh) * width + col * sw + j * dw]
                             T.buffer_store(out, _maximum(out[at], tap) if i or j else tap, [at])
-                _vector_loop(T, ow, pool)
+                vector_loop(T, ow, pool)
     return tvm.tirx.build(tvm.IRModule({"main": builder.get()}), target=_target(fused=False))["main"]
-
-
-def _padded(x: np.ndarray, attrs: dict, fill) -> np.ndarray:
-    """``x`` [N, C, H, W] padded as ``attrs["pad"]`` says with ``fill``, contiguous from a multiple of 64 bytes."""
-    top, left, bottom, right = attrs["pad"]
-    n, c, h, w = x.shape
-    padded = _aligned((n, c, h + top + bottom, w + left + right), dtype=x.dtype)
-    if top or left or bottom or right:
-        padded[...] = fill
-    padded[:, :, top:top + h, left:left + w] = x
-    return padded
 
 
 def _window(attrs: dict) -> tuple:
@@ -111,7 +88,7 @@ def im2col(x: np.ndarray, out: np.ndarray, attrs: dict) -> bool:
     (kh, kw), (sh, sw), (dh, dw) = _window(attrs)
     if out.ndim != 4 or out.strides[3] != out.itemsize or any(s % out.itemsize for s in out.strides):
         return False
-    padded = _padded(x, attrs, attrs["pad_value"])
+    padded = padded_copy(x, attrs["pad"], attrs["pad_value"])
     n, c, h, w = padded.shape
     oh, ow = (h - (kh - 1) * dh - 1) // sh + 1, (w - (kw - 1) * dw - 1) // sw + 1
     s_n, s_g, s_k, _ = (s // out.itemsize for s in out.strides)
@@ -127,7 +104,7 @@ def max_pool(x: np.ndarray, out: np.ndarray, attrs: dict) -> bool:
             or any(s % 4 for s in out.strides) or (out.shape[0] > 1 and out.strides[0] != out.strides[1] * out.shape[1]):
         return False
     (kh, kw), (sh, sw), (dh, dw) = _window(attrs)
-    padded = _padded(x, attrs, -np.inf)
+    padded = padded_copy(x, attrs["pad"], -np.inf)
     n, c, h, w = padded.shape
     oh, ow = out.shape[2:]
     kernel = _compiled(_build_maxpool, _window(attrs))

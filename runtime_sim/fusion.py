@@ -82,7 +82,7 @@ def _activation(act: Opcode, attrs: dict, x: int, nodes: list) -> int | None:
 
 def _fusable(step) -> bool:
     fn, op, outs, ins, attrs = step
-    if op not in _BINARY and op not in _UNARY and op != Opcode.EPILOGUE or len(outs) != 1:
+    if (op not in _BINARY and op not in _UNARY and op != Opcode.EPILOGUE) or len(outs) != 1:
         return False
     arrays = [outs[0], *ins]
     if not all(isinstance(a, np.ndarray) and a.dtype == F32 for a in arrays):

@@ -34,10 +34,15 @@ else:
 # VmHWM, not ru_maxrss: Linux carries the parent's ru_maxrss across fork+exec
 print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024)
 """
+    return float(_child_line(code, f"{engine} child for {model}"))
+
+
+def _child_line(code: str, what: str) -> str:
+    """The last line ``code`` prints, run in a fresh Python process; its last error line where it fails."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if out.returncode:
-        raise RuntimeError(f"{engine} child for {model} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    return float(out.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{what} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    return out.stdout.strip().splitlines()[-1]
 
 
 def engine_times(model: str, repeat: int) -> list:
@@ -66,10 +71,7 @@ def _child_engine_times(model: str, repeat: int) -> list:
     """:func:`engine_times` in a fresh process: what this one ran before (TVM's llvm builds slowed a 3 ms
     simulation after them by a third) does not fall on it."""
     code = f"from lpx_tvm.app.bench import engine_times; print(*engine_times({model!r}, {repeat}))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(f"timing child for {model} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    return [float(v) for v in out.stdout.strip().splitlines()[-1].split()]
+    return [float(v) for v in _child_line(code, f"timing child for {model}").split()]
 
 
 COMPILE_REPEATS = 3  # each compile, lpx's and TVM llvm's in turn

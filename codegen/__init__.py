@@ -106,10 +106,15 @@ def _compile_model(functions: dict, options: CodegenOptions, state_args: dict) -
         except CapacityError:  # the activations do not fit beside the weights: stream more of them
             if budget == 0:
                 raise
+    for c in comps.values():
+        run_stages(c, "schedule", "schedule")
     # the plan's id: what was compiled, and how (another model, or this one in another dtype, is another plan)
-    # (and over which held weights: its programs name them, another compile's name another set)
+    # (and over which held weights: its programs name them, another compile's name another set). Programs of
+    # one id share a chip at run time, so the id must cover everything their bytes hold: the structural hash
+    # leaves out spans, which name the layers (two graphs alike but for their ONNX node names are two plans)
     held = current_held()
-    model = hashlib.blake2b(repr((sorted((name, _content_hash(f)) for name, f in functions.items()),
+    model = hashlib.blake2b(repr((sorted((name, _content_hash(f), tuple(comps[name].layers))
+                                         for name, f in functions.items()),
                                   options.config, options.dtype, options.in_order,
                                   sorted((k, sorted(v)) for k, v in state_args.items()),
                                   held.id if held is not None else b"")).encode(),
@@ -118,7 +123,7 @@ def _compile_model(functions: dict, options: CodegenOptions, state_args: dict) -
     programs = {}
     for name, c in comps.items():
         c.plan = plan
-        programs[name] = run_stages(c, "schedule", "emit")
+        programs[name] = run_stages(c, "emit", "emit")
     return programs
 
 

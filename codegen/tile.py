@@ -196,67 +196,89 @@ class _Tiler:
                             node.layer)
 
     # ---- chip to chip ------------------------------------------------------
-    def _block(self, t: int, axis: int, width: int, r: int, ranks: int):
-        """Block ``r`` (mod ``ranks``) of ``t`` along ``axis``: ``width`` elements from ``r · width``."""
+    def _block(self, t: int, axis: int, width: int, r: int, ranks: int, piece: int = 0, pieces: int = 1):
+        """Block ``r`` (mod ``ranks``) of ``t`` along ``axis`` (``width`` elements from ``r · width``), or its
+        ``piece``-th of ``pieces`` parts along the same axis (a block sent over several links side by side)."""
         g = self.g
-        r %= ranks
-        return view(g, t, ranges=[(0, d) for d in g.tensors[t].shape[:axis]] + [(r * width, (r + 1) * width)])
+        lo = (r % ranks) * width
+        return view(g, t, ranges=[(0, d) for d in g.tensors[t].shape[:axis]]
+                    + [(lo + piece * width // pieces, lo + (piece + 1) * width // pieces)])
 
-    def _ring(self, node: Node, first_tag: int, sent, received, then=None) -> None:
-        """``ranks - 1`` ring steps: send ``sent(step)`` to the next chip, receive ``received(step)`` from the
-        previous one (every chip sends each step at the same cycle: the scheduler places each RECV one hop
-        after this chip's SEND of its tag), then ``then(step)``."""
-        a = node.attrs
-        for step in range(1, a["ranks"]):
-            tag = first_tag + step
-            self.emit(Opcode.SEND, [sent(step)], [], {"peer": a["next"], "tag": tag}, node.layer, a["next_port"])
-            self.emit(Opcode.RECV, [], [received(step)], {"peer": a["prev"], "tag": tag}, node.layer,
-                      a["prev_port"])
-            if then is not None:
-                then(step)
+    def _phase(self, node: Node, phase, number: int, sent, received, width: int, mine=None) -> None:
+        """SEND and RECV every exchange of one phase of a collective (:mod:`.parallel.collectives`):
+        ``sent(block, piece, pieces)`` and ``received(...)`` name the views. An exchange's blocks are spread
+        over its links, a block to a link, or each block cut into pieces when there are more links than
+        blocks. Every rank emits the same tags in the same order, so each RECV pairs with this rank's SEND of
+        its tag (the scheduler places it one hop later: its sender runs the same schedule). A reduce phase then
+        adds what it received into ``mine``'s blocks: a ring's exchange by exchange (the next sends the sum),
+        side by side exchanges' as a tree, in place (received blocks are scratch until the all-gather)."""
+        group = node.attrs["group"]
+        per_piece = max(group.ranks, group.links)
+        ring = group.algorithm == "ring"
+        for e, ex in enumerate(phase.exchanges):
+            links = len(ex.to_ports)
+            split = min(max(links // max(len(ex.send), 1), 1), width)
+            pieces = [(k, j) for k in range(len(ex.send)) for j in range(split)]
+            for n, (k, j) in enumerate(pieces):
+                tag = node.attrs["tag"] + (number * group.ranks + e) * per_piece + n
+                self.emit(Opcode.SEND, [sent(ex.send[k], j, split)], [], {"peer": ex.to, "tag": tag},
+                          node.layer, ex.to_ports[n % links])
+                self.emit(Opcode.RECV, [], [received(ex.recv[k], j, split)], {"peer": ex.frm, "tag": tag},
+                          node.layer, ex.frm_ports[n % len(ex.frm_ports)])
+            if phase.reduce and ring:
+                for target, got in zip(ex.add_into, ex.recv):
+                    self.emit(Opcode.ADD, [mine(target), received(got)], [mine(target)], {}, node.layer)
+        if not phase.reduce or ring:
+            return
+        for j, target in enumerate(phase.exchanges[0].add_into):
+            terms = [mine(target)] + [received(ex.recv[j]) for ex in phase.exchanges]
+            while len(terms) > 1:
+                for a, b in zip(terms[::2], terms[1::2]):
+                    self.emit(Opcode.ADD, [a, b], [a], {}, node.layer)
+                terms = terms[::2]
 
     def allgather(self, node: Node) -> None:
-        """A ring all-gather (tensor parallel): this chip's slice into its block of the full tensor, then
-        ``ranks - 1`` steps, each sending to the next chip the block it got last and receiving the previous
-        chip's into its place."""
+        """An all-gather (tensor parallel): this chip's slice into its block of the full tensor, then the
+        group's exchanges (:meth:`~.parallel.collectives.Group.gather`: direct, hierarchical or a ring)."""
         a = node.attrs
         axis, rank, ranks, out = a["axis"], a["rank"], a["ranks"], node.output
         width = self.g.tensors[node.inputs[0]].shape[axis]
 
-        def block(r):
-            return self._block(out, axis, width, r, ranks)
+        def block(r, piece=0, pieces=1):
+            return self._block(out, axis, width, r, ranks, piece, pieces)
         self.emit(Opcode.COPY, [whole(self.g, node.inputs[0])], [block(rank)], {}, node.layer)
-        self._ring(node, a["tag"], lambda s: block(rank - s + 1), lambda s: block(rank - s))
+        for number, phase in enumerate(a["group"].gather(rank)):
+            self._phase(node, phase, number, block, block, width)
 
     def allreduce(self, node: Node) -> None:
-        """A ring all-reduce of this chip's partial sums (a row-split product's), over blocks of the last axis.
+        """An all-reduce of this chip's partial sums (a row-split product's), over blocks of the last axis: the
+        group's reduce-scatter, then its all-gather of the summed blocks
+        (:meth:`~.parallel.collectives.Group.all_reduce`).
 
         A row-split product's partial sums arrive with their columns rotated by the rank (their block ``j``
-        is block ``rank + j``), so every chip touches the same addresses at the same step; others (an
-        expert's, ``rotated=False``) are in place, and the one schedule honours every rank's addresses.
-        Reduce-scatter: at step ``s`` each chip sends block ``rank - s + 1``, receives the previous chip's block ``rank - s`` into the output
-        (as scratch: the all-gather overwrites it) and adds it into its own. After ``ranks - 1`` steps block
-        ``rank + 1`` holds the whole sum; an all-gather then passes the summed blocks round, as
-        :meth:`allgather` does."""
+        is block ``rank + j``), so that in a ring or a direct exchange every chip touches the same addresses at
+        the same step; others (an expert's, ``rotated=False``) are in place, and the one schedule honours every
+        rank's addresses. Peers' partial sums land in the output's other blocks (scratch: the all-gather
+        overwrites them)."""
         a = node.attrs
         partial, out = node.inputs[0], node.output
-        rank, ranks = a["rank"], a["ranks"]
+        rank, ranks, group = a["rank"], a["ranks"], a["group"]
         axis = len(self.g.tensors[out].shape) - 1
         width = self.g.tensors[out].shape[axis] // ranks
-
-        def block(r):
-            return self._block(out, axis, width, r, ranks)
-
         turn = rank if a.get("rotated", True) else 0  # (partial sums made in place, an expert's, are not)
 
-        def mine(r):  # global block r of the (rotated) partial sums
-            return self._block(partial, axis, width, r - turn, ranks)
+        def block(r, piece=0, pieces=1):
+            return self._block(out, axis, width, r, ranks, piece, pieces)
 
-        def add(step):
-            self.emit(Opcode.ADD, [mine(rank - step), block(rank - step)], [mine(rank - step)], {}, node.layer)
-        self._ring(node, a["tag"], lambda s: mine(rank - s + 1), lambda s: block(rank - s), add)
-        self.emit(Opcode.COPY, [mine(rank + 1)], [block(rank + 1)], {}, node.layer)
-        self._ring(node, a["tag"] + ranks, lambda s: block(rank - s + 2), lambda s: block(rank - s + 1))
+        def mine(r, piece=0, pieces=1):  # global block r of the (rotated) partial sums
+            return self._block(partial, axis, width, r - turn, ranks, piece, pieces)
+
+        scatter, owned, gather = group.all_reduce(rank)
+        for number, phase in enumerate(scatter):
+            self._phase(node, phase, number, mine, block, width, mine)
+        self.emit(Opcode.COPY, [mine(owned)], [block(owned)], {}, node.layer)
+        for number, phase in enumerate(gather, len(scatter)):
+            self._phase(node, phase, number, block, block, width)
 
     def broadcast(self, node: Node) -> None:
         """One COPY from a view of the input that repeats it (stride 0) along the axes it broadcasts."""

@@ -10,10 +10,14 @@ public source or says it is assumed, as chip presets do.
 Topologies:
 
 - ``ring``: chip k to chip k + 1 (and the last to the first when there are more than two);
-- ``fully-connected``: one link between every pair (a TSP node: 8 chips, 7 local links each);
+- ``fully-connected``: ``links_per_pair`` links (default one) between every pair (a TSP node: 8 chips, 7 local
+  links each; an LPX node: 16 chips, 4 links a pair);
 - ``nodes``: fully connected nodes of ``node_chips`` chips, and between every two nodes
   ``links_per_node_pair`` links, spread over the nodes' chips (a TSP rack: 9 nodes, each chip's 4
   global links to other nodes);
+- ``node-grid``: fully connected nodes of ``node_chips`` chips (``links_per_pair`` links a pair), and each chip
+  joined by ``links_to_peer`` links to the chip in the same position of every other node (an LPX rack: 16 nodes
+  of 16, 2 links to one chip of each other node): any two chips are at most 2 hops apart;
 - ``dragonfly``: larger TSP systems, described by their figures (nodes, hops, global bandwidth
   per chip) for planning; they are too large to list link by link, so programs are not simulated on them;
 - ``described``: any other system given by its figures (the LPX rack).
@@ -133,6 +137,12 @@ class SystemConfig:
             routes[(src, dst)] = _route(self, src, dst)
         return routes[(src, dst)]
 
+    def links_between(self, chip: int, peer: int) -> tuple:
+        """``(chip's port, peer's port)`` of every link joining ``chip`` and ``peer``, in the order the links are
+        listed: the k-th of them is the same link seen from either end."""
+        return tuple((port, peer_port) for port, (other, peer_port, _) in
+                     sorted(self.ports(chip).items(), key=lambda kv: kv[1][2]) if other == peer)
+
     def neighbours(self, chip: int) -> list:
         return sorted({peer for peer, _, _ in self.ports(chip).values()})
 
@@ -241,7 +251,8 @@ def _generate(kind: str, chips: int, topology: dict, name: str) -> tuple:
     elif kind == "fully-connected":
         for a in range(chips):
             for b in range(a + 1, chips):
-                join(a, b)
+                for _ in range(int(topology.get("links_per_pair", 1))):
+                    join(a, b)
     elif kind == "nodes":
         size, per_pair = int(topology["node_chips"]), int(topology["links_per_node_pair"])
         if chips % size:
@@ -257,8 +268,23 @@ def _generate(kind: str, chips: int, topology: dict, name: str) -> tuple:
                 for j in range(per_pair):
                     slot_n, slot_m = (m - n - 1) * per_pair + j, (n - m - 1) % nodes * per_pair + j
                     join(n * size + slot_n % size, m * size + slot_m % size, "global")
+    elif kind == "node-grid":
+        size, local, peer = (int(topology[k]) for k in ("node_chips", "links_per_pair", "links_to_peer"))
+        if chips % size:
+            raise ConfigError(f"system {name!r}: {chips} chips are not whole nodes of {size}")
+        nodes = chips // size
+        for n in range(nodes):
+            for a in range(size):
+                for b in range(a + 1, size):
+                    for _ in range(local):
+                        join(n * size + a, n * size + b)
+        for position in range(size):
+            for n in range(nodes):
+                for m in range(n + 1, nodes):
+                    for _ in range(peer):
+                        join(n * size + position, m * size + position, "global")
     else:
-        raise ConfigError(f"system {name!r}: unknown topology {kind!r} (ring, fully-connected, nodes)")
+        raise ConfigError(f"system {name!r}: unknown topology {kind!r} (ring, fully-connected, nodes, node-grid)")
     return tuple(links)
 
 

@@ -233,7 +233,10 @@ def check_network(system: SystemConfig, program: SystemProgram, timelines: list)
             raise NetworkError("transfer size", r_chip, r_index, r_cycle,
                                f"RECV tagged {tag} takes {r_bytes} bytes, chip {src} sends {nbytes}")
         try:
-            route = system.route(src, dst)
+            # a transfer to a neighbour takes the link its port names (several may join the pair); any other
+            # the shortest route
+            direct = system.ports(src).get(port)
+            route = ((src, port, dst, direct[1]),) if direct and direct[0] == dst else system.route(src, dst)
         except ValueError as err:
             raise NetworkError("wrong destination", chip, index, cycle, str(err)) from None
         if not route:

@@ -3,7 +3,7 @@
 A strategy is a graph rewrite. It takes one function's operator graph and the
 system, and returns a :class:`Mapping`: one :class:`Part` per chip, each a graph
 of its own whose transfers are nodes (``send`` and ``recv`` between two chips,
-``allgather`` and ``allreduce`` around a ring). :mod:`.runner` compiles every
+``allgather`` and ``allreduce`` over a group of chips, :mod:`.collectives`). :mod:`.runner` compiles every
 part through the same stages as a single chip. A strategy is registered with
 :func:`strategy`; the codegen's options and the command line read their choices
 from :data:`STRATEGIES`.
@@ -104,21 +104,3 @@ def chip_order(system: SystemConfig, count: int) -> list:
         order.append(nxt)
         seen.add(nxt)
     return order
-
-
-def ring(system: SystemConfig, count: int) -> list:
-    """``count`` chips each linked to the next, the last to the first (a ring through the topology)."""
-    if count == 1:
-        return [0]
-    order = chip_order(system, count)
-    if count > 2 and len(system.route(order[-1], order[0])) != 1:
-        raise SystemCompileError(f"system {system.name!r} has no ring of {count} chips")
-    return order
-
-
-def ring_ports(system: SystemConfig, order: list, rank: int) -> dict:
-    """A ring collective's attributes for ``rank``: its neighbours and the ports that reach them."""
-    ranks = len(order)
-    here, nxt, prev = order[rank], order[(rank + 1) % ranks], order[(rank - 1) % ranks]
-    return {"next": nxt, "next_port": system.route(here, nxt)[0][1],
-            "prev": prev, "prev_port": system.route(prev, here)[-1][3]}

@@ -10,7 +10,7 @@ zero (top-k left the expert out) zeroes its term, as the dense combine does.
 
 Each chip runs what is not an expert (the router, the gating, what follows the
 combine: it is small beside the experts' products), ``ceil(E / P)`` experts of
-its own, sums their terms, and an all-reduce around the ring adds the chips'
+its own, sums their terms, and an all-reduce (:mod:`.collectives`) adds the chips'
 sums. Where the experts do not divide the chips, the last chips' extra slots hold
 a copy of an expert with zero weights, so that every chip's graph is alike and
 the ranks share one schedule. A graph with no experts runs whole on one chip.
@@ -27,7 +27,8 @@ import numpy as np
 from ...runtime_sim import ChipConfig
 from ...runtime_sim.system import SystemConfig
 from ..graph import Graph, Node
-from .base import Mapping, Part, SystemCompileError, ring, ring_ports, strategy
+from .base import Mapping, Part, SystemCompileError, strategy
+from .collectives import CollectiveError, choose
 
 _PRODUCTS = ("matmul", "qmatmul", "conv2d", "qconv2d")
 
@@ -172,7 +173,7 @@ def _clone_cone(part: Graph, g: Graph, cone: list, zero: bool) -> tuple:
 
 def expert_graph(g: Graph, found: Experts, experts: list, rank: int, ranks: int, attrs: dict) -> Graph:
     """Chip ``rank``'s graph: what is not an expert, the experts ``experts`` (-1: a slot with zero weights),
-    their terms summed, the chips' sums added by a ring all-reduce, then the rest of the combine."""
+    their terms summed, the chips' sums added by an all-reduce, then the rest of the combine."""
     part = copy.copy(g)
     part.tensors, part.quantized = list(g.tensors), dict(g.quantized)
     part.streamed = []
@@ -210,7 +211,7 @@ def _has_experts(g: Graph) -> bool:
     return find_experts(g) is not None
 
 
-@strategy("expert", "a mixture of experts' experts spread over a ring, the rest on every chip, one all-reduce "
+@strategy("expert", "a mixture of experts' experts spread over the chips, the rest on every chip, one all-reduce "
           "to combine", applies=_has_experts)
 def split_experts(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, chips: int | None) -> Mapping:
     """``g``'s experts over ``chips`` chips of ``system`` (default: all, at most one an expert)."""
@@ -229,11 +230,15 @@ def split_experts(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, 
     if count % ranks and any(g.base(n.inputs[1]) in g.quantized for c in found.cones for n in
                              (g.nodes[i] for i in c) if len(n.inputs) > 1):
         raise SystemCompileError(f"expert parallel: {count} int8 experts do not divide over {ranks} chips")
-    order = ring(system, ranks)
+    try:
+        group = choose(system, ranks)
+    except CollectiveError as err:
+        raise SystemCompileError(str(err)) from None
+    order = list(group.chips)
     parts = []
     for rank, chip_id in enumerate(order):
         mine = [e if e < count else -1 for e in range(rank * per_chip, (rank + 1) * per_chip)]
-        part = expert_graph(g, found, mine, rank, ranks, ring_ports(system, order, rank))
+        part = expert_graph(g, found, mine, rank, ranks, {"group": group})
         parts.append(Part(chip_id, part, stored=None if rank == 0 else ()))
     inputs = tuple(tuple((c, k) for c in order) for k in range(len(g.inputs)))
     outputs = tuple(((order[0], k),) for k in range(len(g.outputs)))

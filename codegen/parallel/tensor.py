@@ -1,10 +1,10 @@
-"""tensor: compile one model's operator graph tensor parallel over a ring of chips.
+"""tensor: compile one model's operator graph tensor parallel over a group of chips.
 
 Every chip runs the whole graph on a slice of each matrix product's output
 columns (a convolution's output channels) and holds only that slice of its
-weights; the slices are all-gathered around the ring after each product (each
-chip sends the slice it has to the next chip and receives the previous chip's,
-P − 1 times), so every chip has the full tensor for what follows. Where
+weights; the slices are all-gathered after each product, with the collective
+that fits the chips' links (:mod:`.collectives`: direct on a node, hierarchical
+on a rack, a ring elsewhere), so every chip has the full tensor for what follows. Where
 Megatron-LM pairs products (an MLP, attention by heads), the second splits by
 rows and one all-reduce sums its partial results; a model input inside such a
 pair (a decoder's KV cache) reaches each chip as its slice, and each chip
@@ -30,7 +30,8 @@ from ...runtime_sim.isa import OP_TABLE, Group
 from ...runtime_sim.system import SystemConfig
 from ...runtime_sim.system_sim import axis_slice
 from ..graph import Graph, Node
-from .base import Mapping, Part, SystemCompileError, ring, ring_ports, strategy
+from .base import Mapping, Part, SystemCompileError, strategy
+from .collectives import CollectiveError, choose
 
 
 def _splittable(g: Graph, node, ranks: int):
@@ -216,9 +217,9 @@ _ELEMENTWISE = {op.name for op, spec in OP_TABLE.items() if spec.group in (Group
 _UNARY = {op.name for op, spec in OP_TABLE.items() if spec.group == Group.UNARY}
 
 
-def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> tuple:
+def tensor_graph(g: Graph, rank: int, ranks: int, links: dict, regions: dict) -> tuple:
     """Chip ``rank``'s graph. Products fed by column-split products through ops that keep a split axis whole
-    per chip split by rows and sum their partial results in one ring all-reduce (:func:`_row_split_regions`);
+    per chip split by rows and sum their partial results in one all-reduce (:func:`_row_split_regions`);
     every other splittable product computes its slice of output columns (channels) from its slice of the
     weights, and an all-gather rebuilds the full tensor for what follows. ``regions``: :func:`_row_split_regions`
     of ``g`` (the same for every rank). Returns (graph, all-gathers, all-reduces, {model output: the axis each chip stores its slice
@@ -251,6 +252,7 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
     stored = {}  # model output ─► the axis along which each chip stores its slice of it
     gathers = reduces = 0
     tag = 0
+    span = links["group"].tags()  # the tags one collective may use
 
     def made_as_slices(node, axis: int) -> None:
         """A model output made inside a region (a new K/V; what else reads it reads the slices): each chip
@@ -260,8 +262,8 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
         if t in g.outputs and listed[t] == 1:
             stored[t] = axis
             return
-        part.nodes.append(_allgather(slice_of(t), t, axis, rank, ranks, ring, tag, node.layer))
-        tag += ranks
+        part.nodes.append(_allgather(slice_of(t), t, axis, rank, ranks, links, tag, node.layer))
+        tag += span
         gathers += 1
 
     for index, node in enumerate(g.nodes):
@@ -272,13 +274,13 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
             if node.output in region_outputs:
                 made_as_slices(node, axes[node.output])
             continue
-        if index in regions:  # rows of the weight, the partial sums added up around the ring
+        if index in regions:  # rows of the weight, the partial sums added up by an all-reduce
             h = node.inputs[0]
             k = g.tensors[node.inputs[1]].shape[0]
             lo, hi = rank * k // ranks, (rank + 1) * k // ranks
             weight = g.tensors[g.base(node.inputs[1])].data.reshape(g.tensors[node.inputs[1]].shape)
             # the partial sums' columns rotated by this chip's rank: its block j is block rank + j, so every
-            # chip sends and adds the same addresses at the same steps (one schedule for all, as the ring needs)
+            # chip sends and adds the same addresses at the same steps (one schedule for all)
             turn = -rank * (weight.shape[1] // ranks)
             inputs = [slice_of(h), part.constant(np.roll(weight[lo:hi], turn, axis=1))]
             for k, extra in enumerate(node.inputs[2:], 2):  # per output column: rotated as the partial sums are
@@ -289,8 +291,8 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
             partial = part.add_tensor(g.tensors[node.output].shape, g.tensors[node.output].dtype)
             part.nodes.append(replace(node, inputs=inputs, output=partial))
             part.nodes.append(Node("allreduce", [partial], node.output,
-                                   {"rank": rank, "ranks": ranks, "tag": tag, **ring}, node.layer + "+allreduce"))
-            tag += 2 * ranks
+                                   {"rank": rank, "ranks": ranks, "tag": tag, **links}, node.layer + "+allreduce"))
+            tag += span
             reduces += 1
             continue
         split = _splittable(g, node, ranks)
@@ -320,11 +322,11 @@ def tensor_graph(g: Graph, rank: int, ranks: int, ring: dict, regions: dict) -> 
             padded_shape = list(full.shape)
             padded_shape[axis] = width * ranks
             padded = part.add_tensor(padded_shape, full.dtype)
-            part.nodes.append(_allgather(slice_id, padded, axis, rank, ranks, ring, tag, node.layer))
+            part.nodes.append(_allgather(slice_id, padded, axis, rank, ranks, links, tag, node.layer))
             part.nodes.append(Node("narrow", [padded], node.output, {"axis": axis}, node.layer + "+narrow"))
         else:
-            part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, ring, tag, node.layer))
-        tag += ranks
+            part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, links, tag, node.layer))
+        tag += span
         gathers += 1
     # every chip computes every output, so that the chips' programs are alike; chip 0 stores them all (split
     # ones as its slice), the others their slices of the split ones (:class:`~.base.Part`'s ``stored``)
@@ -362,8 +364,8 @@ def _column_inputs(g: Graph, part: Graph, node, n: int, lo: int, hi: int, width:
     return inputs
 
 
-def _allgather(src: int, out: int, axis: int, rank: int, ranks: int, ring: dict, tag: int, layer: str):
-    return Node("allgather", [src], out, {"axis": axis, "rank": rank, "ranks": ranks, "tag": tag, **ring},
+def _allgather(src: int, out: int, axis: int, rank: int, ranks: int, links: dict, tag: int, layer: str):
+    return Node("allgather", [src], out, {"axis": axis, "rank": rank, "ranks": ranks, "tag": tag, **links},
                 layer + "+allgather")
 
 
@@ -371,18 +373,23 @@ def _has_split(g: Graph) -> bool:
     return any(_splittable(g, node, 2) for node in g.nodes)
 
 
-@strategy("tensor", "every product split by output columns over a ring (Megatron pairs by rows, one "
-          "all-reduce each); one schedule for every chip", applies=_has_split)
+@strategy("tensor", "every product split by output columns (Megatron pairs by rows, one all-reduce each), "
+          "collectives that fit the links; one schedule for every chip", applies=_has_split)
 def split_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, chips: int | None) -> Mapping:
-    """``g`` tensor parallel over ``chips`` chips of ``system`` (default: all) joined in a ring."""
+    """``g`` tensor parallel over ``chips`` chips of ``system`` (default: all), joined by the collective its
+    links allow (:func:`.collectives.choose`)."""
     ranks = min(chips or system.chips, system.chips)
-    order = ring(system, ranks)
+    try:
+        group = choose(system, ranks)
+    except CollectiveError as err:
+        raise SystemCompileError(str(err)) from None
+    order = list(group.chips)
     if not any(_splittable(g, node, ranks) for node in g.nodes):
         raise SystemCompileError(f"no matrix product of the model splits over {ranks} chips")
     regions = _row_split_regions(g, ranks)
     parts = []
     for rank, chip_id in enumerate(order):
-        part, gathers, reduces, stored = tensor_graph(g, rank, ranks, ring_ports(system, order, rank), regions)
+        part, gathers, reduces, stored = tensor_graph(g, rank, ranks, {"group": group}, regions)
         kept = None if rank == 0 else tuple(k for k, t in enumerate(g.outputs) if t in stored)
         parts.append(Part(chip_id, part, stored=kept))
     split_inputs = {t: region.axes[t] for region in regions.values() for t in region.inputs}
@@ -399,7 +406,8 @@ def split_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, c
     outputs = tuple(pieces(t, stored[t], lambda rank, k=k, t=t: k if rank == 0 else split_outputs.index(t))
                     if t in stored else ((order[0], k),) for k, t in enumerate(g.outputs))
     # every rank's graph is alike, so the last rank's counts are every rank's
-    notes = f"{ranks}-way tensor parallel on chips {order}, {gathers} all-gathers, {reduces} all-reduces"
+    notes = (f"{ranks}-way tensor parallel on chips {order}, {gathers} all-gathers, {reduces} all-reduces "
+             f"({group.algorithm})")
     return Mapping("tensor", parts, inputs, outputs, notes, spmd=True, hint=_unsplit_weights(g, ranks))
 
 

@@ -103,9 +103,12 @@ class Group:
         n, i = divmod(rank, k)
         across = Phase(tuple(self._exchange(rank, (n + u) % m * k + i, (n - u) % m * k + i, (owner(rank),),
                                             (owner((n - u) % m * k + i),)) for u in range(1, m)), False)
+        # this node's block first on every rank (its own, ready at once), then the others' in node order from
+        # it: the ranks then wait alike on what crossed between the nodes
+        nodes = [(n + d) % m for d in range(m)]
         within = Phase(tuple(self._exchange(rank, n * k + (i + v) % k, n * k + (i - v) % k,
-                                            tuple(owner(q * k + i) for q in range(m)),
-                                            tuple(owner(q * k + (i - v) % k) for q in range(m)))
+                                            tuple(owner(q * k + i) for q in nodes),
+                                            tuple(owner(q * k + (i - v) % k) for q in nodes))
                              for v in range(1, k)), False)
         return tuple(p for p in (across, within) if p.exchanges)
 
@@ -132,10 +135,11 @@ class Group:
         k, m = self.per_node, self.nodes
         n, i = divmod(rank, k)
         # within the node: position i gathers every node's blocks of its position (q·k + i, for each node q)
+        nodes = [(n + d) % m for d in range(m)]
         within = Phase(tuple(self._exchange(rank, n * k + (i + v) % k, n * k + (i - v) % k,
-                                            tuple(own(q * k + (i + v) % k) for q in range(m)),
-                                            tuple(own(q * k + (i - v) % k) for q in range(m)),
-                                            tuple(own(q * k + i) for q in range(m))) for v in range(1, k)), True)
+                                            tuple(own(q * k + (i + v) % k) for q in nodes),
+                                            tuple(own(q * k + (i - v) % k) for q in nodes),
+                                            tuple(own(q * k + i) for q in nodes)) for v in range(1, k)), True)
         across = Phase(tuple(self._exchange(rank, (n + u) % m * k + i, (n - u) % m * k + i,
                                             (own((n + u) % m * k + i),), (own((n - u) % m * k + i),), (own(rank),))
                              for u in range(1, m)), True)

@@ -1,0 +1,126 @@
+"""Collectives that fit the topology (codegen/parallel/collectives.py), compiled and worked out by hand.
+
+tiny: 100 MHz, a link moves 1 GB/s each way = 10 bytes a cycle, a hop takes the C2C latency of 8 cycles. A
+block of 4 × 32 fp32 is 512 bytes: 52 cycles on one link, 26 on each of two.
+
+- direct (every pair linked): every chip sends its block to every other at once, one hop: 8 + 52 cycles from
+  the first SEND to the last byte landed, whatever the chip count;
+- ring: T − 1 steps one after another, each a hop and a block: 3 × 60 on 4 chips;
+- hierarchical (2 nodes of 4): a step across the nodes, then one within (where a chip forwards the block that
+  crossed): 2 × 60;
+- two links a pair: the block in two halves side by side, 8 + 26.
+"""
+
+from math import ceil
+
+import numpy as np
+import pytest
+
+from lpx_tvm.codegen import CodegenOptions
+from lpx_tvm.codegen.graph import Graph, Node
+from lpx_tvm.codegen.parallel.base import Mapping, Part
+from lpx_tvm.codegen.parallel.collectives import choose
+from lpx_tvm.codegen.parallel.runner import compile_mapping
+from lpx_tvm.runtime_sim import Opcode, load_config
+from lpx_tvm.runtime_sim.system import load_system
+from lpx_tvm.runtime_sim.system_sim import SystemSimulator
+
+TINY = load_config("tiny")
+RATE = TINY.c2c_bytes_per_s_per_link // TINY.clock_hz  # 10 bytes a cycle
+HOP = TINY.latency_cycles["C2C"]  # 8
+ROWS, WIDTH = 4, 32  # a block: 4 × 32 fp32 = 512 bytes
+BLOCK = ceil(ROWS * WIDTH * 4 / RATE)  # 52 cycles on one link
+
+
+def _compile(system_name: str, kind: str, ranks: int):
+    """A one-collective model on ``ranks`` chips: each chip's input is its slice of the model's input (an
+    all-gather: its block; an all-reduce: a whole tensor of partial sums), and each chip stores its whole
+    result as its rows of the model's output."""
+    system = load_system(system_name)
+    group = choose(system, ranks)
+    parts = []
+    for rank, chip in enumerate(group.chips):
+        g = Graph()
+        shape_in = (ROWS, WIDTH) if kind == "allgather" else (ROWS, WIDTH * ranks)
+        x = g.add_tensor(shape_in, "float32")
+        out = g.add_tensor((ROWS, WIDTH * ranks), "float32")
+        attrs = {"rank": rank, "ranks": ranks, "tag": 0, "group": group}
+        attrs.update({"axis": 1} if kind == "allgather" else {"rotated": False})
+        g.nodes = [Node(kind, [x], out, attrs, kind)]
+        g.inputs, g.outputs = [x], [out]
+        parts.append(Part(chip, g))
+    axis = 1 if kind == "allgather" else 0
+    size = WIDTH if kind == "allgather" else ROWS
+    inputs = (tuple((c, 0, axis, r * size, (r + 1) * size) for r, c in enumerate(group.chips)),)
+    outputs = (tuple((c, 0, 0, r * ROWS, (r + 1) * ROWS) for r, c in enumerate(group.chips)),)
+    mapping = Mapping(kind, parts, inputs, outputs, "", spmd=True)
+    return group, SystemSimulator(compile_mapping(kind, mapping, CodegenOptions(config=TINY), system))
+
+
+def _links(sim, opcode):
+    """The leader's ``opcode`` instructions as (issue cycle, port, bytes)."""
+    prog = sim.sims[0].program
+    return [(ins.cycle, ins.unit_index, (ins.srcs or ins.dsts)[0].nbytes) for ins in prog.instructions
+            if ins.opcode == opcode]
+
+
+def _span(sim) -> int:
+    """From the leader's first SEND to its last RECV's last byte landed."""
+    sends, recvs = _links(sim, Opcode.SEND), _links(sim, Opcode.RECV)
+    return max(c + ceil(b / RATE) for c, _, b in recvs) - min(c for c, _, _ in sends)
+
+
+@pytest.mark.parametrize("system, ranks, algorithm, span", [
+    ("tiny-fc-4", 4, "direct", HOP + BLOCK),
+    ("tiny-fc-8", 8, "direct", HOP + BLOCK),
+    ("tiny-4", 4, "ring", 3 * (HOP + BLOCK)),
+    ("tiny-grid-2x4", 8, "hierarchical", 2 * (HOP + BLOCK)),
+    ("tiny-fc-4x2", 4, "direct", HOP + ceil(BLOCK / 2)),
+])
+def test_an_all_gather_by_hand(system, ranks, algorithm, span):
+    group, sim = _compile(system, "allgather", ranks)
+    assert group.algorithm == algorithm and len(sim.sims) == ranks
+    assert list(sim.program.chips) == list(range(ranks))
+    assert _span(sim) == span
+    x = np.random.default_rng(ranks).standard_normal((ROWS, WIDTH * ranks)).astype(np.float32)
+    (out,) = sim.run([x])
+    np.testing.assert_array_equal(out, np.tile(x, (ranks, 1)))  # every chip holds every block
+
+
+def test_a_direct_exchange_uses_every_link_of_the_group_at_once():
+    group, sim = _compile("tiny-fc-8", "allgather", 8)
+    sends = _links(sim, Opcode.SEND)
+    assert len(sends) == 7 and len({c for c, _, _ in sends}) == 1  # 7 peers, one cycle
+    assert len(sim.stats.links) == 8 * 7  # every link of the 28, both ways
+
+
+def test_two_links_carry_halves_side_by_side():
+    group, sim = _compile("tiny-fc-4x2", "allgather", 4)
+    sends = _links(sim, Opcode.SEND)
+    assert sorted(b for _, _, b in sends) == [256] * 6 and len({p for _, p, _ in sends}) == 6
+
+
+@pytest.mark.parametrize("system, ranks, algorithm, exchange_spans", [
+    ("tiny-fc-4", 4, "direct", [HOP + BLOCK] * 2),
+    ("tiny-4", 4, "ring", None),
+    ("tiny-grid-2x4", 8, "hierarchical", None),
+    ("tiny-fc-8", 8, "direct", [HOP + BLOCK] * 2),
+])
+def test_an_all_reduce_by_hand(system, ranks, algorithm, exchange_spans):
+    """Direct: a reduce-scatter of one hop (every chip's block to its owner at once), the T − 1 received blocks
+    added into this chip's own, then an all-gather of one hop."""
+    group, sim = _compile(system, "allreduce", ranks)
+    assert group.algorithm == algorithm
+    partials = np.random.default_rng(ranks).standard_normal((ranks * ROWS, WIDTH * ranks)).astype(np.float32)
+    (out,) = sim.run([partials])
+    total = partials.reshape(ranks, ROWS, WIDTH * ranks).sum(axis=0)
+    np.testing.assert_allclose(out, np.tile(total, (ranks, 1)), rtol=1e-5, atol=1e-5)
+    if exchange_spans is None:
+        return
+    prog = sim.sims[0].program
+    sends, recvs = _links(sim, Opcode.SEND), _links(sim, Opcode.RECV)
+    half = len(sends) // 2
+    scatter = max(c + ceil(b / RATE) for c, _, b in recvs[:half]) - min(c for c, _, _ in sends[:half])
+    gather = max(c + ceil(b / RATE) for c, _, b in recvs[half:]) - min(c for c, _, _ in sends[half:])
+    assert [scatter, gather] == exchange_spans
+    assert sum(ins.opcode == Opcode.ADD for ins in prog.instructions) == ranks - 1

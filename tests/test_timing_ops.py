@@ -38,12 +38,15 @@ SWITCH_RATE = min(4, 8 // 2)
 
 def test_a_concat_moves_both_inputs_through_the_switch():
     """[4, 32] and [2, 32] fp32 joined on axis 0 into [6, 32]: 512 + 256 = 768 bytes in, 768 out; 768 / 32 =
-    24 vectors, 4 a cycle: 6 cycles, + latency 4 = 10. (Counting only the first input, 512 / 32 = 16 vectors,
-    would give 4 + 4 = 8.)"""
+    24 vectors, 4 a cycle: 6 cycles, + latency 4 = 10. (Counting only the first input and not the output,
+    512 / 32 = 16 vectors, would give 4 + 4 = 8. Counting the first input beside the output would still give
+    10: a CONCAT's result is exactly as large as its inputs together, so the output side alone sets its count
+    and no CONCAT can show whether the inputs are summed.)"""
     layout = Layout()
     a, b = layout.const(np.ones((4, 32), np.float32)), layout.const(np.ones((2, 32), np.float32))
     out = layout.take((6, 32), F32)
     vectors = (4 * 32 * 4 + 2 * 32 * 4) // 32  # 24
+    assert out.nbytes == a.nbytes + b.nbytes == vectors * 32  # the output side is as large as the inputs'
     expected = ceil(vectors / SWITCH_RATE) + 4
     assert _timed_alone("CONCAT", [a, b], [out], layout, expected, axis=0) == expected == 10
 

@@ -273,12 +273,47 @@ class _Tiler:
         def mine(r, piece=0, pieces=1):  # global block r of the (rotated) partial sums
             return self._block(partial, axis, width, r - turn, ranks, piece, pieces)
 
+        if group.one_shot(self.g.tensors[out].nbytes):
+            self._one_shot(node, partial, out)
+            return
         scatter, owned, gather = group.all_reduce(rank)
         for number, phase in enumerate(scatter):
             self._phase(node, phase, number, mine, block, width, mine)
         self.emit(Opcode.COPY, [mine(owned)], [block(owned)], {}, node.layer)
         for number, phase in enumerate(gather, len(scatter)):
             self._phase(node, phase, number, block, block, width)
+
+    def _one_shot(self, node: Node, partial: int, out: int) -> None:
+        """A one-shot all-reduce (:meth:`~.parallel.collectives.Group.one_shot`): at each level, this chip's
+        sums so far go whole to every peer (cut into a piece a link along the last axis) and the peers' land in
+        scratch tensors; then all are added as a tree, in place, the last sum into the output."""
+        g, a = self.g, node.attrs
+        group, rank = a["group"], a["rank"]
+        shape, dtype = g.tensors[out].shape, g.tensors[out].dtype
+        axis, n = len(shape) - 1, shape[-1]
+        levels = group.one_shot_stages(rank)
+        scratch = [g.add_tensor(shape, dtype) for _ in range(max(len(level) for level in levels))]
+        per_piece = max(group.ranks, group.links)
+
+        def piece(t, j, split):
+            return view(g, t, ranges=[(0, d) for d in shape[:axis]] + [(j * n // split, (j + 1) * n // split)])
+        have = partial
+        for number, level in enumerate(levels):
+            for e, (to, to_ports, frm, frm_ports) in enumerate(level):
+                split = min(len(to_ports), n)
+                for j in range(split):
+                    tag = a["tag"] + (number * group.ranks + e) * per_piece + j
+                    self.emit(Opcode.SEND, [piece(have, j, split)], [], {"peer": to, "tag": tag}, node.layer,
+                              to_ports[j])
+                    self.emit(Opcode.RECV, [], [piece(scratch[e], j, split)], {"peer": frm, "tag": tag},
+                              node.layer, frm_ports[j % len(frm_ports)])
+            terms = [whole(g, have)] + [whole(g, scratch[e]) for e in range(len(level))]
+            while len(terms) > 2:
+                for x, y in zip(terms[::2], terms[1::2]):
+                    self.emit(Opcode.ADD, [x, y], [x], {}, node.layer)
+                terms = terms[::2]
+            last = number == len(levels) - 1
+            self.emit(Opcode.ADD, terms, [whole(g, out if last else have)], {}, node.layer)
 
     def broadcast(self, node: Node) -> None:
         """One COPY from a view of the input that repeats it (stride 0) along the axes it broadcasts."""

@@ -124,3 +124,36 @@ def test_an_all_reduce_by_hand(system, ranks, algorithm, exchange_spans):
     gather = max(c + ceil(b / RATE) for c, _, b in recvs[half:]) - min(c for c, _, _ in sends[half:])
     assert [scatter, gather] == exchange_spans
     assert sum(ins.opcode == Opcode.ADD for ins in prog.instructions) == ranks - 1
+
+
+def _one_shot(system_name: str, ranks: int, width: int):
+    """An all-reduce of one row of ``width`` fp32 on ``ranks`` chips, each chip its row of the model's input."""
+    system = load_system(system_name)
+    group = choose(system, ranks)
+    parts = []
+    for rank, chip in enumerate(group.chips):
+        g = Graph()
+        x, out = g.add_tensor((1, width), "float32"), g.add_tensor((1, width), "float32")
+        g.nodes = [Node("allreduce", [x], out, {"rank": rank, "ranks": ranks, "tag": 0, "group": group,
+                                                "rotated": False}, "allreduce")]
+        g.inputs, g.outputs = [x], [out]
+        parts.append(Part(chip, g))
+    pieces = tuple((c, 0, 0, r, r + 1) for r, c in enumerate(group.chips))
+    mapping = Mapping("allreduce", parts, (pieces,), (pieces,), "", spmd=True)
+    return group, SystemSimulator(compile_mapping("allreduce", mapping, CodegenOptions(config=TINY), system))
+
+
+@pytest.mark.parametrize("system, ranks", [("tiny-fc-4", 4), ("tiny-fc-8", 8), ("tiny-grid-2x4", 8)])
+def test_a_small_all_reduce_goes_whole_in_one_hop_a_level(system, ranks):
+    """64 bytes (16 fp32): sent whole to every peer, one hop and 7 cycles on a link (8 + 7 = 15), against a
+    reduce-scatter and an all-gather of a T-th each: 2 × (8 + 2) = 20 on 4 chips, 2 × (8 + 1) = 18 on 8. Two
+    nodes of 4: a level within the node, then one across (2 × 15 against 2 × 18). 4 KB goes as two hops."""
+    group, sim = _one_shot(system, ranks, 16)
+    assert group.one_shot(64) and not group.one_shot(4096)
+    sends, recvs = _links(sim, Opcode.SEND), _links(sim, Opcode.RECV)
+    first = ranks - 1 if group.algorithm == "direct" else 3  # the first level's peers
+    assert len(sends) == (ranks - 1 if group.algorithm == "direct" else 3 + 1)
+    assert max(c + ceil(b / RATE) for c, _, b in recvs[:first]) - min(c for c, _, _ in sends) == HOP + 7
+    partials = np.random.default_rng(ranks).standard_normal((ranks, 16)).astype(np.float32)
+    (out,) = sim.run([partials])
+    np.testing.assert_allclose(out, np.tile(partials.sum(axis=0), (ranks, 1)), rtol=1e-5, atol=1e-5)

@@ -149,6 +149,34 @@ class Group:
         """``(reduce-scatter phases, the block this rank then holds, all-gather phases)``."""
         return self.reduce_scatter(rank), self.owner(rank), self.gather(rank, self.owner)
 
+    # ---- one-shot all-reduce: every chip sends its whole partial sums to every peer and adds them all -------
+    def one_shot(self, nbytes: int) -> bool:
+        """Whether an all-reduce of ``nbytes`` is quicker sent whole to every peer and summed on every chip (one
+        hop a level: a node, then across the nodes) than as a reduce-scatter and an all-gather (two hops a
+        level, a T-th of the bytes each): a decode step's hidden state is, a prefill's is not. A ring never
+        is (its chips are not all linked)."""
+        if self.algorithm == "ring" or self.ranks == 1:
+            return False
+        rate, hop = self.system.chip.c2c_bytes_per_cycle, self.system.hop_cycles
+        levels = [len(stage[0][1]) for stage in self.one_shot_stages(0)]  # links a pair, each level
+        whole = sum(hop + ceil(nbytes / (links * rate)) for links in levels)
+        scattered = sum(2 * (hop + ceil(nbytes / self.ranks / (links * rate))) for links in levels)
+        return whole < scattered
+
+    def one_shot_stages(self, rank: int) -> tuple:
+        """Per level, this rank's ``(to, its ports, from, its ports)`` for every peer it exchanges with: the
+        group (direct), or the node and then the same position in every other node (hierarchical)."""
+        def pair(s, peers):
+            to, frm = peers(s), peers(-s)
+            return (self.chips[to], self._ports(rank, to), self.chips[frm], self._ports(rank, frm))
+        if self.algorithm == "direct":
+            return (tuple(pair(s, lambda d: (rank + d) % self.ranks) for s in range(1, self.ranks)),)
+        k, m = self.per_node, self.nodes
+        n, i = divmod(rank, k)
+        within = tuple(pair(v, lambda d: n * k + (i + d) % k) for v in range(1, k))
+        across = tuple(pair(u, lambda d: (n + d) % m * k + i) for u in range(1, m))
+        return tuple(level for level in (within, across) if level)
+
     def tags(self) -> int:
         """Tags one all-reduce uses (an all-gather fewer): one a piece of every exchange of every phase."""
         return 4 * self.ranks * max(self.ranks, self.links)

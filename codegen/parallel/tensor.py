@@ -280,8 +280,10 @@ def tensor_graph(g: Graph, rank: int, ranks: int, links: dict, regions: dict) ->
             lo, hi = rank * k // ranks, (rank + 1) * k // ranks
             weight = g.tensors[g.base(node.inputs[1])].data.reshape(g.tensors[node.inputs[1]].shape)
             # the partial sums' columns rotated by this chip's rank: its block j is block rank + j, so every
-            # chip sends and adds the same addresses at the same steps (one schedule for all)
-            turn = -rank * (weight.shape[1] // ranks)
+            # chip sends and adds the same addresses at the same steps (one schedule for all); a one-shot
+            # all-reduce sends and adds them whole, in place
+            whole_sums = links["group"].one_shot(g.tensors[node.output].nbytes)
+            turn = 0 if whole_sums else -rank * (weight.shape[1] // ranks)
             inputs = [slice_of(h), part.constant(np.roll(weight[lo:hi], turn, axis=1))]
             for k, extra in enumerate(node.inputs[2:], 2):  # per output column: rotated as the partial sums are
                 data = np.roll(g.tensors[g.base(extra)].data.reshape(g.tensors[extra].shape), turn, axis=-1)
@@ -291,7 +293,8 @@ def tensor_graph(g: Graph, rank: int, ranks: int, links: dict, regions: dict) ->
             partial = part.add_tensor(g.tensors[node.output].shape, g.tensors[node.output].dtype)
             part.nodes.append(replace(node, inputs=inputs, output=partial))
             part.nodes.append(Node("allreduce", [partial], node.output,
-                                   {"rank": rank, "ranks": ranks, "tag": tag, **links}, node.layer + "+allreduce"))
+                                   {"rank": rank, "ranks": ranks, "tag": tag, "rotated": not whole_sums, **links},
+                                   node.layer + "+allreduce"))
             tag += span
             reduces += 1
             continue

@@ -5,8 +5,8 @@ same order, each layer: RMSNorm written out, Q/K/V products, rotary embeddings a
 rotate-half matrix, the KV cache concatenated with the new K/V, grouped-query attention with the query
 heads stacked per K/V head, the output product, RMSNorm, a SwiGLU MLP), at the shard's sizes: ``heads / T``
 query heads, ``kv_heads / T`` K/V heads (at least one), ``ffn / T`` MLP columns, with the output and down
-products split by rows (their partial sums are all-reduced across the shard's chips; the planner
-charges that on the network). Weights are zero-strided arrays of the storage type: the codegen needs
+products split by rows, their partial sums summed by the all-reduce the compiler emits for the shard's
+group of chips (in the graph, as rank 0 runs it). Weights are zero-strided arrays of the storage type: the codegen needs
 their shapes, never their values, and a 405B block is not materialised. The KV cache is resident state.
 
 A mixture-of-experts block replaces the MLP by the router's product and one expert's SwiGLU shard (the
@@ -37,6 +37,8 @@ class BlockShape:
     context: int
     batch: int = 1
     experts: int = 0  # router outputs (0: a dense MLP)
+    system: str = ""  # the system whose chips the shard's all-reduces cross (none: a shard alone)
+    width: int = 1  # the chips of the tensor-parallel group
 
 
 class _Builder:
@@ -68,10 +70,26 @@ class _Builder:
 
 def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
     """``layers`` consecutive block shards; inputs: the hidden state, the rotary tables, the mask and each
-    layer's K/V cache (resident state); output: the hidden state after the last block (partial sums of
-    the row-split products, as the shard computes them)."""
+    layer's K/V cache (resident state); output: the hidden state after the last block. On ``width`` chips the
+    row-split products' partial sums (attention's output projection, the MLP's down projection) are summed by
+    the all-reduce the compiler emits for that group of the system (:func:`~lpx_tvm.codegen.parallel.
+    collectives.choose`): the graph is rank 0's, and its SENDs and RECVs are scheduled as every rank runs
+    them (each RECV one hop after its SEND)."""
     b = _Builder(dtype)
     g, s = b.g, shape
+    group = None
+    if s.width > 1:
+        from ..codegen.parallel.collectives import choose
+        from ..runtime_sim.system import load_system
+
+        group = choose(load_system(s.system), s.width)
+
+    def summed(partial):
+        if group is None:
+            return partial
+        tag = b.count * group.tags()  # (every node its own tags)
+        return b.node("allreduce", [partial], (s.batch, s.tokens, s.hidden), rank=0, ranks=group.ranks,
+                      tag=tag, group=group, rotated=False)
     hd, kvh, qh = s.head_dim, s.kv_heads, s.heads
     rep = max(qh // kvh, 1)
     x = g.add_tensor((s.batch, s.tokens, s.hidden), b.dtype)
@@ -122,7 +140,7 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
         back = b.node("TRANSPOSE", [b.alias(ctx, (s.batch, qh, s.tokens, hd))], (s.batch, s.tokens, qh, hd),
                       perm=(0, 2, 1, 3))
         out = b.node("matmul", [b.alias(back, (s.batch, s.tokens, qh * hd)), b.weight(qh * hd, s.hidden)], hidden)
-        x = b.node("ADD", [out, x], hidden)
+        x = b.node("ADD", [summed(out), x], hidden)
         n = b.rms_norm(x, hidden)
         if s.experts:
             b.node("matmul", [n, b.weight(s.hidden, s.experts)], (s.batch, s.tokens, s.experts))
@@ -131,7 +149,7 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
         silu = b.node("MUL", [gate, b.node("SIGMOID", [gate], mlp)], mlp)
         up = b.node("matmul", [n, b.weight(s.hidden, s.ffn)], mlp)
         down = b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(s.ffn, s.hidden)], hidden)
-        x = b.node("ADD", [down, x], hidden)
+        x = b.node("ADD", [summed(down), x], hidden)
     g.outputs = [x]
     return g
 

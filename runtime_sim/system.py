@@ -298,7 +298,7 @@ def _tsp_system(chips: int) -> SystemConfig:
     # racks join in a second Dragonfly level: local, global, local within a group, and up to five hops in all
     one_level = nodes <= 33
     global_bytes = (4 if one_level else 1) * chip.c2c_bytes_per_s_per_link
-    figures = {"node_chips": 8, "nodes": nodes, "max_hops": 3 if one_level else 5,
+    figures = {"node_chips": 8, "node_system": "tsp-node", "nodes": nodes, "max_hops": 3 if one_level else 5,
                "local_links_per_chip": 7, "global_links_per_chip": 4,
                "global_bytes_per_s_per_chip": global_bytes}
     sources = {

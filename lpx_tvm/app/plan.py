@@ -86,10 +86,15 @@ class ModelSpec:
     tied: bool = False
     experts: int = 0
     top_k: int = 0
+    head_size: int = 0  # the config's head_dim, where it is not hidden ÷ heads
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def experts_per_token(self) -> int:
+        return self.top_k or 1
 
     def block_params(self) -> int:
         attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
@@ -146,10 +151,10 @@ def model_spec(model) -> ModelSpec:
                                                                         data["num_attention_heads"])),
                          int(data["intermediate_size"]), int(data["vocab_size"]),
                          bool(data.get("tie_word_embeddings", False)), int(data.get("num_local_experts", 0)),
-                         int(data.get("num_experts_per_tok", 0)))
+                         int(data.get("num_experts_per_tok", 0)), int(data.get("head_dim") or 0))
     except KeyError as err:
         raise PlanError(f"model {name!r}: config has no {err.args[0]}") from None
-    if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
+    if (spec.hidden % spec.heads and not spec.head_size) or spec.heads % spec.kv_heads:
         raise PlanError(f"model {name!r}: hidden_size must divide by the heads, and the heads by the KV heads")
     return spec
 
@@ -254,30 +259,82 @@ def head_step_cycles(chip: ChipConfig, hidden: int, vocab: int, tokens: int, dty
 
 
 # ---- the network -----------------------------------------------------------------------------------------
-def all_reduce_cycles(nbytes: int, ranks: int, chip: ChipConfig, hop: int) -> int:
-    """A ring all-reduce: reduce-scatter then all-gather, 2(ranks − 1) steps of nbytes/ranks each."""
-    if ranks <= 1:
-        return 0
-    step = hop + ceil(ceil(nbytes / ranks) / chip.c2c_bytes_per_cycle)
-    return 2 * (ranks - 1) * step
-
-
 def transfer_cycles(nbytes: int, hops: int, chip: ChipConfig, hop: int) -> int:
     return hops * hop + ceil(nbytes / chip.c2c_bytes_per_cycle)
 
 
 def stage_hops(system: SystemConfig, stages: int, width: int) -> int:
-    """Hops between two consecutive stages: one inside a node (or a fully connected system), else the
-    system's worst case between nodes."""
+    """Hops between two consecutive stages: one inside a node (or a fully connected system, or a grid of
+    nodes, where each chip is linked to its counterpart in every other node), else the system's worst case
+    between nodes."""
     node = system.figures.get("node_chips", system.chips if system.topology == "fully-connected" else 8)
-    if stages * width <= node or system.topology == "fully-connected":
+    if stages * width <= node or system.topology in ("fully-connected", "node-grid"):
         return 1
     return int(system.figures.get("max_hops", 3))
 
 
+def floor_cycles(spec: ModelSpec, system: SystemConfig, dtype: str, context: int, chips: int, batch: int = 1) -> dict:
+    """The bound the preset's own figures set on a token's time, at the best tensor-parallel width T.
+
+    Per layer, each chip of T: its share of the layer's weights through the fastest weight path (installing
+    into the matrix planes: planes × install streams × a vector a cycle), its share of the K/V cache at the
+    SRAM rate, and two all-reduces of the hidden state, each the hops across the group's diameter (one within a
+    node or a fully connected system, two across a grid of nodes) and its bytes over the links a pair has.
+    Then the LM head's share, and a hop between each two of the S stages the weights need (S × T ≤ chips).
+    No unit latency, no dependence: nothing any schedule could remove is left out, nothing else is in.
+
+    Returns
+    -------
+    dict
+        ``cycles``, ``width``, ``stages`` and the per-token ``parts`` (weights, KV cache, collectives, head).
+    """
+    chip = system.chip
+    item = DType.from_name(dtype).itemsize
+    install = chip.mxm_planes * chip.mxm_install_streams * chip.lanes  # bytes a cycle into the planes
+    sram = chip.sram_bytes_per_cycle
+    active_ffn = spec.ffn * (spec.experts_per_token if spec.experts else 1)
+    layer_weights = (spec.block_params() - 3 * spec.hidden * spec.ffn * max(spec.experts, 1)
+                     + 3 * spec.hidden * active_ffn) * item  # the weights one token reads: its experts' only
+    kv = 2 * batch * spec.kv_heads * context * spec.head_dim * item
+    hidden = batch * spec.hidden * item
+    total = spec.chip_params() * item + spec.cache_bytes(context, batch, dtype)
+    node = _node_chips(system)
+    best = None
+    for width in _widths(spec, chips, system):
+        stages = max(1, ceil(total / (width * chip.sram_bytes)))
+        if stages * width > chips or stages > spec.layers:
+            continue
+        hops = 1 if width <= node else 2
+        links = _links_a_pair(system, width)
+        parts = {"weights": spec.layers * ceil(layer_weights / width / install),
+                 "KV cache": spec.layers * ceil(kv / min(width, spec.kv_heads) / sram),
+                 "collectives": spec.layers * 2 * (hops * system.hop_cycles
+                                                   + ceil(hidden / width / (links * chip.c2c_bytes_per_cycle))),
+                 "head": ceil(spec.hidden * spec.vocab * item / width / install) + (stages - 1) * system.hop_cycles}
+        cycles = sum(parts.values())
+        if best is None or cycles < best["cycles"]:
+            best = {"cycles": cycles, "width": width, "stages": stages, "parts": parts}
+    return best
+
+
+def _node_chips(system: SystemConfig) -> int:
+    """Chips joined all to all: the whole system where it is fully connected, else a node."""
+    if system.topology == "fully-connected":
+        return system.chips
+    return int(system.figures.get("node_chips") or (system.chips if not system.links else
+                                                    max(len(system.neighbours(0)), 1)))
+
+
+def _links_a_pair(system: SystemConfig, width: int) -> int:
+    """Links between two chips of a group of ``width`` (the first chips of the system or of its node)."""
+    if system.links and width > 1:
+        return max(len(system.links_between(0, 1)), 1)
+    return 1
+
+
 # a cause on a block's critical path as the plan's split names it (the rest is latency: results in pipelines)
 _SPLIT_OF_BOUND = {"matrix": "matrix", "weight install": "weight install", "vector": "vector", "switch": "vector",
-                   "SRAM bandwidth": "SRAM", "host link": "host link"}
+                   "SRAM bandwidth": "SRAM", "host link": "host link", "link": "C2C links"}
 
 
 # ---- mappings ----------------------------------------------------------------------------------------
@@ -308,20 +365,31 @@ class Mapping:
         return self.tokens_per_s(clock) / self.users
 
 
-def _widths(spec: ModelSpec, chips: int) -> list:
+def _group_system(system: SystemConfig) -> str:
+    """The system whose links a tensor-parallel group's collectives are compiled over: the system itself
+    where its links are listed, else its node's (a large TSP system is nodes of a ``tsp-node``)."""
+    return system.name if system.simulated else system.figures.get("node_system", "")
+
+
+def _widths(spec: ModelSpec, chips: int, system: SystemConfig | None = None) -> list:
+    """Tensor-parallel widths that split the heads, K/V heads (or replicate them), MLP and hidden state evenly;
+    on a system described by its figures, at most a node (its collectives are compiled on the node's links)."""
+    if system is not None and not system.simulated:
+        chips = min(chips, int(system.figures.get("node_chips", 1)) if system.figures.get("node_system") else 1)
     out = []
     width = 1
     while width <= min(chips, spec.heads):
         if spec.heads % width == 0 and (spec.kv_heads % width == 0 or width % spec.kv_heads == 0) \
-                and spec.ffn % width == 0:
+                and spec.ffn % width == 0 and spec.hidden % width == 0:
             out.append(width)
         width *= 2
     return out
 
 
-def shard_shape(spec: ModelSpec, width: int, batch: int, context: int, rows: int = 1) -> tuple:
+def shard_shape(spec: ModelSpec, width: int, batch: int, context: int, rows: int = 1, system: str = "") -> tuple:
     """``(BlockShape, experts a chip holds, the experts' placement in words)``: one chip's shard of a block,
-    ``width`` chips wide (attention by heads, the MLP by its columns, a mixture's experts spread)."""
+    ``width`` chips wide (attention by heads, the MLP by its columns, a mixture's experts spread), its
+    all-reduces over the chips of ``system`` the compiler would give them."""
     if spec.experts:
         expert_chips = max(width // spec.experts, 1)  # chips an expert is split over
         experts_per_chip = ceil(spec.experts / width)
@@ -330,8 +398,11 @@ def shard_shape(spec: ModelSpec, width: int, batch: int, context: int, rows: int
                      + (f"each split over {expert_chips}" if width >= spec.experts else f"{experts_per_chip} a chip"))
     else:
         experts_per_chip, ffn_shard, placement = 1, spec.ffn // width, ""
+    if spec.kv_heads < width:  # K/V heads replicated: each on the chips of the query heads that read it
+        placement = "; ".join(filter(None, [placement, f"{spec.kv_heads} K/V heads replicated, each on "
+                                            f"{width // spec.kv_heads} chips"]))
     shape = BlockShape(spec.hidden, spec.heads // width, max(spec.kv_heads // width, 1), spec.head_dim, ffn_shard,
-                       rows, context, batch, spec.experts)
+                       rows, context, batch, spec.experts, system if width > 1 else "", width)
     return shape, experts_per_chip, placement
 
 
@@ -343,7 +414,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     item = DType.from_name(dtype).itemsize
     if stages > spec.layers:
         return None
-    shape, experts_per_chip, placement = shard_shape(spec, width, batch, context, rows)
+    shape, experts_per_chip, placement = shard_shape(spec, width, batch, context, rows, _group_system(system))
     ffn_shard = shape.ffn
     block = block_cost(chip, shape, dtype)
     if block is None or block.streamed:
@@ -374,20 +445,17 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     hidden_bytes = batch * rows * spec.hidden * item
     hops = stage_hops(system, stages, width)
     blocks = spec.layers  # one token passes every layer once, stage after stage
-    # per block: the attention's all-reduce, and the MLP's (a mixture of experts: a dispatch and a combine)
-    reduce_steps = 2 * (width - 1)
-    mlp_steps, mlp_bytes = (2, hidden_bytes) if spec.experts and width > 1 else (reduce_steps, hidden_bytes / width)
-    block_hops = reduce_steps + mlp_steps
-    block_serial = reduce_steps * ceil(ceil(hidden_bytes / width) / chip.c2c_bytes_per_cycle) \
-        + mlp_steps * ceil(mlp_bytes / chip.c2c_bytes_per_cycle)
-    handoff = ceil(hidden_bytes / chip.c2c_bytes_per_cycle)  # one stage to the next
-    hop_steps = blocks * block_hops + (stages - 1) * hops
-    serial = blocks * block_serial + (stages - 1) * handoff
+    # a block's two all-reduces (a mixture of experts: the combine) are in its compiled cycles, as the
+    # compiler emits them for the group (:mod:`~lpx_tvm.codegen.parallel.collectives`); between the stages
+    # one hand-off of the hidden state (each chip of a stage to its counterpart in the next)
+    handoff = ceil(hidden_bytes / chip.c2c_bytes_per_cycle)
+    serial = (stages - 1) * handoff
+    hop_steps = (stages - 1) * hops
     network = hop_steps * hop + serial
     # users in flight: each stage takes the next user's step once it is done with one's (its buffers are
     # reused, step after step), so the busiest stage sets how often a step can start. The layers spread as
     # evenly as they go, the last stage (with the LM head) holding the fewer
-    block_step = block.cycles + block_hops * hop + block_serial  # a block and its all-reduces
+    block_step = block.cycles
     fewer, more = divmod(spec.layers, stages)
     head_step = head_step_cycles(chip, spec.hidden, ceil(spec.vocab / width), batch * rows, dtype)
     period = max((fewer + (more > 0)) * block_step + (handoff if stages > 1 else 0),
@@ -396,25 +464,22 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     kv_write = ceil(kv_bytes / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
     compute = blocks * block.cycles + head.cycles
     per_token = compute + network + kv_write
-    split = {"matrix": 0.0, "weight install": 0.0, "vector": 0.0, "SRAM": 0.0, "latency": 0.0}
+    split = {"matrix": 0.0, "weight install": 0.0, "vector": 0.0, "SRAM": 0.0, "C2C links": 0.0, "latency": 0.0}
     for breakdown, times in ((block.breakdown, blocks), (head.breakdown, 1)):
         for bound, cycles in breakdown.items():
             key = _SPLIT_OF_BOUND.get(bound, "latency")
             split[key] = split.get(key, 0.0) + cycles * times
     scale = compute / max(sum(split.values()), 1)
     split = {k: v * scale for k, v in split.items()}
-    split["C2C transfer"] = serial
-    split["hop latency"] = hop_steps * hop
+    split["C2C links"] += serial + hop_steps * hop  # (the stages' hand-offs)
     split["synchronisation"] = 0.0  # the static schedule aligns the chips: no barriers at run time
     split["KV write"] = kv_write
-    prefill_shape = BlockShape(spec.hidden, shape.heads, shape.kv_heads, spec.head_dim, ffn_shard, prompt, 0, 1,
-                               spec.experts)
+    prefill_shape = replace(shape, tokens=prompt, context=0, batch=1)
     prefill = block_cost(chip, prefill_shape, dtype, alone=True) if ttft else None
     ttft = None
     if prefill is not None and not prefill.streamed:
         pre_bytes = prompt * spec.hidden * item
-        ttft = spec.layers * (prefill.cycles + 2 * all_reduce_cycles(pre_bytes, width, chip, hop)) \
-            + (stages - 1) * transfer_cycles(pre_bytes, hops, chip, hop) + head.cycles
+        ttft = spec.layers * prefill.cycles + (stages - 1) * transfer_cycles(pre_bytes, hops, chip, hop) + head.cycles
     return Mapping(stages, width, batch, stages * width, per_token, ttft, split, memory, placement,
                    in_flight * batch, period)
 
@@ -519,7 +584,7 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         report = _report(spec, system, dtype, context, prompt, found, [found], "the mapping asked for", weights,
                          time.perf_counter() - start)
         return _verified(report, spec, system, dtype, found, context, progress, start) if verify else report
-    searched = [(b, width) for b in sorted({batch, *batches}) for width in _widths(spec, limit)]
+    searched = [(b, width) for b in sorted({batch, *batches}) for width in _widths(spec, limit, system)]
     for done, (b, width) in enumerate(searched):
         if progress is not None:
             elapsed = time.perf_counter() - start
@@ -653,6 +718,11 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
                 "memory_per_chip": m.memory_per_chip}
     frontier = sorted((row(m) for m in candidates), key=lambda r: (r["chips"], r["batch"]))
     best = row(chosen)
+    floor = floor_cycles(spec, system, dtype, context, system.chips, chosen.batch)
+    floors = {} if floor is None else {
+        "floor_us": 1e6 * floor["cycles"] / clock, "floor_ratio": chosen.per_token_cycles / floor["cycles"],
+        "floor": {"width": floor["width"], "stages": floor["stages"],
+                  "parts_us": {k: 1e6 * v / clock for k, v in floor["parts"].items()}}}
     chips = chosen.chips
     if pooled is not None:  # a prefill pool: its chips count, and the first token is its
         chips += pooled["chips"]
@@ -666,7 +736,7 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
                         "why": why},
             **best, "tokens_per_s_per_rack": best["tokens_per_s"] / max(ceil(chips / per_rack), 1),
             **_power(system.chip, chips, best["tokens_per_s"]),
-            "split_cycles": split, "bottleneck": bottleneck, "frontier": frontier, "plan_s": seconds,
+            "split_cycles": split, "bottleneck": bottleneck, **floors, "frontier": frontier, "plan_s": seconds,
             "not_static": NOT_STATIC,
             **({"prefill_pool": pooled, "decode_chips": chosen.chips} if pooled is not None else {})}
 
@@ -711,6 +781,10 @@ def table(report: dict) -> str:
                if report["ttft_ms"] is not None else
                f"; no time to first token: a block's {report['prompt']}-token prefill does not fit a chip") + "\n"
             f"  per token: {split}; bound by {report['bottleneck']}\n"
+            + (f"  floor: {report['floor_us']:.1f} µs a token from the preset's figures alone (weights through the "
+               f"planes, KV at the SRAM rate, collectives' hops and bytes; {report['floor']['stages']} stages × "
+               f"{report['floor']['width']} wide); the plan is {report['floor_ratio']:.2f}× it\n"
+               if report.get("floor_us") else "")
             + (f"  power: {report['power_kw']:.1f} kW for the chips at their TDP (no host, network or cooling), "
                f"{report['tokens_per_s_per_kw']:.1f} tokens/s per kW\n" if report.get("power_kw") is not None else
                f"  power: the {report['chip']} preset gives no chip power\n") +

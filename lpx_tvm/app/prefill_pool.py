@@ -38,7 +38,7 @@ def prefill_pool(spec, system, dtype: str, pool_chips: int, decode, context: int
     """
     clock = system.chip.clock_hz
     best = None
-    for width in _widths(spec, pool_chips):
+    for width in _widths(spec, pool_chips, system):
         for stages in sorted({1, 2, 4, 8, 16, 32, 64, pool_chips // width} & set(range(1, pool_chips // width + 1))):
             if stages > spec.layers:
                 continue

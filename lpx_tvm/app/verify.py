@@ -43,7 +43,7 @@ def verify(spec, system, dtype: str, chosen, context: int, progress=None) -> dic
         per-token cycles ÷ the verified ones − 1: positive where the plan is slower), and per distinct stage
         its blocks, its cycles and the plan's for them (``stages``).
     """
-    shape, _, _ = shard_shape(spec, chosen.width, chosen.batch, context)
+    shape, _, _ = shard_shape(spec, chosen.width, chosen.batch, context, system=system.name)
     # the layers as evenly as the stages take them: some stages hold one more than the rest
     fewer, more = divmod(spec.layers, chosen.stages)
     counts = [fewer + 1] * more + [fewer] * (chosen.stages - more)
@@ -94,6 +94,7 @@ def int8_as_compiled(spec, system, chosen, context: int, progress=None) -> dict 
         return None
     if progress is not None:
         progress("plan: a block through the int8 QDQ flow (quantised by ONNX Runtime, compiled as int8 kernels)")
+    # both blocks without their all-reduces: the difference is the QDQ flow's steps
     shape, _, _ = shard_shape(spec, chosen.width, chosen.batch, context)
     planned = block_cost(system.chip, shape, "int8").cycles
     measured = qdq_block_cycles(spec, shape, system.chip.name, context)

@@ -13,6 +13,7 @@ from lpx_tvm.runtime import offload_counts
 from lpx_tvm.runtime_sim import ProgramFormatError
 from lpx_tvm.runtime_sim.program import decode
 from lpx_tvm.runtime_sim.system_sim import decode_system, is_system_program
+from conftest import ort_reference
 
 SMALL = L.LlamaConfig(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512,
                       vocab_size=512, max_context=16)
@@ -151,4 +152,24 @@ def test_a_tied_heads_transpose_is_made_once_and_named_by_both_programs(weights)
     feeds = L.prefill_feeds(tied, PROMPT)
     args = [feeds[i.name] for i in prefill_graph.graph.input]
     inline = lpx_tvm.compile(prefill_graph, weights=tied_weights, dtype="fp16")
-    np.testing.assert_array_equal(prefill(*args)[0], inline(*args)[0])
+    before = offload_counts()
+    got = prefill(*args)
+    assert sum((offload_counts() - before).values()) == 1  # the whole prefill: one lpx program, run once
+    before = offload_counts()
+    carried = inline(*args)
+    assert sum((offload_counts() - before).values()) == 1
+    np.testing.assert_array_equal(got[0], carried[0])
+    # ONNX Runtime on the same graphs with the weights inside, up to fp16 activations; then one decode step
+    # over the prefill's caches (lpx's own on the chip, ORT's on the host), its head the held transpose too
+    want = ort_reference(L.build_prefill(tied, len(PROMPT), weights=tied_weights), feeds)
+    assert np.abs(got[0] - want[0]).max() < 0.02 * np.abs(want[0]).max()
+    token, position = int(np.argmax(want[0][0, -1])), len(PROMPT)
+    for name, new in zip(L.cache_names(tied), got[1:], strict=True):
+        decoded.write_state(name, new, (slice(None), slice(None), slice(0, position)))
+    before = offload_counts()
+    (step, *_) = decoded(**L.decode_feeds(tied, token, position, L.initial_cache(tied)))
+    assert sum((offload_counts() - before).values()) == 1  # the decode step: one lpx program, run once
+    cache = L.write_cache(L.initial_cache(tied), want[1:], 0)
+    (want_step, *_) = ort_reference(L.build_decode(tied, weights=tied_weights),
+                                    L.decode_feeds(tied, token, position, cache))
+    assert np.abs(step - want_step).max() < 0.02 * np.abs(want_step).max()

@@ -10,6 +10,7 @@ from onnx import TensorProto, defs, helper, numpy_helper
 import lpx_tvm
 from lpx_tvm import runtime
 from lpx_tvm.runtime_sim import Opcode, decode
+from lpx_tvm.runtime_sim.program import read_digest
 from lpx_tvm.runtime_sim.simulator import OverflowWarning
 from conftest import assert_close, cnn_model, make_model, mlp_model, ort_run, tensor_info, weights
 
@@ -185,7 +186,13 @@ def test_two_caches_read_by_one_merged_lpx_function_each_keep_their_own_values()
     p0, p1, x = (rng.standard_normal((4, 8)).astype(np.float32) for _ in range(3))
     compiled.write_state("past0", p0)
     compiled.write_state("past1", p1)
+    assert compiled.report.lpx_functions == 1 and compiled.report.host_ops == {"relax.floor": 1}
+    assert len(compiled.programs) == 2  # the one function, a program for each of its two calls
+    before = runtime.offload_counts()
     (out,) = compiled(p0, p1, x)
+    ran = runtime.offload_counts() - before
+    assert set(ran) == {read_digest(b).hex() for b in compiled.programs.values()}
+    assert sorted(ran.values()) == [1, 1]  # each add on lpx once, by its own program
     np.testing.assert_allclose(out, p1 + np.floor(p0 + x), rtol=1e-6, atol=1e-6)
 
 
@@ -206,7 +213,8 @@ def test_an_fp16_attention_mask_of_float32_lowest_saturates_instead_of_making_na
     x = rng.standard_normal((4, 8)).astype(np.float32)
     mask = np.ones((4, 8), np.float32)
     mask[:, 5:] = 0
-    (out,) = compiled(x, mask)
+    (out,), calls = _run_counted(compiled, x, mask)
+    assert calls == 1  # the mask's arithmetic and the softmax: one lpx program
     assert np.isfinite(out).all() and not out[:, 5:].any()
     np.testing.assert_allclose(out, ort_run(model, {"x": x, "mask": mask})[0], atol=2e-3)
 

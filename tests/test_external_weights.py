@@ -128,8 +128,14 @@ def test_an_unaligned_weight_is_bound_once_copied():
     assert raw.ctypes.data % 64
     graph = L.build_prefill(SMALL, len(PROMPT), weights=weights, external=True)
     feeds = L.prefill_feeds(SMALL, PROMPT)
-    aligned = _logits_on(lpx_tvm.compile(graph, weights=weights), feeds, graph)
-    unaligned = _logits_on(lpx_tvm.compile(graph, weights=dict(weights, **{name: raw})), feeds, graph)
+    runs = []
+    for given in (weights, dict(weights, **{name: raw})):
+        compiled = lpx_tvm.compile(graph, weights=given)
+        assert compiled.report.lpx_functions == 1 and not compiled.report.host_ops.get("relax.matmul")
+        before = offload_counts()
+        runs.append(_logits_on(compiled, feeds, graph))
+        assert sum((offload_counts() - before).values()) == 1  # the whole prefill: one lpx program, run once
+    aligned, unaligned = runs
     np.testing.assert_array_equal(unaligned, aligned)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ..runtime_sim import ChipConfig, DType
 from ..runtime_sim.system import SystemConfig, load_system
+from ..codegen.parallel.collectives import CollectiveError
 from .plan_graph import BlockShape, block_graph, head_graph
 
 
@@ -416,7 +417,10 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
         return None
     shape, experts_per_chip, placement = shard_shape(spec, width, batch, context, rows, _group_system(system))
     ffn_shard = shape.ffn
-    block = block_cost(chip, shape, dtype)
+    try:
+        block = block_cost(chip, shape, dtype)
+    except CollectiveError:  # no group of ``width`` chips the compiler could run the collectives on
+        return None
     if block is None or block.streamed:
         return None
     if spec.experts:  # the other experts this chip holds add their weights, not their time (top-k run in parallel)
@@ -578,6 +582,13 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
                         f"({system.chips} chips × {chip.sram_bytes:,})")
     candidates = []
     if mapping is not None:
+        if mapping[1] > 1 and _group_system(system):
+            from ..codegen.parallel.collectives import choose
+
+            try:
+                choose(load_system(_group_system(system)), mapping[1])
+            except CollectiveError as err:
+                raise PlanError(f"{mapping[1]}-way tensor parallel: {err}") from None
         found = evaluate(spec, system, dtype, mapping[0], mapping[1], batch, context, prompt)
         if found is None:
             raise PlanError(f"{spec.name}: {mapping[0]} stages × {mapping[1]} chips does not fit {system.chip.name}")

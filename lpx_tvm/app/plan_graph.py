@@ -78,7 +78,7 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
     b = _Builder(dtype)
     g, s = b.g, shape
     group = None
-    if s.width > 1:
+    if s.width > 1 and s.system:
         from ..codegen.parallel.collectives import choose
         from ..runtime_sim.system import load_system
 

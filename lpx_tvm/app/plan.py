@@ -418,9 +418,13 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     shape, experts_per_chip, placement = shard_shape(spec, width, batch, context, rows, _group_system(system))
     ffn_shard = shape.ffn
     try:
-        block = block_cost(chip, shape, dtype)
+        if width > 1 and shape.system:
+            from ..codegen.parallel.collectives import choose
+
+            choose(load_system(shape.system), width)
     except CollectiveError:  # no group of ``width`` chips the compiler could run the collectives on
         return None
+    block = block_cost(chip, shape, dtype)
     if block is None or block.streamed:
         return None
     if spec.experts:  # the other experts this chip holds add their weights, not their time (top-k run in parallel)

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import lpx_tvm
 from conftest import assert_close, ort_reference, run_on_lpx
@@ -43,3 +43,67 @@ def test_two_models_alike_but_for_their_names_run_in_one_process(rng, first):
         refs = ort_reference(models[k], dict(zip("XWB", feeds)))
         for out, ref in zip(outs, refs):
             assert_close(out, ref, 1e-5)
+
+
+# ---------------------------------------------------------------------------
+# a window too large for a host kernel
+# ---------------------------------------------------------------------------
+def _refuse_to_build(*window):
+    raise AssertionError(f"a kernel was built for the window {window}")
+
+
+def test_a_large_pooling_window_runs_numpys_passes_not_a_kernel_build(rng, monkeypatch):
+    # the onnx package's pytorch-converted test_MaxPool2d_stride_padding_dilation: 4,800 taps, whose kernel
+    # (every tap written out) had not built after 150 s
+    from lpx_tvm import window_kernels
+
+    monkeypatch.setattr(window_kernels, "_build_maxpool", _refuse_to_build)
+    node = helper.make_node("MaxPool", ["X"], ["Y"], kernel_shape=[60, 80], dilations=[10, 10],
+                            strides=[10, 10], pads=[10, 20, 10, 20])
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, 1000, 1000])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 1, 43, 25])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, 1, 1000, 1000)).astype(np.float32)
+    (out,) = run_on_lpx(lpx_tvm.compile(model), [x], programs=1)
+    (ref,) = ort_reference(model, {"X": x})
+    np.testing.assert_array_equal(np.asarray(out), ref)  # a maximum is exact
+
+
+def test_a_large_convolution_window_runs_numpys_im2col_not_a_kernel_build(rng, monkeypatch):
+    # 9 x 9 = 81 taps: its IM2COL kernel took 17 s to build, more than numpy's copies cost over many runs
+    from lpx_tvm import window_kernels
+    from lpx_tvm.runtime_sim import Opcode, decode
+
+    monkeypatch.setattr(window_kernels, "_build_im2col", _refuse_to_build)
+    w = (rng.standard_normal((8, 4, 9, 9)) * 0.1).astype(np.float32)
+    node = helper.make_node("Conv", ["X", "W"], ["Y"], kernel_shape=[9, 9], pads=[4, 4, 4, 4])
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4, 24, 24])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 8, 24, 24])],
+        [numpy_helper.from_array(w, "W")]), opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, 4, 24, 24)).astype(np.float32)
+    compiled = lpx_tvm.compile(model)
+    (program,) = (decode(blob) for blob in compiled.programs.values())
+    assert Opcode.IM2COL in {ins.opcode for ins in program.instructions}
+    (out,) = run_on_lpx(compiled, [x], programs=1)
+    (ref,) = ort_reference(model, {"X": x})
+    assert_close(out, ref, 1e-5)
+
+
+@pytest.mark.parametrize("kernel, built", [((7, 7), True), ((1, 49), True), ((5, 10), False), ((1, 50), False)])
+def test_a_window_kernel_is_built_up_to_a_7x7_stems_taps(kernel, built, monkeypatch):
+    from lpx_tvm import window_kernels
+
+    windows = []
+
+    def record(window):
+        windows.append(window)
+        return lambda *args: None
+
+    monkeypatch.setattr(window_kernels, "_build_maxpool", record)
+    attrs = {"kernel": kernel, "stride": (1, 1), "dilation": (1, 1), "pad": (0, 0, 0, 0)}
+    x = np.zeros((1, 1, 8, 56), np.float32)
+    out = np.zeros((1, 1, 8 - kernel[0] + 1, 56 - kernel[1] + 1), np.float32)
+    assert window_kernels.max_pool(x, out, attrs) is built
+    assert windows == ([(kernel, (1, 1), (1, 1))] if built else [])

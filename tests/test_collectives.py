@@ -157,3 +157,24 @@ def test_a_small_all_reduce_goes_whole_in_one_hop_a_level(system, ranks):
     partials = np.random.default_rng(ranks).standard_normal((ranks, 16)).astype(np.float32)
     (out,) = sim.run([partials])
     np.testing.assert_allclose(out, np.tile(partials.sum(axis=0), (ranks, 1)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("system, chips, links, algorithm", [("tsp-node", 8, 28, "direct"),
+                                                            ("lpx-node", 16, 16 * 15 // 2 * 4, "direct")])
+def test_a_tensor_parallel_mlp_uses_every_link_of_the_node_and_matches_onnx_runtime(system, chips, links,
+                                                                                    algorithm):
+    """The review's MLP (512 wide, batch 8) on a whole node: its all-gathers and its all-reduce are direct, so
+    every link of the node carries traffic both ways (tsp-node: 28 links; lpx-node: 120 pairs × 4 links)."""
+    import lpx_tvm
+    from conftest import mlp_stack, ort_reference, run_on_lpx
+
+    rng = np.random.default_rng(0)
+    model = mlp_stack(rng, [512] * 5, batch=8)
+    x = rng.standard_normal((8, 512)).astype(np.float32)
+    compiled = lpx_tvm.compile(model, system=system, parallel="tensor", chips=chips)
+    (out,) = run_on_lpx(compiled, [x])
+    (sim,) = compiled.simulators.values()
+    assert list(sim.program.chips) == list(range(chips))
+    assert f"({algorithm})" in sim.program.notes
+    assert len(sim.stats.links) == 2 * links  # every link, each direction
+    np.testing.assert_allclose(out, ort_reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)

@@ -91,6 +91,7 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
     (lowering makes it a per-channel scale and shift, ``fuse`` folds those).
     """
     model = copy.deepcopy(model)
+    repinned = _repinned(model.graph.input, input_shapes)
     inputs, nodes = _prepared_inputs(model.graph, input_shapes), _prepared_nodes(model.graph)
     del model.graph.input[:]
     model.graph.input.extend(inputs)
@@ -98,7 +99,7 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
     model.graph.node.extend(nodes)
     model.ir_version = max(model.ir_version, 4)
     if _needs_shape_folding(model.graph):
-        model = _fold_shape_computations(model)
+        model = _fold_shape_computations(model, repinned)
     if has_recurrent(model.graph):
         try:
             model = unroll_recurrent(model, onnx_constants(model.graph))
@@ -139,6 +140,19 @@ def _prepared_inputs(graph, input_shapes: dict | None) -> list:
             set_shape(value_info, input_shapes[value_info.name])
         pinned.append(value_info)
     return pinned
+
+
+def _repinned(inputs, input_shapes: dict | None) -> list:
+    """``(input, axis, the model's value, the pinned one)`` for each dimension the model fixes (as declared in
+    ``inputs``) and ``input_shapes`` pins to another value."""
+    out = []
+    for value_info in inputs:
+        given = (input_shapes or {}).get(value_info.name)
+        declared = value_info.type.tensor_type.shape.dim if given is not None else ()
+        for axis, (dim, pinned) in enumerate(zip(declared, given or ())):
+            if dim.HasField("dim_value") and dim.dim_value != pinned:
+                out.append((value_info.name, axis, dim.dim_value, int(pinned)))
+    return out
 
 
 def onnx_constants(graph) -> dict:
@@ -253,13 +267,16 @@ def _all_inputs_static(graph) -> bool:
                for i in graph.input for d in i.type.tensor_type.shape.dim)
 
 
-def _fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
+def _fold_shape_computations(model: onnx.ModelProto, repinned=()) -> onnx.ModelProto:
     """Shape ─► Slice ─► Concat ─► Reshape chains on static shapes become constants.
 
     TVM's importer needs Reshape targets it can see; exporters (paddle2onnx,
     torch) compute them at run time. With every input shape pinned, ONNX
     Runtime's basic graph optimiser (constant folding and standard-op fusions
     only, no contrib ops) folds them, so we use it rather than a folder of our own.
+
+    ``repinned`` (:func:`_repinned`): the dimensions pinned against the model's own fixed values, which a
+    failure names (a graph traced at one length keeps constants of that length).
     """
     import tempfile
 
@@ -273,8 +290,15 @@ def _fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
         try:
             ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         except Exception as err:  # ORT rejects models it cannot run; say so rather than import a half-folded graph
-            raise FrontendError("cannot fold its shape computations "
-                                f"({str(err).strip().splitlines()[0]})") from None
+            said = str(err).strip().splitlines()[0]
+            if not repinned:
+                raise FrontendError(f"cannot fold its shape computations ({said})") from None
+            (name, axis, fixed, pinned), more = repinned[0], len(repinned) - 1
+            raise FrontendError(
+                f"cannot fold its shape computations: input {name!r} has axis {axis} fixed at {fixed}, pinned to "
+                f"{pinned}" + (f" (and {more} more fixed axes pinned to other values)" if more else "")
+                + f"; export that axis dynamic (torch.onnx.export(..., dynamic_shapes=...)) or pin it to {fixed} "
+                f"(ONNX Runtime: {said})") from None
         return onnx.load(options.optimized_model_filepath)
 
 

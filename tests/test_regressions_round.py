@@ -1,6 +1,7 @@
 """Regressions outside users found (issue 50): each test failed before its fix."""
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -107,3 +108,120 @@ def test_a_window_kernel_is_built_up_to_a_7x7_stems_taps(kernel, built, monkeypa
     out = np.zeros((1, 1, 8 - kernel[0] + 1, 56 - kernel[1] + 1), np.float32)
     assert window_kernels.max_pool(x, out, attrs) is built
     assert windows == ([(kernel, (1, 1), (1, 1))] if built else [])
+
+
+# ---------------------------------------------------------------------------
+# a decode step exported with fixed lengths
+# ---------------------------------------------------------------------------
+def _fixed_length_decode_step(path, past=16, heads=2, head_dim=4, vocab=32):
+    """A one-layer decode step in Hugging Face form traced at one token over ``past`` cache slots, as an
+    export without dynamic shapes writes it: every length fixed, and its mask a constant of that length."""
+    rng = np.random.default_rng(0)
+    width, total = heads * head_dim, past + 1
+
+    def init(name, array):
+        return numpy_helper.from_array(np.asarray(array), name)
+
+    def value(name, dtype, shape):
+        return helper.make_tensor_value_info(name, dtype, shape)
+
+    inits = [init("embed", (rng.standard_normal((vocab, width)) * 0.3).astype(np.float32)),
+             init("head", (rng.standard_normal((width, vocab)) * 0.3).astype(np.float32)),
+             init("heads_shape", np.array([1, 1, heads, head_dim], np.int64)),
+             init("flat_shape", np.array([1, 1, width], np.int64)),
+             init("causal", np.zeros((1, 1, 1, total), np.float32)), init("mask_axes", np.array([1, 2], np.int64))]
+    nodes = [helper.make_node("Gather", ["embed", "input_ids"], ["x"]),
+             helper.make_node("Reshape", ["x", "heads_shape"], ["x4"]),
+             helper.make_node("Transpose", ["x4"], ["q"], perm=[0, 2, 1, 3]),
+             helper.make_node("Concat", ["past_key_values.0.key", "q"], ["present.0.key"], axis=2),
+             helper.make_node("Concat", ["past_key_values.0.value", "q"], ["present.0.value"], axis=2),
+             helper.make_node("Transpose", ["present.0.key"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+             helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["mask", "mask_axes"], ["mask4"]),
+             helper.make_node("Add", ["mask4", "causal"], ["bias"]),
+             helper.make_node("Add", ["scores", "bias"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "present.0.value"], ["o"]),
+             helper.make_node("Transpose", ["o"], ["o2"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["o2", "flat_shape"], ["h"]),
+             helper.make_node("MatMul", ["h", "head"], ["logits"])]
+    cache = [1, heads, past, head_dim]
+    inputs = [value("input_ids", TensorProto.INT64, [1, 1]), value("attention_mask", TensorProto.INT64, [1, total]),
+              value("position_ids", TensorProto.INT64, [1, 1]),
+              value("past_key_values.0.key", TensorProto.FLOAT, cache),
+              value("past_key_values.0.value", TensorProto.FLOAT, cache)]
+    outputs = [value("logits", TensorProto.FLOAT, [1, 1, vocab]),
+               value("present.0.key", TensorProto.FLOAT, [1, heads, total, head_dim]),
+               value("present.0.value", TensorProto.FLOAT, [1, heads, total, head_dim])]
+    model = helper.make_model(helper.make_graph(nodes, "decode", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return model
+
+
+def test_a_decode_step_with_a_fixed_past_is_refused_in_one_line_naming_the_axis(tmp_path):
+    from lpx_tvm.app.generate import generate
+
+    path = tmp_path / "decode.onnx"
+    model = _fixed_length_decode_step(path)
+    # the graph is sound as exported: ONNX Runtime runs it at its own lengths
+    rng = np.random.default_rng(1)
+    cache = rng.standard_normal((1, 2, 16, 4)).astype(np.float32)
+    (logits, key, _) = ort_reference(model, {"input_ids": np.array([[3]]), "attention_mask": np.ones((1, 17), np.int64),
+                                             "position_ids": np.array([[16]]), "past_key_values.0.key": cache,
+                                             "past_key_values.0.value": cache})
+    assert logits.shape == (1, 1, 32) and key.shape == (1, 2, 17, 4)
+    with pytest.raises(ValueError) as refused:
+        generate(path, tokens=2)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "'past_key_values.0.key' has its past length (axis 2) fixed at 16 (and 4 more past or sequence axes " \
+           "too)" in message
+    assert "dynamic_shapes" in message and "symbolic" in message
+
+
+def test_a_decode_step_with_a_fixed_past_alone_names_the_cache_axis(tmp_path):
+    """Token inputs free, the cache fixed at 16: the cache's axis is the one named."""
+    from lpx_tvm.app.generate import generate
+
+    path = tmp_path / "decode.onnx"
+    model = _fixed_length_decode_step(path)
+    for value_info in model.graph.input:
+        dims = value_info.type.tensor_type.shape.dim
+        if value_info.name in ("input_ids", "attention_mask", "position_ids"):
+            dims[1].dim_param = "sequence" if value_info.name != "attention_mask" else "total"
+    onnx.save(model, str(path))
+    with pytest.raises(ValueError, match=r"^[^\n]*'past_key_values\.0\.key' has its past length \(axis 2\) fixed at "
+                                         r"16 \(and 1 more past or sequence axes too\); lpx needs the past and "
+                                         r"sequence lengths symbolic[^\n]*dynamic_shapes[^\n]*$"):
+        generate(path, tokens=2)
+
+
+def test_pinning_an_axis_the_model_fixes_names_it_when_the_fold_fails(tmp_path):
+    """Below generate: the frontend pinned the cache to 1 slot over a graph traced at 16; ONNX Runtime's
+    'Incompatible dimensions' alone did not say which pin broke it."""
+    from lpx_tvm.frontend import FrontendError
+
+    model = _fixed_length_decode_step(tmp_path / "decode.onnx")
+    model.graph.node.append(helper.make_node("Shape", ["present.0.key"], ["shape"]))  # a shape computation
+    model.graph.output.append(helper.make_tensor_value_info("shape", TensorProto.INT64, [4]))
+    shapes = {"input_ids": [1, 1], "attention_mask": [1, 2], "position_ids": [1, 1],
+              "past_key_values.0.key": [1, 2, 1, 4], "past_key_values.0.value": [1, 2, 1, 4]}
+    with pytest.raises(FrontendError, match=r"^model: cannot fold its shape computations: input 'attention_mask' has "
+                                            r"axis 1 fixed at 17, pinned to 2 \(and 2 more fixed axes pinned to "
+                                            r"other values\); export that axis dynamic \(torch\.onnx\.export\(\.\.\., "
+                                            r"dynamic_shapes=\.\.\.\)\) or pin it to 17 \(ONNX Runtime: [^\n]*\)$"):
+        lpx_tvm.from_onnx(model, input_shapes=shapes)
+
+
+def test_generate_help_says_the_lengths_must_be_symbolic(capsys):
+    from lpx_tvm.app.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help to the terminal
+    assert "its past and sequence lengths must be symbolic, not fixed (export them dynamic: torch.onnx.export " \
+           "dynamic_shapes, as optimum does)" in text

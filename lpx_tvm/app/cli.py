@@ -459,7 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "ONNX Runtime", parents=[debug_anywhere])
     p.add_argument("model", help=f"a preset ({', '.join(LLAMA_PRESETS)}), a directory of prefill.onnx and "
                    "decode.onnx (lpx_tvm.app.llama.save_llama), or a decoder in Hugging Face form: an .onnx graph "
-                   "with past_key_values.N inputs and present.N outputs, or an optimum export folder")
+                   "with past_key_values.N inputs and present.N outputs, or an optimum export folder; its past "
+                   "and sequence lengths must be symbolic, not fixed (export them dynamic: torch.onnx.export "
+                   "dynamic_shapes, as optimum does)")
     p.add_argument("--tokens", type=int, default=16, help="decode steps after the prefill (default 16)")
     p.add_argument("--prompt-len", type=int, default=8, help="seeded prompt tokens, where no prompt is given "
                    "(default 8)")

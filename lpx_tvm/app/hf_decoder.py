@@ -43,6 +43,23 @@ def _dims(value_info) -> list:
     return [d.dim_value if d.HasField("dim_value") else None for d in value_info.type.tensor_type.shape.dim]
 
 
+_LENGTHS = {"input_ids": "sequence length", "attention_mask": "past plus sequence length",
+            "position_ids": "sequence length"}
+
+
+def _fixed_lengths(inputs: dict, cache_names: list) -> list:
+    """``(input, axis, what, value)`` for each past or sequence length the graph fixes (axis 1 of the token
+    inputs, axis 2 of each cache)."""
+    axes = [(name, 2, "past length") for name in cache_names]
+    axes += [(name, 1, what) for name, what in _LENGTHS.items() if name in inputs]
+    fixed = []
+    for name, axis, what in axes:
+        dims = _dims(inputs[name])
+        if axis < len(dims) and dims[axis] is not None:
+            fixed.append((name, axis, what, dims[axis]))
+    return fixed
+
+
 class HFDecoder:
     """A Hugging Face-form decoder graph, pinned for lpx's prefill and decode and run by ORT as it came.
 
@@ -86,6 +103,16 @@ class HFDecoder:
         if len(shape) != 4 or shape[1] is None or shape[3] is None:
             raise ValueError(f"{found}'s past_key_values.0.key is {shape}; lpx needs [batch, kv_heads, past, "
                              "head_dim] with kv_heads and head_dim fixed")
+        fixed = _fixed_lengths(inputs, self.cache_names)
+        if fixed:
+            # lpx pins these per graph (the prefill to the prompt over one slot, a decode step to its cache): a
+            # graph traced at one length keeps constants of that length, which ORT's folding then rejects
+            (name, axis, what, value), more = fixed[0], len(fixed) - 1
+            raise ValueError(f"{found}'s input {name!r} has its {what} (axis {axis}) fixed at {value}"
+                             + (f" (and {more} more past or sequence axes too)" if more else "")
+                             + "; lpx needs the past and sequence lengths symbolic: export them dynamic "
+                             "(torch.onnx.export(..., dynamo=True, dynamic_shapes=...) with a torch.export.Dim on "
+                             "each, as lpx_tvm.app.hf_decoder.export_decoder does; optimum exports them so)")
         self.kv_heads, self.head_dim = shape[1], shape[3]
         self.vocab_size = _dims(next(o for o in self.graph.graph.output if o.name == "logits"))[-1]
         self.inputs = list(inputs)

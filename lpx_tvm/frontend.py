@@ -90,16 +90,20 @@ def prepare_onnx(model: onnx.ModelProto, input_shapes: dict | None = None) -> on
     Batch norm is folded into the convolution before it once, in the codegen
     (lowering makes it a per-channel scale and shift, ``fuse`` folds those).
     """
-    model = copy.deepcopy(model)
-    repinned = _repinned(model.graph.input, input_shapes)
-    inputs, nodes = _prepared_inputs(model.graph, input_shapes), _prepared_nodes(model.graph)
-    del model.graph.input[:]
-    model.graph.input.extend(inputs)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    model.ir_version = max(model.ir_version, 4)
-    if _needs_shape_folding(model.graph):
-        model = _fold_shape_computations(model, repinned)
+    view = _GraphView(model.graph, input_shapes)
+    if _needs_shape_folding(view):
+        model, weights = _fold_shape_computations(model, view, _repinned(model.graph.input, input_shapes))
+        inputs = [i for i in model.graph.input if i.name not in weights]
+        del model.graph.input[:]
+        model.graph.input.extend(inputs)
+        model.graph.initializer.extend(weights.values())  # (the copy this function returns)
+    else:
+        model = copy.deepcopy(model)
+        del model.graph.input[:]
+        model.graph.input.extend(view.input)
+        del model.graph.node[:]
+        model.graph.node.extend(view.node)
+        model.ir_version = max(model.ir_version, 4)
     if has_recurrent(model.graph):
         try:
             model = unroll_recurrent(model, onnx_constants(model.graph))
@@ -243,15 +247,32 @@ class _GraphView:
         return getattr(self._graph, name)
 
 
+class _FoldedView:
+    """A graph ONNX Runtime folded without its weights (:func:`_fold_shape_computations`), the weights put
+    back as the model's own initializers, not copies."""
+
+    def __init__(self, folded, weights: dict):
+        self._graph = folded
+        self.input = [i for i in folded.input if i.name not in weights]
+        self.initializer = [*folded.initializer, *weights.values()]
+
+    def __getattr__(self, name):
+        return getattr(self._graph, name)
+
+
 def _import_view(model: onnx.ModelProto, input_shapes: dict | None, external: dict | None = None):
-    """What TVM's importer needs of ``model`` after :func:`prepare_onnx`, without copying the weights
-    (shape folding runs ONNX Runtime on a serialised copy, so it takes the copying route)."""
+    """What TVM's importer needs of ``model`` after :func:`prepare_onnx`, without copying the weights (a
+    recurrent layer's unrolling reads them, so it takes the copying route)."""
     view = _GraphView(model.graph, input_shapes)
-    if _needs_shape_folding(view) or has_recurrent(view):
+    if has_recurrent(view):
         if external:
-            raise FrontendError("a graph whose weights are held apart (weights=...) must have its shape "
-                                "computations folded already (it has Shape ops or recurrent layers)")
+            raise FrontendError("a graph whose weights are held apart (weights=...) must have its recurrent "
+                                "layers unrolled already")
         return prepare_onnx(model, input_shapes)
+    if _needs_shape_folding(view):
+        folded, weights = _fold_shape_computations(model, view, _repinned(model.graph.input, input_shapes))
+        return _ModelView(graph=_FoldedView(folded.graph, weights), opset_import=folded.opset_import,
+                          ir_version=folded.ir_version)
     return _ModelView(graph=view, opset_import=model.opset_import, ir_version=max(model.ir_version, 4))
 
 
@@ -267,7 +288,22 @@ def _all_inputs_static(graph) -> bool:
                for i in graph.input for d in i.type.tensor_type.shape.dim)
 
 
-def _fold_shape_computations(model: onnx.ModelProto, repinned=()) -> onnx.ModelProto:
+# an initializer is a weight, which ONNX Runtime folds without, unless it is an integer tensor of at most
+# _SHAPE_ELEMENTS elements (shape arithmetic reads those) or any tensor of at most _SCALAR_ELEMENTS (an epsilon,
+# Resize's scales, a Pad value)
+_SHAPE_ELEMENTS = 1 << 16
+_SCALAR_ELEMENTS = 16
+_SHAPE_TYPES = (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
+
+
+def _is_weight(init: onnx.TensorProto) -> bool:
+    elements = int(np.prod(init.dims, dtype=np.int64))
+    if uses_external_data(init):
+        return True
+    return elements > (_SHAPE_ELEMENTS if init.data_type in _SHAPE_TYPES else _SCALAR_ELEMENTS)
+
+
+def _fold_shape_computations(model: onnx.ModelProto, view, repinned=()) -> tuple:
     """Shape ─► Slice ─► Concat ─► Reshape chains on static shapes become constants.
 
     TVM's importer needs Reshape targets it can see; exporters (paddle2onnx,
@@ -275,20 +311,49 @@ def _fold_shape_computations(model: onnx.ModelProto, repinned=()) -> onnx.ModelP
     Runtime's basic graph optimiser (constant folding and standard-op fusions
     only, no contrib ops) folds them, so we use it rather than a folder of our own.
 
-    ``repinned`` (:func:`_repinned`): the dimensions pinned against the model's own fixed values, which a
-    failure names (a graph traced at one length keeps constants of that length).
+    ONNX Runtime gets the graph without its weights (:func:`_is_weight`): each is an input of its type and
+    shape instead, so nothing serialises them (protobuf stops at 2 GB; a decoder's weights pass that) and
+    no copy of them is made; folding a weight's own arithmetic is numpy's work here anyway.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model (its opsets, functions and initializers).
+    view : _GraphView
+        Its graph as prepared for import: the nodes and inputs (pinned) to fold.
+    repinned : list
+        :func:`_repinned`: the dimensions pinned against the model's own fixed values, which a failure names
+        (a graph traced at one length keeps constants of that length).
+
+    Returns
+    -------
+    (onnx.ModelProto, dict)
+        The folded model, without the weights, and ``{name: initializer}`` of the weights (the model's own).
     """
     import tempfile
 
     import onnxruntime as ort
 
+    weights = {init.name: init for init in model.graph.initializer if _is_weight(init)}
+    skeleton = onnx.ModelProto(ir_version=max(model.ir_version, 4), producer_name=model.producer_name)
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    graph = skeleton.graph
+    graph.name = model.graph.name
+    graph.node.extend(view.node)
+    graph.input.extend(view.input)
+    graph.input.extend(helper.make_tensor_value_info(name, init.data_type, list(init.dims))
+                       for name, init in weights.items())
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    graph.initializer.extend(init for init in model.graph.initializer if init.name not in weights)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.log_severity_level = 3  # not a line per initializer the folding leaves unused
     with tempfile.TemporaryDirectory() as tmp:
         options.optimized_model_filepath = str(Path(tmp) / "folded.onnx")
         try:
-            ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            ort.InferenceSession(skeleton.SerializeToString(), options, providers=["CPUExecutionProvider"])
         except Exception as err:  # ORT rejects models it cannot run; say so rather than import a half-folded graph
             said = str(err).strip().splitlines()[0]
             if not repinned:
@@ -299,7 +364,7 @@ def _fold_shape_computations(model: onnx.ModelProto, repinned=()) -> onnx.ModelP
                 f"{pinned}" + (f" (and {more} more fixed axes pinned to other values)" if more else "")
                 + f"; export that axis dynamic (torch.onnx.export(..., dynamic_shapes=...)) or pin it to {fixed} "
                 f"(ONNX Runtime: {said})") from None
-        return onnx.load(options.optimized_model_filepath)
+        return onnx.load(options.optimized_model_filepath), weights
 
 
 _TE_MIN_MAX = re.compile(r"^(maximum|minimum)\d*$")

@@ -39,29 +39,62 @@ def _first_miss_is_a_near_tie(report, margin: float) -> None:
 
 
 
+def _position_sensitive(model):
+    """The model with every matrix (projections, embeddings, head) scaled by 10: std 0.2, GPT-2's
+    initializer_range here. At transformers' default 0.02 attention is near-uniform and the tokens barely depend
+    on positions (Llama's repeat 83, 73, 83, 73 ...), so a decode step fed the wrong position would pass."""
+    if model.config.model_type != "gpt2":  # (random_causal_lm draws GPT-2 at std 0.2 already)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.dim() == 2:
+                    parameter.mul_(10)
+    return model
+
+
+def _greedy_with_positions(model, prompt, new_tokens: int, shift: int) -> list:
+    """Greedy tokens with no cache, each step run over the whole sequence, the prompt at positions 0 .. n-1 and
+    every generated token ``shift`` positions later than its place (``shift=1``: a decode position off by one)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            positions = list(range(len(prompt))) + [p + shift for p in range(len(prompt), len(ids))]
+            logits = model(input_ids=torch.tensor([ids]), position_ids=torch.tensor([positions])).logits
+            ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """arch ─► (its transformers model, the folder torch.onnx's export went to), made once."""
+    """(arch, sharp) ─► (its transformers model, the folder torch.onnx's export went to), made once; ``sharp``:
+    the weights :func:`_position_sensitive` makes."""
     made = {}
 
-    def get(arch):
-        if arch not in made:
+    def get(arch, sharp=False):
+        if (arch, sharp) not in made:
             model = random_causal_lm(arch, layers=4)
-            folder = tmp_path_factory.mktemp(arch)
+            if sharp:
+                model = _position_sensitive(model)
+            folder = tmp_path_factory.mktemp(f"{arch}-sharp" if sharp else arch)
             export_decoder(model, folder)
-            made[arch] = model, folder
-        return made[arch]
+            made[arch, sharp] = model, folder
+        return made[arch, sharp]
     return get
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2"])
 def test_a_hugging_face_decoder_generates_transformers_own_greedy_tokens_in_one_program(exported, arch):
     """One chip, 16 tokens after a 6-token prompt. 4 layers, of which TVM merges the 3 identical ones into one
-    function: each cache still gets its own resident slot (it did not, silently, before)."""
-    model, folder = exported(arch)
+    function: each cache still gets its own resident slot (it did not, silently, before). The weights make the
+    tokens depend on their positions: decoded with every generated token one position late, transformers
+    itself gives other tokens, so a decode step fed the wrong position cannot pass."""
+    model, folder = exported(arch, sharp=True)
+    want = _transformers_greedy(model, PROMPT, TOKENS + 1)
+    assert _greedy_with_positions(model, PROMPT, TOKENS + 1, shift=0) == want
+    shifted = _greedy_with_positions(model, PROMPT, TOKENS + 1, shift=1)
+    assert shifted[0] == want[0] and sum(a != b for a, b in zip(shifted, want)) >= TOKENS // 2
     calls = total_offloaded_calls()
     report = generate(folder, tokens=TOKENS, prompt_ids=PROMPT)
-    assert report["tokens"] == _transformers_greedy(model, PROMPT, TOKENS + 1)
+    assert report["tokens"] == want
     assert report["agree"] and min(s["cosine"] for s in report["steps"]) > 0.99999
     assert report["programs"] == {"prefill": 1, "decode": 1}
     assert total_offloaded_calls() - calls == 1 + TOKENS  # the prefill, then each step: all on lpx
@@ -69,8 +102,11 @@ def test_a_hugging_face_decoder_generates_transformers_own_greedy_tokens_in_one_
 
 
 def test_a_hugging_face_decoder_on_a_tsp_node_pipeline_gives_the_same_tokens(exported):
-    model, folder = exported("llama")
+    """The prefill and each step: one system program each (every chip's part of it in one call)."""
+    model, folder = exported("llama", sharp=True)
+    calls = total_offloaded_calls()
     report = generate(folder, tokens=TOKENS, prompt_ids=PROMPT, system="tsp-node", parallel="pipeline")
+    assert total_offloaded_calls() - calls == 1 + TOKENS
     assert report["tokens"] == _transformers_greedy(model, PROMPT, TOKENS + 1)
     assert len(report["chips"]) == 7  # a stage a chip, the LM head's chip included
 

@@ -182,7 +182,39 @@ def _prepared_nodes(graph) -> list:
                 acc = out
         else:
             nodes.append(node)
+    nodes = _gather_before_dequantize(nodes, constants, {o.name for o in graph.output})
     return _one_dequantize_per_reader(nodes, constants, {o.name for o in graph.output})
+
+
+def _gather_before_dequantize(nodes: list, constants: dict, outputs: set) -> list:
+    """``Gather(DequantizeLinear(table), ids)`` of a per-tensor quantised constant becomes
+    ``DequantizeLinear(Gather(table, ids))``: the same numbers (the dequantisation is elementwise with one
+    scale), but a step dequantises the rows it reads, not the whole table (an int8 embedding's), and the
+    table's DequantizeLinear no longer stays on the host, beside the Gather, on every call."""
+    from onnx import numpy_helper
+
+    readers = {}
+    for node in nodes:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    dequantized = {n.output[0]: n for n in nodes if n.op_type == "DequantizeLinear" and n.input[0] in constants
+                   and all(name in constants for name in n.input[1:])
+                   and all(numpy_helper.to_array(constants[name]).size == 1 for name in n.input[1:])}
+    moved = {node.input[0] for node in nodes if node.op_type == "Gather" and node.input
+             and node.input[0] in dequantized and readers[node.input[0]] == 1 and node.input[0] not in outputs}
+    out = []
+    for node in nodes:
+        if node.op_type == "DequantizeLinear" and node.output[0] in moved:
+            continue  # made after the Gather instead
+        if node.op_type == "Gather" and node.input and node.input[0] in moved:
+            dq = dequantized[node.input[0]]
+            rows = f"{node.output[0]}__quantized"
+            out.append(helper.make_node("Gather", [dq.input[0], *node.input[1:]], [rows],
+                                        name=f"{node.name}__quantized",
+                                        **{a.name: helper.get_attribute_value(a) for a in node.attribute}))
+            node = helper.make_node("DequantizeLinear", [rows, *dq.input[1:]], list(node.output), name=dq.name)
+        out.append(node)
+    return out
 
 
 def _one_dequantize_per_reader(nodes: list, constants: dict, outputs: set) -> list:

@@ -162,6 +162,10 @@ def compile_for_system(functions: dict, options: CodegenOptions, state_args: dic
         c = Compilation(name, options, source=func, state_args=frozenset((state_args or {}).get(name, ())))
         run_stages(c, "lower", graph_stage(options))
         out[name] = compile_system(name, c.graph, options, system)
+    if options.parallel == "expert":
+        from .parallel.expert import refuse_without_experts
+
+        refuse_without_experts(out, system, options.chips)
     return out
 
 

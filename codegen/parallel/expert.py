@@ -207,6 +207,36 @@ def expert_graph(g: Graph, found: Experts, experts: list, rank: int, ranks: int,
     return part
 
 
+def refuse_without_experts(programs: dict, system: SystemConfig, chips: int | None) -> None:
+    """Raise where ``parallel="expert"`` found no mixture of experts in any of a model's functions.
+
+    A function with no experts runs whole on one chip (the router before a host top-k, say), which is right
+    beside a function whose experts spread; a model with none at all would run on one chip of the several
+    asked for, and say nothing.
+
+    Parameters
+    ----------
+    programs : dict
+        Function name ─► its :class:`~lpx_tvm.runtime_sim.system_sim.SystemProgram`.
+    system : SystemConfig
+    chips : int or None
+        The chips asked for (None: all of ``system``'s).
+
+    Raises
+    ------
+    SystemCompileError
+        When more than one chip was asked for and every program runs on one.
+    """
+    asked = chips or system.chips
+    if asked > 1 and programs and all(len(p.chips) == 1 for p in programs.values()):
+        raise SystemCompileError(
+            f"expert parallel: no mixture of experts in the model's {len(programs)} lpx function(s), so it "
+            f"would run on 1 chip of the {asked} asked for. Experts are found as two or more alike cones, each "
+            "with a product by a constant weight, summed by a tree of adds; a Hugging Face block exported by "
+            "torch.onnx gathers its experts' weights by index instead: rewrite it with "
+            "lpx_tvm.app.moe.dense_experts first, or choose another --parallel")
+
+
 def _has_experts(g: Graph) -> bool:
     return find_experts(g) is not None
 
@@ -221,6 +251,10 @@ def split_experts(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, 
         return Mapping("expert", [Part(0, g)], everywhere, tuple((0, k) for k in range(len(g.outputs))),
                        "no mixture of experts: whole on chip 0")
     count = len(found.cones)
+    if chips is not None and chips > count:
+        # taking fewer chips than asked would be silent; a chip with no expert of its own would only idle
+        raise SystemCompileError(f"expert parallel: {count} experts do not spread over {chips} chips (each chip "
+                                 f"runs at least one expert); ask for {count} chips or fewer")
     ranks = min(chips or system.chips, system.chips, count)
     width = g.tensors[g.nodes[found.root].output].shape[-1]
     if width % ranks:

@@ -11,6 +11,9 @@ the sparse dispatch computes.
 The top-k selection (TopK, ReduceMin, GreaterOrEqual, Cast, ReduceSum) runs on the host; the router's
 product and softmax, the gating and the experts run on lpx. Under ``parallel="expert"`` the experts spread
 over the chips (:mod:`lpx_tvm.codegen.parallel.expert`).
+
+:func:`dense_experts` rewrites a block as ``torch.onnx`` exports it from Hugging Face (Mixtral, Qwen3-MoE:
+each choice's expert weights gathered by index) into this dense form, its top-k on lpx too.
 """
 
 from __future__ import annotations
@@ -75,3 +78,202 @@ def build_moe_block(config: MoeConfig = MoeConfig(), seed: int = 0) -> onnx.Mode
     graph = helper.make_graph(nodes, "moe_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+# the ops between a TopK and the combine in a block torch.onnx exports from transformers' batched experts
+# (``experts_implementation="batched_mm"``, the one its exporter can trace): the tokens repeated top_k times,
+# each pair's weights gathered by expert index, a batched SwiGLU, the pairs weighted and summed
+_DISPATCH_OPS = {"Reshape", "Unsqueeze", "Squeeze", "Expand", "GatherND", "MatMul", "Split", "Sigmoid", "Mul",
+                 "ReduceSum", "Div"}
+# 2**100: (max - p) · BIG reaches 1 for any two probabilities that differ by 1e-30 or more (fp32 tops out
+# at 3.4e38, so a difference of up to 1 does not overflow)
+_BIG = float(2 ** 100)
+
+
+def dense_experts(model: onnx.ModelProto, check: bool = True) -> onnx.ModelProto:
+    """A mixture of experts exported with its experts' weights gathered by index, rewritten densely.
+
+    ``torch.onnx.export(dynamo=True)`` writes a Hugging Face Mixtral or Qwen3-MoE block as a router
+    (a product and a softmax), a TopK, the top-k weights renormalised (where the model does), then each
+    (token, choice) pair's expert weights gathered (GatherND) from the stacked ``[experts, ...]`` tensors
+    and applied in a batched SwiGLU. No expert is a product of its own there, so nothing can put one on a
+    chip. This rewrites the part after the router into the form :mod:`lpx_tvm.codegen.parallel.expert`
+    spreads: every expert a SwiGLU by its own weights on every token, scaled by its gate, the terms summed.
+
+    The top-k runs on lpx as arithmetic (a row maximum k times, each step removing the maximum): a
+    probability is kept where it is at least the k-th largest, tested as
+    ``relu(1 - relu((kth - p) · 2**100))``, so two probabilities closer than 1e-30 count as tied, and tied
+    probabilities are all kept where TopK would keep one. The gates are the kept probabilities (divided by
+    their sum where the model renormalises); each expert takes its own by a product with a one-hot column.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The exported model, with static shapes.
+    check : bool
+        Run the model and the rewrite under ONNX Runtime on a seeded input and refuse a rewrite whose
+        outputs differ (a form that looks alike and computes something else).
+
+    Returns
+    -------
+    onnx.ModelProto
+        The rewritten model, the same inputs and outputs.
+
+    Raises
+    ------
+    ValueError
+        No TopK, or a block in a form this does not know (it names the op or the shape that differs).
+    """
+    model = onnx.shape_inference.infer_shapes(model)
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in list(g.value_info) + list(g.input) + list(g.output)}
+    shapes.update({name: list(t.dims) for name, t in inits.items()})
+    producer = {o: n for n in g.node for o in n.output}
+    readers = {}
+    for n in g.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    topks = [n for n in g.node if n.op_type == "TopK"]
+    if len(topks) != 1:
+        raise ValueError(f"dense_experts: a mixture of experts routes by one TopK; this model has {len(topks)}")
+    (topk,) = topks
+    attrs = {a.name: helper.get_attribute_value(a) for a in topk.attribute}
+    probs = topk.input[0]
+    softmax = producer.get(probs)
+    if softmax is None or softmax.op_type != "Softmax" or topk.input[1] not in inits or attrs.get("largest", 1) != 1:
+        raise ValueError("dense_experts: the TopK does not take the largest of a Softmax's probabilities with a "
+                         "constant k (the routers of Mixtral and Qwen3-MoE do)")
+    k = int(numpy_helper.to_array(inits[topk.input[1]]).reshape(-1)[0])
+    router = producer.get(softmax.input[0])
+    if router is None or router.op_type not in ("Gemm", "MatMul"):
+        raise ValueError("dense_experts: the router's Softmax does not read a product (Gemm or MatMul)")
+    x = router.input[0]
+    tokens, hidden = shapes[x]
+    experts = shapes[probs][-1]
+
+    # the nodes after the TopK that make the combine: downstream of the TopK, up to the ReduceSum over choices
+    after, order = set(topk.output), []
+    for n in g.node:
+        if n is topk or any(t in after for t in n.input):
+            order.append(n)
+            after.update(n.output)
+    gathers = [n for n in order if n.op_type == "GatherND"]
+    if len(gathers) != 2 or any(n.input[0] not in inits for n in gathers):
+        raise ValueError(f"dense_experts: expected the experts' two stacked weights gathered by index (gate_up "
+                         f"and down, GatherND of a constant); found {len(gathers)} GatherND after the TopK")
+    up_w, down_w = (numpy_helper.to_array(inits[n.input[0]]) for n in gathers)
+    if up_w.ndim != 3 or down_w.ndim != 3 or up_w.shape[0] != experts or down_w.shape[0] != experts \
+            or up_w.shape[2] != hidden or down_w.shape[1] != hidden or up_w.shape[1] != 2 * down_w.shape[2]:
+        raise ValueError(f"dense_experts: stacked weights {up_w.shape} and {down_w.shape} are not {experts} "
+                         f"experts' gate_up [2·ffn, {hidden}] and down [{hidden}, ffn] (a transposed or biased "
+                         "layout, such as gpt-oss's, is not handled)")
+    ffn = down_w.shape[2]
+    combine = next((n for n in order if n.op_type == "ReduceSum" and shapes.get(n.output[0]) == [tokens, hidden]
+                    and any(producer.get(t) is not None for t in n.input)), None)
+    if combine is None:
+        raise ValueError(f"dense_experts: no ReduceSum after the TopK makes the block's [{tokens}, {hidden}] output")
+    region = _ancestors_within(combine, producer, {id(n) for n in order})
+    odd = sorted({n.op_type for n in region} - _DISPATCH_OPS - {"TopK"})
+    if odd:
+        raise ValueError(f"dense_experts: {', '.join(odd)} between the TopK and the combine is not a SwiGLU "
+                         "expert of the form Mixtral and Qwen3-MoE export")
+    normalise = any(n.op_type == "Div" and n.input[0] == topk.output[0] for n in region)
+    y = combine.output[0]
+
+    new_nodes, new_inits = [], []
+
+    def const(name, array):
+        new_inits.append(numpy_helper.from_array(np.ascontiguousarray(array, np.float32), f"moe.{name}"))
+        return f"moe.{name}"
+
+    def node(op, inputs, output, **kw):
+        new_nodes.append(helper.make_node(op, inputs, [f"moe.{output}" if output != y else y], **kw))
+        return new_nodes[-1].output[0]
+
+    one, two, big = const("one", 1.0), const("two", 2.0), const("big", _BIG)
+    new_inits.append(numpy_helper.from_array(np.array([-1], np.int64), "moe.axes"))
+    axes = "moe.axes"
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    work = probs
+    for i in range(k):
+        kth = (node("ReduceMax", [work, axes], f"max{i}", keepdims=1) if opset >= 18
+               else node("ReduceMax", [work], f"max{i}", axes=[-1], keepdims=1))
+        if i < k - 1:  # the row's maximum leaves the running (pushed below every probability)
+            gap = node("Relu", [node("Mul", [node("Sub", [kth, work], f"gap{i}"), big], f"gapbig{i}")], f"pos{i}")
+            hit = node("Relu", [node("Sub", [one, gap], f"near{i}")], f"hit{i}")
+            work = node("Sub", [work, node("Mul", [hit, two], f"drop{i}")], f"work{i + 1}")
+    # relu(1 - relu(d · BIG)) is 1 at d = 0 and 0 from d = 1/BIG on; written in Relu and Sub because the
+    # importer leaves a Clip with tensor bounds, and a Min, to the host
+    gap = node("Relu", [node("Mul", [node("Sub", [kth, probs], "gap"), big], "gapbig")], "pos")
+    gates = node("Mul", [probs, node("Relu", [node("Sub", [one, gap], "near")], "kept")], "kept_probs")
+    if normalise:
+        gates = node("Div", [gates, node("ReduceSum", [gates, axes], "kept_sum", keepdims=1)], "gates")
+    acc = None
+    for e in range(experts):
+        onehot = np.zeros((experts, 1), np.float32)
+        onehot[e] = 1
+        gate = node("MatMul", [gates, const(f"{e}.select", onehot)], f"{e}.gate")
+        h1 = node("MatMul", [x, const(f"{e}.w1", up_w[e, :ffn].T)], f"{e}.h1")
+        silu = node("Mul", [h1, node("Sigmoid", [h1], f"{e}.sig")], f"{e}.silu")
+        h3 = node("MatMul", [x, const(f"{e}.w3", up_w[e, ffn:].T)], f"{e}.h3")
+        down = node("MatMul", [node("Mul", [silu, h3], f"{e}.act"), const(f"{e}.w2", down_w[e].T)], f"{e}.down")
+        term = node("Mul", [down, gate], f"{e}.term")
+        acc = term if acc is None else node("Add", [acc, term], y if e == experts - 1 else f"{e}.sum")
+
+    dropped = {id(n) for n in region}
+    at = next(i for i, n in enumerate(g.node) if id(n) in dropped)
+    kept = [n for n in g.node if id(n) not in dropped]
+    nodes = kept[:at] + new_nodes + kept[at:]
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(_live(nodes, [o.name for o in g.output]))
+    used = {t for n in out.graph.node for t in n.input}
+    inits_left = [t for t in g.initializer if t.name in used] + new_inits
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(inits_left)
+    del out.graph.value_info[:]
+    if check:
+        _same_outputs(model, out)
+    return out
+
+
+def _ancestors_within(last, producer: dict, within: set) -> list:
+    """``last`` and the nodes of ``within`` (ids) it is computed from."""
+    seen, stack = {id(last): last}, [last]
+    while stack:
+        for t in stack.pop().input:
+            p = producer.get(t)
+            if p is not None and id(p) in within and id(p) not in seen:
+                seen[id(p)] = p
+                stack.append(p)
+    return list(seen.values())
+
+
+def _live(nodes: list, outputs: list) -> list:
+    """``nodes`` less those whose outputs nothing reads (the repeated tokens the gathers took, say)."""
+    needed = set(outputs)
+    live = []
+    for n in reversed(nodes):
+        if any(o in needed for o in n.output):
+            live.append(n)
+            needed.update(t for t in n.input if t)
+    return live[::-1]
+
+
+def _same_outputs(model: onnx.ModelProto, rewritten: onnx.ModelProto) -> None:
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for v in model.graph.input:
+        dims = [d.dim_value for d in v.type.tensor_type.shape.dim]
+        feeds[v.name] = rng.standard_normal(dims).astype(np.float32)
+    run = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+           for m in (model, rewritten)]
+    for a, b in zip(*run):
+        if not np.allclose(a, b, rtol=1e-4, atol=1e-5):
+            raise ValueError(f"dense_experts: the rewrite differs from the model by {np.abs(a - b).max():.3g} on a "
+                             "seeded input, so its form was not read right")

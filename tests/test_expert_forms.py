@@ -1,0 +1,174 @@
+"""Expert parallel on the forms exporters write, and the refusals when it cannot apply.
+
+Hugging Face Mixtral and Qwen3-MoE blocks, random weights from their configs (nothing downloaded), exported by
+``torch.onnx.export(dynamo=True)``: their experts' weights are gathered by index, which
+:func:`lpx_tvm.app.moe.dense_experts` rewrites into experts the strategy can spread, the router's top-k on lpx.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import mlp_stack, ort_reference, run_on_lpx
+import lpx_tvm
+from lpx_tvm.app.moe import MoeConfig, build_moe_block, dense_experts
+from lpx_tvm.codegen import SystemCompileError
+
+HIDDEN, FFN, EXPERTS, TOP_K, TOKENS = 64, 32, 8, 2, 3
+
+
+def test_expert_parallel_of_a_model_with_no_experts_is_refused_naming_why():
+    model = mlp_stack(np.random.default_rng(0), [64, 64, 64], batch=2)
+    with pytest.raises(SystemCompileError, match=r"no mixture of experts in the model's 1 lpx function\(s\), so "
+                                                 r"it would run on 1 chip of the 4 asked for"):
+        lpx_tvm.compile(model, system="tsp-node", parallel="expert", chips=4)
+
+
+def test_expert_parallel_on_all_of_a_system_with_no_experts_is_refused():
+    model = mlp_stack(np.random.default_rng(0), [64, 64], batch=2)
+    with pytest.raises(SystemCompileError, match="1 chip of the 8 asked for"):
+        lpx_tvm.compile(model, system="tsp-node", parallel="expert")
+
+
+def test_more_chips_than_experts_is_refused_rather_than_using_fewer():
+    model = build_moe_block(MoeConfig(hidden=64, ffn=32, experts=4))
+    with pytest.raises(SystemCompileError, match=r"4 experts do not spread over 8 chips .*ask for 4 chips or fewer"):
+        lpx_tvm.compile(model, system="tsp-node", parallel="expert", chips=8)
+
+
+def test_expert_parallel_on_one_chip_of_a_model_with_no_experts_runs():
+    model = mlp_stack(np.random.default_rng(1), [64, 64], batch=2)
+    x = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
+    compiled = lpx_tvm.compile(model, system="tsp-node", parallel="expert", chips=1)
+    (out,) = run_on_lpx(compiled, [x], programs=1)
+    (sim,) = compiled.simulators.values()
+    assert len(sim.sims) == 1
+    np.testing.assert_allclose(out, ort_reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_dense_experts_refuses_a_model_with_no_router():
+    with pytest.raises(ValueError, match="routes by one TopK; this model has 0"):
+        dense_experts(mlp_stack(np.random.default_rng(0), [64, 64], batch=2))
+
+
+def test_dense_experts_refuses_a_top_k_that_is_not_over_a_softmax():
+    # the block moe.py builds takes its top-k with a host TopK over the softmax, then gathers by one-hot
+    # products: no GatherND of stacked weights, so there is nothing to rewrite
+    with pytest.raises(ValueError, match="found 0 GatherND after the TopK"):
+        dense_experts(build_moe_block(MoeConfig(hidden=64, ffn=32, experts=4)))
+
+
+# ---- Hugging Face blocks as torch.onnx exports them -------------------------------------------------------------
+
+
+def _hf_block(arch: str, seed: int = 0):
+    """A Mixtral or Qwen3-MoE sparse MoE block with seeded random weights (std 0.1: the router's logits spread
+    about 0.8, so which experts win depends on the token)."""
+    import torch
+    import transformers
+
+    if arch == "mixtral":
+        config = transformers.MixtralConfig(hidden_size=HIDDEN, intermediate_size=FFN, num_local_experts=EXPERTS,
+                                            num_experts_per_tok=TOP_K)
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
+    else:  # Qwen3-MoE's default leaves the top-k probabilities as they are (norm_topk_prob=False)
+        config = transformers.Qwen3MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=FFN, num_experts=EXPERTS,
+                                             num_experts_per_tok=TOP_K)
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
+    # the experts implementation torch.export can trace (eager loops over data-dependent experts, grouped_mm
+    # calls an op the ONNX exporter has no translation for)
+    config._experts_implementation = "batched_mm"
+    torch.manual_seed(seed)
+    block = Block(config).eval()
+    with torch.no_grad():
+        for parameter in block.parameters():
+            parameter.normal_(0.0, 0.1)
+    return block
+
+
+@pytest.fixture(scope="module")
+def exported():
+    """arch ─► (the block as torch.onnx exported it, that model rewritten by dense_experts), made once."""
+    torch = pytest.importorskip("torch", reason="needs the optional dependency torch (lpx-tvm[hf])")
+    pytest.importorskip("transformers", reason="needs the optional dependency transformers (lpx-tvm[hf])")
+    pytest.importorskip("onnxscript", reason="needs the optional dependency onnxscript (torch.onnx's exporter)")
+    made = {}
+
+    def get(arch):
+        if arch not in made:
+            block = _hf_block(arch)
+            example = torch.randn(1, TOKENS, HIDDEN)
+            model = torch.onnx.export(block, (example,), dynamo=True, optimize=True, verbose=False).model_proto
+            made[arch] = model, dense_experts(model)
+        return made[arch]
+    return get
+
+
+def _tokens(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, TOKENS, HIDDEN)).astype(np.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_an_exported_block_gathers_its_experts_and_the_rewrite_spreads_none_of_that_to_the_host(exported, arch):
+    model, dense = exported(arch)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("TopK") == 1 and ops.count("GatherND") == 2  # the form torch.onnx writes
+    ops = [n.op_type for n in dense.graph.node]
+    assert "TopK" not in ops and "GatherND" not in ops
+    assert ops.count("MatMul") == 4 * EXPERTS  # each expert's gate select, gate, up and down products
+    assert ("Div" in ops) == (arch == "mixtral")  # Mixtral renormalises its top-k probabilities, Qwen3 here not
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chips", [2, 4, 8])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_an_exported_hf_block_runs_expert_parallel_on_the_chips_asked_and_matches_onnx_runtime(exported, arch,
+                                                                                               chips):
+    model, dense = exported(arch)
+    x = _tokens(3)
+    compiled = lpx_tvm.compile(dense, system="tsp-node", parallel="expert", chips=chips)
+    # one program: the router, its top-k and gates, the experts and the combine all on lpx
+    (out,) = run_on_lpx(compiled, [x], programs=1)
+    (sim,) = compiled.simulators.values()
+    assert len(sim.sims) == chips and len(set(sim.program.chips)) == chips
+    assert sim.program.parallel == "expert"
+    assert f"{EXPERTS} experts over {chips} chips" in sim.program.notes
+    assert f"{EXPERTS // chips} a chip, 1 all-reduce" in sim.program.notes
+    np.testing.assert_allclose(out, ort_reference(model, {model.graph.input[0].name: x})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_the_tokens_compared_are_routed_to_different_experts(exported, arch):
+    # a gate that kept every expert, or the same two for every token, passes a comparison on tokens that all
+    # take the same two: show the reference routes the tokens apart, so the match above tests the top-k
+    import onnxruntime as ort
+
+    model, _ = exported(arch)
+    x = _tokens(3)
+    topk = next(n for n in model.graph.node if n.op_type == "TopK")
+    probe = type(model)()
+    probe.CopyFrom(model)
+    probe.graph.output.add().name = topk.output[1]
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    chosen = session.run([topk.output[1]], {model.graph.input[0].name: x})[0].reshape(TOKENS, TOP_K)
+    assert len({tuple(sorted(row)) for row in chosen.tolist()}) > 1
+
+
+@pytest.mark.slow
+def test_auto_says_it_chose_expert_for_an_exported_block(exported):
+    model, dense = exported("qwen3_moe")
+    x = _tokens(8)
+    compiled = lpx_tvm.compile(dense, system="tsp-node", parallel="auto", chips=4)
+    (out,) = run_on_lpx(compiled, [x], programs=1)
+    (sim,) = compiled.simulators.values()
+    assert len(sim.sims) == 4 and sim.program.notes.startswith("auto chose expert")
+    np.testing.assert_allclose(out, ort_reference(model, {model.graph.input[0].name: x})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_exported_block_as_is_is_refused_under_expert_parallel(exported):
+    # the gathered form has no expert of its own to place: compiling it expert parallel says so
+    model, _ = exported("mixtral")
+    with pytest.raises(SystemCompileError, match="gathers its experts' weights by index"):
+        lpx_tvm.compile(model, system="tsp-node", parallel="expert", chips=4)

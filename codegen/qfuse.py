@@ -129,20 +129,45 @@ def _fuse_add(g: Graph, node: Node, producers: dict) -> bool:
     return True
 
 
+_MOVES = ("MAXPOOL", "TRANSPOSE", "SLICE", "CONCAT", "broadcast")
+
+
 def _fuse_maxpool(g: Graph, node: Node, producers: dict) -> bool:
-    """DQ ─► MAXPOOL or TRANSPOSE ─► Q with the same scale and zero point runs on the integers: max commutes
-    with a monotonic dequantisation, and a permutation with any elementwise one, so it is exact."""
-    if node.kind not in ("MAXPOOL", "TRANSPOSE"):
+    """DQ ─► MAXPOOL or a move (TRANSPOSE, SLICE, CONCAT, broadcast) ─► Q, every input dequantised with the
+    scale and zero point of the Q, runs on the integers: max commutes with a monotonic dequantisation, and a
+    move with any elementwise one, so it is exact. (The quantiser gives a rotary embedding's halves and a
+    grouped cache's expansion such pairs: each costs two vector instructions on the path for none.)"""
+    if node.kind not in _MOVES:
         return False
-    dequant = producers.get(node.inputs[0])
     quant = _single_reader(g, node.output)
-    if dequant is None or dequant.kind != "DEQUANTIZE" or quant is None or quant.kind != "QUANTIZE" \
-            or dequant.attrs != quant.attrs or g.tensors[dequant.inputs[0]].dtype != g.tensors[quant.output].dtype:
+    if quant is None or quant.kind != "QUANTIZE":
         return False
-    node.inputs = [dequant.inputs[0]]
+    dequants = [producers.get(t) for t in node.inputs]
+    if any(d is None or d.kind != "DEQUANTIZE" or d.attrs != quant.attrs
+           or g.tensors[d.inputs[0]].dtype != g.tensors[quant.output].dtype
+           or g.tensors[d.inputs[0]].shape != g.tensors[t].shape for d, t in zip(dequants, node.inputs)):
+        return False
+    node.inputs = [d.inputs[0] for d in dequants]
     node.output = quant.output
     g.nodes.remove(quant)
     return True
+
+
+def _share_dequantize(g: Graph) -> int:
+    """One DEQUANTIZE of a tensor per scale and zero point: the quantiser gives each reader its own copy (a
+    node unit owns its DQ), which here is the same vector instruction again. Returns how many went."""
+    first, shared = {}, 0
+    for node in list(g.nodes):
+        if node.kind != "DEQUANTIZE" or node.output in g.outputs:
+            continue
+        key = (g.base(node.inputs[0]), g.tensors[node.inputs[0]].shape, tuple(sorted(node.attrs.items())))
+        if key not in first:
+            first[key] = node.output
+            continue
+        g.tensors[node.output].alias_of = first[key]
+        g.nodes.remove(node)
+        shared += 1
+    return shared
 
 
 def _drop_round_trip(g: Graph, node: Node, producers: dict) -> bool:
@@ -221,6 +246,8 @@ def fuse_int8(g: Graph) -> int:
     for node in g.nodes:
         fused += _fold_into_dequantize(g, node, producers)
     _drop_dead(g)
+    fused += _share_dequantize(g)
+
     return fused
 
 
@@ -252,3 +279,4 @@ def convert_on_host(g: Graph) -> int:
         g.nodes.remove(dequant)
         moved += 1
     return moved
+

@@ -5,8 +5,6 @@ quantiser's per-reader copies of one DequantizeLinear are one instruction. Scale
 expected numbers are exact; the Hugging Face decode steps are checked against ONNX Runtime on the same QDQ
 graph."""
 
-from collections import Counter
-
 import numpy as np
 import onnx
 import pytest
@@ -16,6 +14,7 @@ import lpx_tvm
 from conftest import ort_run, run_on_lpx
 from lpx_tvm.codegen.graph import Graph
 from lpx_tvm.codegen.qfuse import fuse_int8
+from lpx_tvm.runtime import total_offloaded_calls
 
 
 def _dq(g, x, scale, zp, layer="f/dequantize_1"):
@@ -24,6 +23,13 @@ def _dq(g, x, scale, zp, layer="f/dequantize_1"):
 
 def _q(g, x, scale, zp, layer="f/quantize_9"):
     return g.add_node("QUANTIZE", [x], g.tensors[x].shape, "int8", layer, scale=scale, zero_point=zp)
+
+
+def _logits_scale(model) -> float:
+    """The scale of the DequantizeLinear that makes the graph's ``logits``."""
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    (dq,) = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "logits"]
+    return float(constants[dq.input[1]])
 
 
 def _gather_model():
@@ -59,3 +65,104 @@ def test_an_int8_embedding_is_gathered_as_integers_and_dequantised_on_lpx_not_on
     want = (table[ids].astype(np.float32) - 3) * 0.5 + x
     np.testing.assert_array_equal(y, want)
     np.testing.assert_array_equal(y, ort_run(model, {"ids": ids, "x": x})[0])
+
+
+def test_a_slice_and_a_concat_between_equal_quantisation_parameters_run_on_the_integers():
+    """x int8 [1, 16] ─► DQ(0.5, 3) twice (the quantiser's per-reader copies) ─► two halves (SLICE) ─► Q(0.5, 3)
+    ─► DQ ─► CONCAT ─► Q(0.5, 3): the moves read and write the integers, with no DEQUANTIZE or QUANTIZE left."""
+    g = Graph()
+    x = g.add_tensor((1, 16), "int8")
+    g.inputs = [x]
+    halves = []
+    for begin in (8, 0):
+        half = g.add_node("SLICE", [_dq(g, x, 0.5, 3.0)], (1, 8), "float32", "f/strided_slice_2",
+                          begin=(0, begin), step=(1, 1))
+        halves.append(_dq(g, _q(g, half, 0.5, 3.0), 0.5, 3.0))
+    joined = g.add_node("CONCAT", halves, (1, 16), "float32", "f/concat_3", axis=1)
+    g.outputs = [_q(g, joined, 0.5, 3.0)]
+    fuse_int8(g)
+    assert [n.kind for n in g.nodes] == ["SLICE", "SLICE", "CONCAT"]
+    first, second, concat = g.nodes
+    assert first.inputs == second.inputs == [x]
+    assert concat.inputs == [first.output, second.output] and concat.output == g.outputs[0]
+    assert {str(g.tensors[n.output].dtype) for n in g.nodes} == {"int8"}
+
+
+def test_a_concat_of_operands_quantised_otherwise_keeps_its_float_form():
+    """A cache's past quantised at 0.25 joined with a new slot at 0.5, quantised at 0.5: the past is
+    requantised, so the concat stays between its DEQUANTIZEs and QUANTIZE."""
+    g = Graph()
+    past, new = g.add_tensor((1, 4), "int8"), g.add_tensor((1, 1), "int8")
+    g.inputs = [past, new]
+    joined = g.add_node("CONCAT", [_dq(g, past, 0.25, 0.0), _dq(g, new, 0.5, 0.0)], (1, 5), "float32",
+                        "f/concat_3", axis=1)
+    g.outputs = [_q(g, joined, 0.5, 0.0)]
+    fuse_int8(g)
+    assert [n.kind for n in g.nodes] == ["DEQUANTIZE", "DEQUANTIZE", "CONCAT", "QUANTIZE"]
+
+
+def test_copies_of_one_dequantise_are_one_instruction_and_other_parameters_keep_their_own():
+    """Three DQ(x, 0.5, 3) (one a reader, as the quantiser writes them) and one DQ(x, 0.25, 3), each read by a
+    NEG: two DEQUANTIZEs remain, the copies' readers all reading the first."""
+    g = Graph()
+    x = g.add_tensor((1, 8), "int8")
+    g.inputs = [x]
+    dqs = [_dq(g, x, 0.5, 3.0), _dq(g, x, 0.5, 3.0), _dq(g, x, 0.5, 3.0), _dq(g, x, 0.25, 3.0)]
+    g.outputs = [g.add_node("NEG", [d], (1, 8), "float32", f"f/negative_{k}") for k, d in enumerate(dqs)]
+    fuse_int8(g)
+    assert [n.kind for n in g.nodes] == ["DEQUANTIZE", "DEQUANTIZE", "NEG", "NEG", "NEG", "NEG"]
+    negs = [n for n in g.nodes if n.kind == "NEG"]
+    assert [g.base(n.inputs[0]) for n in negs] == [dqs[0], dqs[0], dqs[0], dqs[3]]
+
+
+@pytest.fixture(scope="module")
+def quantised_decoders(tmp_path_factory):
+    """arch ─► its random-weight decoder (4 layers) exported by torch.onnx and quantised by ONNX Runtime (QDQ),
+    made once."""
+    pytest.importorskip("torch", reason="needs the optional dependency torch (lpx-tvm[hf])")
+    pytest.importorskip("transformers", reason="needs the optional dependency transformers (lpx-tvm[hf])")
+    pytest.importorskip("onnxscript", reason="needs the optional dependency onnxscript (torch.onnx's exporter)")
+    from lpx_tvm.app.hf_decoder import HFDecoder, export_decoder, random_causal_lm
+
+    made = {}
+
+    def get(arch):
+        if arch not in made:
+            folder = tmp_path_factory.mktemp(arch)
+            export_decoder(random_causal_lm(arch, layers=4), folder)
+            decoder = HFDecoder(folder)
+            decoder.quantize(seed=0)
+            made[arch] = onnx.ModelProto.FromString(decoder.graph.SerializeToString()), folder
+        return made[arch]
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_an_int8_hugging_face_decode_step_dequantises_no_weight_on_the_host_and_matches_onnx_runtime(
+        quantised_decoders, arch):
+    """One token over a past of 16 (6 filled), in one lpx call. The host keeps only the mask and position
+    arithmetic and the embedding's integer gather, no DequantizeLinear. ONNX Runtime runs the same QDQ graph
+    (edited as lpx's: each cache's new slot as an output): the logits agree to within one step of their
+    QuantizeLinear's scale, almost everywhere."""
+    from lpx_tvm.app.hf_decoder import HFDecoder
+
+    qdq, folder = quantised_decoders(arch)
+    decoder = HFDecoder(folder)
+    decoder.graph = onnx.ModelProto.FromString(qdq.SerializeToString())
+    _, (graph, shapes) = decoder.graphs(prompt_len=6, context=16)
+    compiled = lpx_tvm.compile(graph, input_shapes=shapes, dtype="int8", state=decoder.cache_names)
+    assert compiled.report.host_ops["relax.dequantize"] == 0, compiled.report.summary()
+    rng = np.random.default_rng(7)
+    past = {n: (0.5 * rng.standard_normal(decoder.cache_shape(16))).astype(np.float32) for n in decoder.cache_names}
+    for n in decoder.cache_names:
+        compiled.write_state(n, past[n])
+    feeds = decoder.decode_feeds(token=42, position=6, context=16)
+    blank = {n: np.zeros(decoder.cache_shape(16), np.float32) for n in decoder.cache_names}
+    before = total_offloaded_calls()
+    got = dict(zip(decoder.outputs, compiled(**feeds, **blank)))
+    assert total_offloaded_calls() - before == 1
+    want = dict(zip(decoder.outputs, ort_run(graph, {**feeds, **past})))
+    logit_scale = _logits_scale(graph)
+    steps = np.abs(got["logits"] - want["logits"]) / logit_scale
+    assert np.mean(steps <= 1.01) >= 0.99, np.sort(steps.ravel())[-8:]

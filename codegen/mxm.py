@@ -102,6 +102,16 @@ def plan(p: Product, config: ChipConfig) -> Mapping:
     return best
 
 
+def _k_groups(jobs: int, k_tiles: int, planes: int, partial: np.dtype) -> int:
+    """Into how many runs to split each job's K tiles: as many as leave no plane idle (at most a run a tile),
+    where the jobs alone leave planes idle. The vector unit adds the runs' partial sums in the planes' own
+    accumulator type (fp32 or int32), so the sum is the one a single plane makes up to the order of its
+    terms."""
+    if jobs >= planes or k_tiles < 2:
+        return 1
+    return min(planes // jobs, k_tiles)
+
+
 def _matrix_class(dtype) -> str:
     from ..runtime_sim.isa import DType
 
@@ -133,12 +143,16 @@ class PlaneMapper:
             jobs = [(c, rows) for rows in chunks for c in col_tiles]
         else:
             jobs = [(c, rows) for c in col_tiles for rows in chunks]
+        partial = np.dtype(np.int32) if np.dtype(p.dtype).kind in "iu" else np.dtype(np.float32)
+        groups = _k_groups(len(jobs), len(k_tiles), config.mxm_planes, partial)
+        if groups > 1:
+            self._split_k(p, stationary, jobs, k_tiles, groups, install, passes, partial, layer)
+            return
         per_plane = [[] for _ in range(config.mxm_planes)]
         for job in sorted(jobs, key=lambda j: -(j[1][1] - j[1][0])):
             plane = min(range(config.mxm_planes), key=self.load.__getitem__)
             self.load[plane] += len(k_tiles) * max(install, (job[1][1] - job[1][0]) * passes)
             per_plane[plane].append(job)
-        partial = np.dtype(np.int32) if np.dtype(p.dtype).kind in "iu" else np.dtype(np.float32)
         for plane, plane_jobs in enumerate(per_plane):
             sums = {}
             for ki, (k0, k1) in enumerate(k_tiles):
@@ -146,6 +160,40 @@ class PlaneMapper:
                     (c0, c1), (r0, r1) = job
                     last = ki == len(k_tiles) - 1
                     self._tile(p, stationary, plane, (k0, k1), (c0, c1), (r0, r1), ki, last, sums, job, partial, layer)
+
+    def _split_k(self, p, stationary, jobs, k_tiles, groups, install, passes, partial, layer) -> None:
+        """A product with fewer jobs than planes (a decode step's: one row, few column tiles) whose K spans
+        several tiles: each job's K tiles in ``groups`` runs on planes of their own, side by side; the other
+        runs' partial sums are added (VXM) into the last run's before its last tile, whose sums stream into
+        the EPILOGUE as ever. A plane that would run all K tiles in turn, idle planes beside it, runs a
+        ``groups``-th of them."""
+        config = self.config
+        bounds = [round(g * len(k_tiles) / groups) for g in range(groups + 1)]
+        runs = [k_tiles[a:b] for a, b in zip(bounds, bounds[1:])]
+        for job in jobs:
+            (c0, c1), (r0, r1) = job
+            cost = max(install, (r1 - r0) * passes)
+            shape = (r1 - r0, c1 - c0) if stationary == "B" else (c1 - c0, r1 - r0)
+            finished = []
+            for g, run in enumerate(runs):
+                plane = min(range(config.mxm_planes), key=self.load.__getitem__)
+                self.load[plane] += len(run) * cost
+                sums = {}
+                final = g == len(runs) - 1
+                for ki, ks in enumerate(run):
+                    if final and ki == len(run) - 1:  # the others' sums join before the last tile
+                        terms = ([sums[job]] if job in sums else []) + finished
+                        while len(terms) > 1:
+                            for a, b in zip(terms[::2], terms[1::2]):
+                                self.emit(Opcode.ADD, [a, b], [a], {}, layer, None)
+                            terms = terms[::2]
+                        sums[job] = terms[0]
+                        self._tile(p, stationary, plane, ks, (c0, c1), (r0, r1), 1, True, sums, job, partial, layer)
+                    else:
+                        self._tile(p, stationary, plane, ks, (c0, c1), (r0, r1), ki, False, sums, job, partial,
+                                   layer)
+                if not final:
+                    finished.append(sums[job])
 
     def _tile(self, p, stationary, plane, ks, cs, rs, ki, last, sums, job, partial, layer) -> None:
         (k0, k1), (c0, c1), (r0, r1) = ks, cs, rs

@@ -259,8 +259,8 @@ def _unary(doc, alu_ops, attrs=(), epilogue=False, dtypes=FLOAT_DTYPES) -> OpSpe
     return OpSpec(Unit.VXM, Group.UNARY, doc, attrs, alu_ops, dtypes, epilogue)
 
 
-def _binary(doc, alu_ops=1) -> OpSpec:
-    return OpSpec(Unit.VXM, Group.BINARY, doc, (), alu_ops)
+def _binary(doc, alu_ops=1, dtypes=FLOAT_DTYPES) -> OpSpec:
+    return OpSpec(Unit.VXM, Group.BINARY, doc, (), alu_ops, dtypes)
 
 
 _AXES = (Attr("axes", "ints", REQUIRED, doc="axes reduced (kept as size 1)"),)
@@ -315,7 +315,8 @@ OP_TABLE = {
     Opcode.DEQUANTIZE: OpSpec(Unit.VXM, Group.QUANT, "(x - zero_point) · scale, ONNX DequantizeLinear",
                               (Attr("scale", "float", REQUIRED), Attr("zero_point", "int", 0)), 2,
                               QUANT_DTYPES),
-    Opcode.ADD: _binary("a + b"),
+    # int32 too: the matrix planes' integer partial sums of one product, split over planes, meet in an ADD
+    Opcode.ADD: _binary("a + b", dtypes=FLOAT_DTYPES | {DType.I32}),
     Opcode.SUB: _binary("a - b"),
     Opcode.MUL: _binary("a · b"),
     Opcode.DIV: _binary("a / b", 4),

@@ -100,12 +100,13 @@ def test_a_product_wider_than_the_array_splits_into_column_tiles_and_k_tiles_wit
 
 
 def test_int8_partial_sums_are_int32_and_the_zero_points_reach_every_matmul():
-    """[4, 64] @ [64, 32] int8, B stationary: one column tile, two K tiles, one job on plane 0."""
+    """[4, 64] @ [64, 32] int8, B stationary: one column tile, two K tiles, one job: a K tile a plane, the
+    second plane's product accumulating the first's int32 sums."""
     g = Graph()
     mapper, ops = _mapper(g)
     mapper.map(_symbolic(4, 64, 32, np.int8, zp_a=3, zp_b=-2, epilogue={"zp_out": 5}, stationary="B"), "q")
-    assert [(op, unit) for op, _, _, _, unit in ops] == [("INSTALL", 0), ("MATMUL", 0), ("INSTALL", 0),
-                                                         ("MATMUL", 0), ("EPILOGUE", None)]
+    assert [(op, unit) for op, _, _, _, unit in ops] == [("INSTALL", 0), ("MATMUL", 0), ("INSTALL", 1),
+                                                         ("MATMUL", 1), ("EPILOGUE", None)]
     assert [t.dtype for t in g.tensors] == [np.dtype(np.int32)]
     assert [attrs for op, _, _, attrs, _ in ops if op == "MATMUL"] == [{"buffer": 1, "zp_a": 3, "zp_b": -2},
                                                                      {"buffer": 2, "zp_a": 3, "zp_b": -2}]
@@ -189,3 +190,46 @@ def test_the_jobs_cover_every_output_element_once(m, n):
             _, m0, m1, n0, n1 = dsts[0]
             cover[m0:m1, n0:n1] += 1
     np.testing.assert_array_equal(cover, np.ones((m, n), int))
+
+
+def test_a_product_of_one_job_spreads_its_k_tiles_over_the_planes_and_adds_their_sums():
+    """[1, 160] @ [160, 32] fp32 on tiny (2 planes of 32 × 32): one job, 5 K tiles. Alone it would run 5
+    tiles in turn on one plane, the other idle; split, plane 0 runs K tiles 0..1 (rounding 5/2 to 2) and
+    plane 1 tiles 2..4; before plane 1's last tile the vector unit adds its sums so far and plane 0's (one
+    ADD), and that last product streams the total into the EPILOGUE."""
+    g = Graph()
+    mapper, ops = _mapper(g)
+    mapper.map(_symbolic(1, 160, 32, stationary="B"), "fc")
+    assert [(op, unit) for op, _, _, _, unit in ops] == [
+        ("INSTALL", 0), ("MATMUL", 0), ("INSTALL", 0), ("MATMUL", 0),
+        ("INSTALL", 1), ("MATMUL", 1), ("INSTALL", 1), ("MATMUL", 1),
+        ("ADD", None), ("INSTALL", 1), ("MATMUL", 1), ("EPILOGUE", None)]
+    assert [k for (op, srcs, _, _, _) in ops if op == "INSTALL" for (_, k, *_rest) in srcs] == [0, 32, 64, 96, 128]
+    plane_0_sums, plane_1_sums = (Operand(t, (1, 32)) for t in range(2))
+    add = next(op for op in ops if op[0] == "ADD")
+    assert add[1] == [plane_1_sums, plane_0_sums] and add[2] == [plane_1_sums]
+    last = ops[-2]
+    assert last[1][1] == plane_1_sums  # the last tile accumulates onto the total
+
+
+def test_a_split_product_matches_numpy_on_the_simulator():
+    """The same shape end to end: an ONNX MatMul [1, 160] @ [160, 32] in fp32 on tiny, one lpx call, against
+    numpy (the sums meet in another order than one plane's, so to fp32 rounding)."""
+    import lpx_tvm
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((160, 32)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "fc",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 160])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    from conftest import run_on_lpx
+
+    compiled = lpx_tvm.compile(model, config="tiny")
+    x = rng.standard_normal((1, 160)).astype(np.float32)
+    (y,) = run_on_lpx(compiled, [x])
+    (sim,) = compiled.simulators.values()
+    assert sum(ins.opcode.name == "ADD" for ins in sim.program.instructions) == 1
+    np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-5)

@@ -88,21 +88,21 @@ def test_a_compiled_mlp_takes_the_cycles_worked_out_by_hand():
     host link (latency 4), 32 × 32 planes taking an fp32 row in 12 passes (latency 8), 2 install streams of 32
     bytes (4 hops to the plane), vector latency 4.
     - LOAD x: 1,024 bytes, ceil(1,024 / 10) = 103 cycles: in SRAM at 103 + 4 = 107.
-    - Gemm 1 has K = 64: two 32 × 32 tiles on plane 0, each 4,096 bytes / 64 = 64 cycles to install, in the
-      plane 4 later. Tile 0 is installed 39..103 to be in at 107, when x is; its product, 4 rows × 12 = 48
-      cycles, runs 107..155. Tile 1 follows on the install port, 103..167, in at 171: the second product runs
-      171..219, its bias and ReLU chained behind it from 171 + 8 = 179 at its pace, 48 cycles: done at
-      179 + 48 + 4 = 231.
-    - Gemm 2 (K = 32, N = 10) on plane 1, in two bands of 2 rows: its tile, 1,280 bytes, takes 20 cycles and
-      4 hops, installed twice (a buffer each band), 207..227 and 231..251. Band 0 runs 231..255 (2 rows × 12),
-      its epilogue 239..263; band 1 runs 255..279 (in at 255), its epilogue on the same vector queue
-      263..287, in SRAM at 291.
-    - STORE y: 160 bytes, 16 cycles, 291..307, and the host link's 4: 311."""
+    - Gemm 1 has K = 64: one job (4 rows, 32 columns) in two 32 × 32 K tiles, which go to both planes side by
+      side (a plane left idle takes a run of K tiles); each tile is 4,096 bytes / 64 = 64 cycles to install,
+      in the plane 4 later. Tile 0 is installed on plane 0, 39..103, to be in at 107, when x is; its product,
+      4 rows × 12 = 48 cycles, runs 107..155, its partial sums out 8 later, at 163. Tile 1 is installed on
+      plane 1, 95..159, in at 163; its product takes plane 0's sums as its accumulator, 163..211, its bias and
+      ReLU chained behind it from 163 + 8 = 171 at its pace, 48 cycles: done at 171 + 48 + 4 = 223.
+    - Gemm 2 (K = 32, N = 10) in two bands of 2 rows, a band a plane: its tile, 1,280 bytes, takes 20 cycles
+      and 4 hops, installed on each plane 199..219, in at 223; the bands run 223..247 (2 rows × 12), their
+      epilogues 231..255 on two vector units, in SRAM at 259.
+    - STORE y: 160 bytes, 16 cycles, 259..275, and the host link's 4: 279."""
     compiled = lpx_tvm.compile(mlp_model(), config="tiny")
     (sim,) = compiled.simulators.values()
     timeline = [(i.cycle, i.opcode.name, i.unit_index) for i in sorted(sim.program.instructions, key=lambda i: i.cycle)]
-    assert timeline == [(0, "LOAD", 0), (39, "INSTALL", 0), (103, "INSTALL", 0), (107, "MATMUL", 0),
-                        (171, "MATMUL", 0), (179, "EPILOGUE", 0), (207, "INSTALL", 1), (231, "MATMUL", 1),
-                        (231, "INSTALL", 1), (239, "EPILOGUE", 0), (255, "MATMUL", 1), (263, "EPILOGUE", 0),
-                        (291, "STORE", 0)]
-    assert sim.stats.cycles == 311
+    assert timeline == [(0, "LOAD", 0), (39, "INSTALL", 0), (95, "INSTALL", 1), (107, "MATMUL", 0),
+                        (163, "MATMUL", 1), (171, "EPILOGUE", 0), (199, "INSTALL", 0), (199, "INSTALL", 1),
+                        (223, "MATMUL", 0), (223, "MATMUL", 1), (231, "EPILOGUE", 0), (231, "EPILOGUE", 1),
+                        (259, "STORE", 0)]
+    assert sim.stats.cycles == 279

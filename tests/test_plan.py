@@ -52,6 +52,26 @@ def test_plan_agrees_with_the_compiled_eight_way_tensor_parallel_decoder(tmp_pat
         simulated["per_token_cycles"], rel=0.05)
 
 
+@pytest.mark.parametrize("chips", [8, 16])
+def test_plan_and_its_verify_agree_with_the_compiled_decoder_on_an_lpx_node(tmp_path, chips):
+    """A decoder block 8 and 16 wide on lpx-node (16 heads of 32, two blocks): the compiler splits it by heads
+    and the MLP, each block's two all-reduces direct over the node's links (one-shot: the hidden state whole to
+    every peer, one 350-cycle hop); the plan compiles the same all-reduces into the block it measures, and
+    --verify compiles each stage whole with them. Both land within 5% of the whole system simulated."""
+    from lpx_tvm.app import llama
+
+    config = llama.LlamaConfig(hidden_size=512, num_layers=2, num_heads=16, num_kv_heads=16, intermediate_size=1024,
+                               vocab_size=512, max_context=128)
+    llama.save_llama(config, tmp_path, prompt_len=8)
+    simulated = generate(str(tmp_path), tokens=2, system="lpx-node", chips=chips, parallel="tensor")
+    assert sorted(int(c) for c in simulated["chips"]) == list(range(chips))  # the chips the programs ran on
+    assert "0 all-gathers, 4 all-reduces (direct)" in simulated["notes"]
+    planned = plan(config, "lpx-node", dtype="fp32", context=128, prompt=8, mapping=(1, chips), verify=True)
+    clock = load_config("lp30").clock_hz
+    assert planned["per_token_us"] * clock / 1e6 == pytest.approx(simulated["per_token_cycles"], rel=0.05)
+    assert planned["verified_cycles"] == pytest.approx(simulated["per_token_cycles"], rel=0.05)
+
+
 @pytest.mark.slow
 def test_plan_needs_the_chips_the_compiler_needs_and_times_them(tmp_path):
     """A decoder too big for one tsp chip (322 MB of fp32 weights on the chips): the plan's fewest pipeline

@@ -107,7 +107,6 @@ def _tokens(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((1, TOKENS, HIDDEN)).astype(np.float32)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
 def test_an_exported_block_gathers_its_experts_and_the_rewrite_spreads_none_of_that_to_the_host(exported, arch):
     model, dense = exported(arch)
@@ -119,7 +118,6 @@ def test_an_exported_block_gathers_its_experts_and_the_rewrite_spreads_none_of_t
     assert ("Div" in ops) == (arch == "mixtral")  # Mixtral renormalises its top-k probabilities, Qwen3 here not
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("chips", [2, 4, 8])
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
 def test_an_exported_hf_block_runs_expert_parallel_on_the_chips_asked_and_matches_onnx_runtime(exported, arch,
@@ -137,7 +135,6 @@ def test_an_exported_hf_block_runs_expert_parallel_on_the_chips_asked_and_matche
     np.testing.assert_allclose(out, ort_reference(model, {model.graph.input[0].name: x})[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
 def test_the_tokens_compared_are_routed_to_different_experts(exported, arch):
     # a gate that kept every expert, or the same two for every token, passes a comparison on tokens that all
@@ -155,7 +152,6 @@ def test_the_tokens_compared_are_routed_to_different_experts(exported, arch):
     assert len({tuple(sorted(row)) for row in chosen.tolist()}) > 1
 
 
-@pytest.mark.slow
 def test_auto_says_it_chose_expert_for_an_exported_block(exported):
     model, dense = exported("qwen3_moe")
     x = _tokens(8)
@@ -166,9 +162,86 @@ def test_auto_says_it_chose_expert_for_an_exported_block(exported):
     np.testing.assert_allclose(out, ort_reference(model, {model.graph.input[0].name: x})[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
 def test_the_exported_block_as_is_is_refused_under_expert_parallel(exported):
     # the gathered form has no expert of its own to place: compiling it expert parallel says so
     model, _ = exported("mixtral")
-    with pytest.raises(SystemCompileError, match="gathers its experts' weights by index"):
+    with pytest.raises(SystemCompileError, match="GatherND of the experts' stacked weights.*dense_experts"):
         lpx_tvm.compile(model, system="tsp-node", parallel="expert", chips=4)
+
+
+# ---- experts of their own, gated by a ScatterElements and a Gather each (the form issue 50 met) ------------------
+
+
+def _scatter_block(gates: str):
+    """A hand-written block with ``nn.ModuleList`` SwiGLU experts: TopK of the router's logits, the gates
+    scattered into zeros and each expert's column gathered. ``gates``: "softmax" (of the top-k logits, Mixtral's
+    arithmetic) or "renormalised" (top-k of the softmax, over their sum)."""
+    import torch
+    from torch import nn
+
+    class Expert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(HIDDEN, FFN, bias=False)
+            self.up = nn.Linear(HIDDEN, FFN, bias=False)
+            self.down = nn.Linear(FFN, HIDDEN, bias=False)
+
+        def forward(self, x):
+            return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = nn.Linear(HIDDEN, EXPERTS, bias=False)
+            self.experts = nn.ModuleList(Expert() for _ in range(EXPERTS))
+
+        def forward(self, x):
+            logits = self.router(x)
+            if gates == "softmax":
+                values, index = torch.topk(logits, TOP_K, dim=-1)
+                values = torch.softmax(values, dim=-1)
+            else:
+                values, index = torch.topk(torch.softmax(logits, dim=-1), TOP_K, dim=-1)
+                values = values / values.sum(dim=-1, keepdim=True)
+            dense = torch.zeros_like(logits).scatter(-1, index, values)
+            return sum(dense[:, e].unsqueeze(-1) * expert(x) for e, expert in enumerate(self.experts))
+
+    torch.manual_seed(1)
+    return Block().eval()
+
+
+@pytest.fixture(scope="module")
+def scattered():
+    """gates ─► the block torch.onnx exported, made once."""
+    torch = pytest.importorskip("torch", reason="needs the optional dependency torch (lpx-tvm[hf])")
+    pytest.importorskip("onnxscript", reason="needs the optional dependency onnxscript (torch.onnx's exporter)")
+    made = {}
+
+    def get(gates):
+        if gates not in made:
+            example = torch.randn(TOKENS, HIDDEN)
+            made[gates] = torch.onnx.export(_scatter_block(gates), (example,), dynamo=True, verbose=False).model_proto
+        return made[gates]
+    return get
+
+
+def test_a_scattered_gate_block_as_exported_is_refused_under_expert_parallel(scattered):
+    model = scattered("softmax")
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("ScatterElements") == 1 and ops.count("Gather") == EXPERTS  # the form the issue met
+    with pytest.raises(SystemCompileError, match=r"lpx function\(s\), so it would run on 1 chip of the 8 asked"):
+        lpx_tvm.compile(model, system="tsp-node", parallel="expert", chips=8)
+
+
+@pytest.mark.parametrize("gates, chips", [("softmax", 8), ("renormalised", 4)])
+def test_a_scattered_gate_block_rewritten_runs_on_the_chips_asked_and_matches_onnx_runtime(scattered, gates,
+                                                                                           chips):
+    model = scattered(gates)
+    dense = dense_experts(model)
+    assert not {"TopK", "ScatterElements", "Gather"} & {n.op_type for n in dense.graph.node}
+    x = np.random.default_rng(5).standard_normal((TOKENS, HIDDEN)).astype(np.float32)
+    compiled = lpx_tvm.compile(dense, system="tsp-node", parallel="expert", chips=chips)
+    (out,) = run_on_lpx(compiled, [x], programs=1)  # the router's top-k and gates on lpx with the experts
+    (sim,) = compiled.simulators.values()
+    assert len(sim.sims) == chips and f"{EXPERTS} experts over {chips} chips" in sim.program.notes
+    np.testing.assert_allclose(out, ort_reference(model, {model.graph.input[0].name: x})[0], rtol=1e-5, atol=1e-5)

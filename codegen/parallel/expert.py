@@ -232,8 +232,9 @@ def refuse_without_experts(programs: dict, system: SystemConfig, chips: int | No
         raise SystemCompileError(
             f"expert parallel: no mixture of experts in the model's {len(programs)} lpx function(s), so it "
             f"would run on 1 chip of the {asked} asked for. Experts are found as two or more alike cones, each "
-            "with a product by a constant weight, summed by a tree of adds; a Hugging Face block exported by "
-            "torch.onnx gathers its experts' weights by index instead: rewrite it with "
+            "with a product by a constant weight, summed by a tree of adds. A block whose router's top-k runs on "
+            "the host (TopK, then ScatterElements into gates, or GatherND of the experts' stacked weights, as "
+            "torch.onnx exports Hugging Face's) parts its experts or gathers them by index: rewrite it with "
             "lpx_tvm.app.moe.dense_experts first, or choose another --parallel")
 
 

@@ -85,8 +85,8 @@ def build_moe_block(config: MoeConfig = MoeConfig(), seed: int = 0) -> onnx.Mode
 # each pair's weights gathered by expert index, a batched SwiGLU, the pairs weighted and summed
 _DISPATCH_OPS = {"Reshape", "Unsqueeze", "Squeeze", "Expand", "GatherND", "MatMul", "Split", "Sigmoid", "Mul",
                  "ReduceSum", "Div"}
-# 2**100: (max - p) · BIG reaches 1 for any two probabilities that differ by 1e-30 or more (fp32 tops out
-# at 3.4e38, so a difference of up to 1 does not overflow)
+# 2**100: (max - p) · BIG reaches 1 for any two scores that differ by 1e-30 or more (fp32 tops out at
+# 3.4e38, so a difference of up to 1e8 does not overflow)
 _BIG = float(2 ** 100)
 
 
@@ -140,12 +140,92 @@ def dense_experts(model: onnx.ModelProto, check: bool = True) -> onnx.ModelProto
         raise ValueError(f"dense_experts: a mixture of experts routes by one TopK; this model has {len(topks)}")
     (topk,) = topks
     attrs = {a.name: helper.get_attribute_value(a) for a in topk.attribute}
+    if topk.input[1] not in inits or attrs.get("largest", 1) != 1 or attrs.get("axis", -1) not in (-1, 1):
+        raise ValueError("dense_experts: the TopK does not take the largest of each row with a constant k")
+    k = int(numpy_helper.to_array(inits[topk.input[1]]).reshape(-1)[0])
+    emit = _Emit(model)
+    scatters = [n for n in readers.get(topk.output[1], []) if n.op_type == "ScatterElements"]
+    if scatters:
+        dropped = _scatter_form(g, topk, k, scatters, inits, shapes, producer, readers, emit)
+    else:
+        dropped = _gathered_form(g, topk, k, inits, shapes, producer, emit)
+    at = next(i for i, n in enumerate(g.node) if id(n) in dropped)
+    kept = [n for n in g.node if id(n) not in dropped]
+    nodes = kept[:at] + emit.nodes + kept[at:]
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(_live(nodes, [o.name for o in g.output]))
+    used = {t for n in out.graph.node for t in n.input}
+    del out.graph.initializer[:]
+    out.graph.initializer.extend([t for t in g.initializer if t.name in used]
+                                 + [t for t in emit.inits if t.name in used])
+    del out.graph.value_info[:]
+    if check:
+        _same_outputs(model, out)
+    return out
+
+
+class _Emit:
+    """The nodes and constants a rewrite adds (named ``moe.*``, or a name the model's readers know)."""
+
+    def __init__(self, model):
+        self.nodes, self.inits = [], []
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self.inits.append(numpy_helper.from_array(np.array([-1], np.int64), "moe.axes"))
+
+    def const(self, name, array, dtype=np.float32):
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype), f"moe.{name}"))
+        return f"moe.{name}"
+
+    def node(self, op, inputs, output, keep_name=False, **kw):
+        self.nodes.append(helper.make_node(op, inputs, [output if keep_name else f"moe.{output}"], **kw))
+        return self.nodes[-1].output[0]
+
+    def row_max(self, x, name):
+        if self.opset >= 18:  # (ReduceMax takes its axes as an input from opset 18)
+            return self.node("ReduceMax", [x, "moe.axes"], name, keepdims=1)
+        return self.node("ReduceMax", [x], name, axes=[-1], keepdims=1)
+
+    def row_sum(self, x, name):
+        return self.node("ReduceSum", [x, "moe.axes"], name, keepdims=1)
+
+
+def _top_k(emit: _Emit, scores: str, k: int) -> tuple:
+    """1 where a score is among its row's ``k`` largest, else 0, in ops that run on lpx; and the row maximum.
+
+    Each of the first k - 1 steps pushes the row's maximum below the row's minimum (by the row's span plus
+    one); the k-th maximum left is the threshold, and relu(1 - relu(d · 2**100)) is 1 at d = 0 and 0 from
+    d = 2**-100 on. Relu and Sub, not Clip or Min: the importer leaves a Clip with tensor bounds, and a Min,
+    to the host.
+    """
+    one, big = emit.const("one", 1.0), emit.const("big", _BIG)
+
+    def at_least(threshold, x, name):
+        gap = emit.node("Relu", [emit.node("Mul", [emit.node("Sub", [threshold, x], f"{name}.gap"), big],
+                                           f"{name}.scaled")], f"{name}.pos")
+        return emit.node("Relu", [emit.node("Sub", [one, gap], f"{name}.near")], name)
+
+    top = emit.row_max(scores, "max0")
+    if k > 1:
+        low = emit.node("Neg", [emit.row_max(emit.node("Neg", [scores], "neg"), "negmax")], "min")
+        span = emit.node("Add", [emit.node("Sub", [top, low], "range"), one], "span")
+    work, kth = scores, top
+    for i in range(1, k):
+        hit = at_least(kth, work, f"hit{i}")
+        work = emit.node("Sub", [work, emit.node("Mul", [hit, span], f"drop{i}")], f"work{i}")
+        kth = emit.row_max(work, f"max{i}")
+    return at_least(kth, scores, "kept"), top
+
+
+def _gathered_form(g, topk, k, inits, shapes, producer, emit: _Emit) -> set:
+    """Hugging Face's batched experts as exported: TopK of a softmax, each choice's weights gathered by index.
+    Emits the dense block in ``emit``; returns the ids of the nodes it replaces."""
     probs = topk.input[0]
     softmax = producer.get(probs)
-    if softmax is None or softmax.op_type != "Softmax" or topk.input[1] not in inits or attrs.get("largest", 1) != 1:
-        raise ValueError("dense_experts: the TopK does not take the largest of a Softmax's probabilities with a "
-                         "constant k (the routers of Mixtral and Qwen3-MoE do)")
-    k = int(numpy_helper.to_array(inits[topk.input[1]]).reshape(-1)[0])
+    if softmax is None or softmax.op_type != "Softmax":
+        raise ValueError("dense_experts: the TopK does not take a Softmax's probabilities, and no ScatterElements "
+                         "makes gates of its choices")
     router = producer.get(softmax.input[0])
     if router is None or router.op_type not in ("Gemm", "MatMul"):
         raise ValueError("dense_experts: the router's Softmax does not read a product (Gemm or MatMul)")
@@ -182,62 +262,78 @@ def dense_experts(model: onnx.ModelProto, check: bool = True) -> onnx.ModelProto
     normalise = any(n.op_type == "Div" and n.input[0] == topk.output[0] for n in region)
     y = combine.output[0]
 
-    new_nodes, new_inits = [], []
-
-    def const(name, array):
-        new_inits.append(numpy_helper.from_array(np.ascontiguousarray(array, np.float32), f"moe.{name}"))
-        return f"moe.{name}"
-
-    def node(op, inputs, output, **kw):
-        new_nodes.append(helper.make_node(op, inputs, [f"moe.{output}" if output != y else y], **kw))
-        return new_nodes[-1].output[0]
-
-    one, two, big = const("one", 1.0), const("two", 2.0), const("big", _BIG)
-    new_inits.append(numpy_helper.from_array(np.array([-1], np.int64), "moe.axes"))
-    axes = "moe.axes"
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    work = probs
-    for i in range(k):
-        kth = (node("ReduceMax", [work, axes], f"max{i}", keepdims=1) if opset >= 18
-               else node("ReduceMax", [work], f"max{i}", axes=[-1], keepdims=1))
-        if i < k - 1:  # the row's maximum leaves the running (pushed below every probability)
-            gap = node("Relu", [node("Mul", [node("Sub", [kth, work], f"gap{i}"), big], f"gapbig{i}")], f"pos{i}")
-            hit = node("Relu", [node("Sub", [one, gap], f"near{i}")], f"hit{i}")
-            work = node("Sub", [work, node("Mul", [hit, two], f"drop{i}")], f"work{i + 1}")
-    # relu(1 - relu(d · BIG)) is 1 at d = 0 and 0 from d = 1/BIG on; written in Relu and Sub because the
-    # importer leaves a Clip with tensor bounds, and a Min, to the host
-    gap = node("Relu", [node("Mul", [node("Sub", [kth, probs], "gap"), big], "gapbig")], "pos")
-    gates = node("Mul", [probs, node("Relu", [node("Sub", [one, gap], "near")], "kept")], "kept_probs")
+    kept, _ = _top_k(emit, probs, k)
+    gates = emit.node("Mul", [probs, kept], "kept_probs")
     if normalise:
-        gates = node("Div", [gates, node("ReduceSum", [gates, axes], "kept_sum", keepdims=1)], "gates")
+        gates = emit.node("Div", [gates, emit.row_sum(gates, "kept_sum")], "gates")
     acc = None
     for e in range(experts):
-        onehot = np.zeros((experts, 1), np.float32)
-        onehot[e] = 1
-        gate = node("MatMul", [gates, const(f"{e}.select", onehot)], f"{e}.gate")
-        h1 = node("MatMul", [x, const(f"{e}.w1", up_w[e, :ffn].T)], f"{e}.h1")
-        silu = node("Mul", [h1, node("Sigmoid", [h1], f"{e}.sig")], f"{e}.silu")
-        h3 = node("MatMul", [x, const(f"{e}.w3", up_w[e, ffn:].T)], f"{e}.h3")
-        down = node("MatMul", [node("Mul", [silu, h3], f"{e}.act"), const(f"{e}.w2", down_w[e].T)], f"{e}.down")
-        term = node("Mul", [down, gate], f"{e}.term")
-        acc = term if acc is None else node("Add", [acc, term], y if e == experts - 1 else f"{e}.sum")
+        gate = emit.node("MatMul", [gates, emit.const(f"{e}.select", np.eye(experts)[:, e:e + 1])], f"{e}.gate")
+        h1 = emit.node("MatMul", [x, emit.const(f"{e}.w1", up_w[e, :ffn].T)], f"{e}.h1")
+        silu = emit.node("Mul", [h1, emit.node("Sigmoid", [h1], f"{e}.sig")], f"{e}.silu")
+        h3 = emit.node("MatMul", [x, emit.const(f"{e}.w3", up_w[e, ffn:].T)], f"{e}.h3")
+        act = emit.node("Mul", [silu, h3], f"{e}.act")
+        down = emit.node("MatMul", [act, emit.const(f"{e}.w2", down_w[e].T)], f"{e}.down")
+        term = emit.node("Mul", [down, gate], f"{e}.term")
+        last = e == experts - 1
+        acc = term if acc is None else emit.node("Add", [acc, term], y if last else f"{e}.sum", keep_name=last)
+    return {id(n) for n in region}
 
-    dropped = {id(n) for n in region}
-    at = next(i for i, n in enumerate(g.node) if id(n) in dropped)
-    kept = [n for n in g.node if id(n) not in dropped]
-    nodes = kept[:at] + new_nodes + kept[at:]
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(_live(nodes, [o.name for o in g.output]))
-    used = {t for n in out.graph.node for t in n.input}
-    inits_left = [t for t in g.initializer if t.name in used] + new_inits
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(inits_left)
-    del out.graph.value_info[:]
-    if check:
-        _same_outputs(model, out)
-    return out
+
+def _scatter_form(g, topk, k, scatters, inits, shapes, producer, readers, emit: _Emit) -> set:
+    """Experts of their own, gated from a ScatterElements of the top-k weights into zeros and a Gather of each
+    expert's column (a hand-written block, or one that loops over ``nn.ModuleList`` experts). Emits the gates
+    on lpx and each expert's column by a product with a one-hot column; returns the ids of the nodes replaced.
+    """
+    (scatter,) = scatters
+    attrs = {a.name: helper.get_attribute_value(a) for a in scatter.attribute}
+    zeros = scatter.input[0]
+    if zeros not in inits or np.any(numpy_helper.to_array(inits[zeros])) or attrs.get("axis", 0) not in (-1, 1) \
+            or attrs.get("reduction", b"none") not in (b"none", "none"):
+        raise ValueError("dense_experts: the ScatterElements does not write the top-k weights into zeros along "
+                         "the experts' axis")
+    scores, values = topk.input[0], scatter.input[2]
+    experts = shapes[scores][-1]
+    made = producer.get(values)
+    if values == topk.output[0]:
+        form, replaced = "as is", []
+    elif made is not None and made.op_type == "Softmax" and made.input[0] == topk.output[0]:
+        form, replaced = "softmax", [made]
+    elif made is not None and made.op_type == "Div" and made.input[0] == topk.output[0] \
+            and producer.get(made.input[1]) is not None and producer[made.input[1]].op_type == "ReduceSum" \
+            and producer[made.input[1]].input[0] == topk.output[0]:
+        form, replaced = "renormalised", [made, producer[made.input[1]]]
+    else:
+        raise ValueError("dense_experts: the scattered gate weights are not the top-k values as they are, their "
+                         "softmax, or the values over their sum")
+    selects = readers.get(scatter.output[0], [])
+    for n in selects:
+        index = n.input[1] if n.op_type == "Gather" else None
+        axis = {a.name: helper.get_attribute_value(a) for a in n.attribute}.get("axis", 0)
+        if index not in inits or axis not in (-1, len(shapes[scores]) - 1) \
+                or numpy_helper.to_array(inits[index]).size != 1:
+            raise ValueError(f"dense_experts: the gates are read by a {n.op_type} that is not a Gather of one "
+                             "expert's column")
+    inside = {id(n) for n in [scatter, *replaced]}
+    outside = [n for t in [*topk.output, values] for n in readers.get(t, []) if id(n) not in inside]
+    if outside:
+        raise ValueError(f"dense_experts: the top-k is read outside the gates too (by a {outside[0].op_type})")
+
+    kept, top = _top_k(emit, scores, k)
+    if form == "softmax":  # the softmax of the k largest: exp of each less the row's maximum, over their sum
+        shifted = emit.node("Mul", [emit.node("Exp", [emit.node("Sub", [scores, top], "shifted")], "exp"), kept],
+                            "kept_exp")
+        gates = emit.node("Div", [shifted, emit.row_sum(shifted, "kept_sum")], "gates")
+    else:
+        gates = emit.node("Mul", [scores, kept], "kept_scores")
+        if form == "renormalised":
+            gates = emit.node("Div", [gates, emit.row_sum(gates, "kept_sum")], "gates")
+    for n in selects:
+        e = int(numpy_helper.to_array(inits[n.input[1]]).reshape(-1)[0]) % experts
+        column = emit.node("MatMul", [gates, emit.const(f"{e}.select", np.eye(experts)[:, e:e + 1])], f"{e}.gate")
+        shape = emit.const(f"{e}.shape", np.array(shapes[n.output[0]]), np.int64)
+        emit.node("Reshape", [column, shape], n.output[0], keep_name=True)
+    return {id(n) for n in [topk, scatter, *replaced, *selects]}
 
 
 def _ancestors_within(last, producer: dict, within: set) -> list:

@@ -245,3 +245,66 @@ def test_a_scattered_gate_block_rewritten_runs_on_the_chips_asked_and_matches_on
     (sim,) = compiled.simulators.values()
     assert len(sim.sims) == chips and f"{EXPERTS} experts over {chips} chips" in sim.program.notes
     np.testing.assert_allclose(out, ort_reference(model, {model.graph.input[0].name: x})[0], rtol=1e-5, atol=1e-5)
+
+
+# ---- the command line: the rewrite where expert parallel is asked, and a line per program naming its chips --------
+
+
+def test_the_cli_runs_the_issues_block_on_the_chips_asked_and_says_so(scattered, tmp_path, capsys):
+    from onnx import save
+
+    from lpx_tvm.app.cli import main
+
+    path = tmp_path / "moe.onnx"
+    save(scattered("softmax"), path)
+    assert main(["run", str(path), "--system", "tsp-node", "--parallel", "expert", "--chips", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "1 lpx subgraph(s)" in out and "host ops: none" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("lpx")]
+    assert ": 8 chips [" in line and "8 experts over 8 chips" in line
+    err = float(out.split("max_abs_err ")[1].split(",")[0])
+    assert err < 1e-5
+
+
+def test_the_cli_says_what_auto_chose_and_on_how_many_chips(exported, tmp_path, capsys):
+    from onnx import save
+
+    from lpx_tvm.app.cli import main
+
+    path = tmp_path / "mixtral.onnx"
+    save(exported("mixtral")[0], path)
+    assert main(["run", str(path), "--system", "tsp-node", "--parallel", "auto", "--chips", "4"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("lpx")]
+    assert ": 4 chips [" in line and "auto chose expert" in line
+
+
+def test_the_cli_names_why_expert_parallel_cannot_apply(tmp_path, capsys):
+    from onnx import save
+
+    from lpx_tvm.app.cli import main
+
+    path = tmp_path / "mlp.onnx"
+    save(mlp_stack(np.random.default_rng(0), [64, 64, 64], batch=2), path)
+    assert main(["run", str(path), "--system", "tsp-node", "--parallel", "expert", "--chips", "4"]) == 1
+    err = capsys.readouterr().err
+    assert "SystemCompileError: expert parallel: no mixture of experts" in err and "1 chip of the 4 asked" in err
+
+
+def test_the_cli_adds_why_the_rewrite_could_not_apply(tmp_path, capsys):
+    # a TopK with no experts behind it: the rewrite is tried, refused, and its reason joins the compiler's
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    from lpx_tvm.app.cli import main
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("TopK", ["h", "k"], ["v", "i"], axis=-1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 2])],
+                              [numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float32), "w"),
+                               numpy_helper.from_array(np.array([2], np.int64), "k")])
+    path = tmp_path / "topk.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main(["run", str(path), "--system", "tsp-node", "--parallel", "expert", "--chips", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "no mixture of experts" in err and "the rewrite was tried and dense_experts: the TopK does not take a " \
+        "Softmax's probabilities" in err

@@ -70,9 +70,60 @@ def _seeded_calibration(model, count: int) -> list:
 def _compile(args):
     import lpx_tvm
 
-    return lpx_tvm.compile(_model(args), config=args.config, input_shapes=_input_shapes(args.input_shape),
-                           dtype=args.dtype, system=getattr(args, "system", None),
-                           parallel=getattr(args, "parallel", None) or "pipeline", chips=getattr(args, "chips", None))
+    from ..codegen import SystemCompileError
+
+    parallel = getattr(args, "parallel", None) or "pipeline"
+    model, why_not = _model(args), None
+    if getattr(args, "system", None) and parallel in ("expert", "auto"):
+        model, why_not = _dense_experts(args, model)
+    try:
+        return lpx_tvm.compile(model, config=args.config, input_shapes=_input_shapes(args.input_shape),
+                               dtype=args.dtype, system=getattr(args, "system", None), parallel=parallel,
+                               chips=getattr(args, "chips", None))
+    except SystemCompileError as err:
+        if why_not is None:
+            raise
+        raise SystemCompileError(f"{err}; the rewrite was tried and {why_not}") from None
+
+
+def _dense_experts(args, model):
+    """``model`` with a mixture of experts whose top-k runs on the host rewritten so that its experts can
+    spread (:func:`.moe.dense_experts`), and None; or ``model`` as it was and why it could not be."""
+    from .moe import dense_experts
+
+    proto = _pinned(args, model)
+    if not any(n.op_type == "TopK" for n in proto.graph.node):
+        return model, None
+    try:
+        return dense_experts(proto), None
+    except ValueError as err:
+        return model, str(err)
+
+
+def placement(compiled) -> list:
+    """One line per lpx program of a model compiled for a system: the chips it runs on and how it was mapped.
+
+    A program that runs on fewer chips than asked (a function with no experts, a short pipeline) is then
+    never silent, and ``auto`` says what it chose.
+
+    Parameters
+    ----------
+    compiled : lpx_tvm.compiler.CompiledModel
+
+    Returns
+    -------
+    list of str
+        ``"<function>: <n> chips [<ids>], <strategy>: <notes>"`` for each system program; none on one chip.
+    """
+    lines = []
+    for name, sim in compiled.simulators.items():
+        program = getattr(sim, "program", None)
+        chips = getattr(program, "chips", None)
+        if chips is None or not hasattr(sim, "sims"):
+            continue
+        lines.append(f"{name}: {len(chips)} chip{'s' if len(chips) != 1 else ''} {list(chips)}, "
+                     f"{program.parallel}: {program.notes}")
+    return lines
 
 
 def cmd_compile(args) -> int:
@@ -82,6 +133,8 @@ def cmd_compile(args) -> int:
     if args.output:
         compiled.export_library(args.output)
         print(f"wrote {args.output}: {compiled.report.summary()}")
+        for line in placement(compiled):
+            print(line)
     if args.emit_program:
         for path in emit_programs(compiled, args.emit_program):
             print(f"wrote {path} (read it with: lpx-tvm disasm {path})")
@@ -115,6 +168,8 @@ def cmd_run(args) -> int:
     compiled = _compile(args)
     outputs = compiled(*[feeds[name] for name, _, _ in compiled.input_signature])
     print(compiled.report.summary())
+    for line in placement(compiled):
+        print(line)
     for i, out in enumerate(outputs):
         print(f"output {i}: {out.dtype}{list(out.shape)} mean {float(out.mean()):.6g}")
     try:

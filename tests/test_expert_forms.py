@@ -308,3 +308,15 @@ def test_the_cli_adds_why_the_rewrite_could_not_apply(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no mixture of experts" in err and "the rewrite was tried and dense_experts: the TopK does not take a " \
         "Softmax's probabilities" in err
+
+
+def test_the_cli_profile_names_the_chips_too(scattered, tmp_path, capsys):
+    from onnx import save
+
+    from lpx_tvm.app.cli import main
+
+    path = tmp_path / "moe.onnx"
+    save(scattered("renormalised"), path)
+    assert main(["profile", str(path), "--system", "tsp-node", "--parallel", "expert", "--chips", "2"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("lpx")]
+    assert ": 2 chips [" in line and "8 experts over 2 chips" in line and "4 a chip" in line

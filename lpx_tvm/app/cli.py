@@ -189,6 +189,8 @@ def cmd_profile(args) -> int:
     report = profile(compiled)
     print(table(report, args.top))
     print(compiled.report.summary())
+    for line in placement(compiled):
+        print(line)
     if args.stream:
         from .profile import stream
 

@@ -37,6 +37,7 @@ from .config import ChipConfig, ConfigError, load_config
 
 _SYSTEM_DIR = Path(__file__).with_name("systems")
 _TSP_SYSTEM = re.compile(r"^tsp-system-(\d+)$")
+_LPX_SYSTEM = re.compile(r"^lpx-system-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def _route(system: SystemConfig, src: int, dst: int) -> tuple:
 # ---- presets -------------------------------------------------------------------------------------------------
 def available_systems() -> list:
     """Names of the shipped system presets (``tsp-system-N`` is built for any N of whole nodes)."""
-    return sorted(p.stem for p in _SYSTEM_DIR.glob("*.json")) + ["tsp-system-N"]
+    return sorted(p.stem for p in _SYSTEM_DIR.glob("*.json")) + ["tsp-system-N", "lpx-system-N"]
 
 
 def load_system(system) -> SystemConfig:
@@ -195,6 +196,9 @@ def _load_system(text: str) -> SystemConfig:
     match = _TSP_SYSTEM.match(text)
     if match:
         return _tsp_system(int(match.group(1)))
+    match = _LPX_SYSTEM.match(text)
+    if match:
+        return _lpx_system(int(match.group(1)))
     path = _SYSTEM_DIR / f"{text}.json"
     if not path.is_file():
         path = Path(text)
@@ -286,6 +290,27 @@ def _generate(kind: str, chips: int, topology: dict, name: str) -> tuple:
     else:
         raise ConfigError(f"system {name!r}: unknown topology {kind!r} (ring, fully-connected, nodes, node-grid)")
     return tuple(links)
+
+
+def _lpx_system(racks: int) -> SystemConfig:
+    """``lpx-system-N``: N LPX racks (each an ``lpx-rack``, listed link by link), joined rack to rack, described
+    by their figures for planning: a tensor-parallel group stays within a rack; pipeline stages cross racks."""
+    rack = _load_system("lpx-rack")
+    if not 1 <= racks <= 16:
+        raise ConfigError(f"lpx-system-{racks}: 1 to 16 racks (the largest SRAM reach NVIDIA quotes is 1,152 GB: 9 "
+                          "racks' worth, Hot Chips 2026)")
+    figures = {"node_chips": rack.chips, "node_system": "lpx-rack", "racks": racks, "max_hops": 3,
+               "rack_hop_cycles": 1600}
+    sources = {
+        "chip": rack.sources["chip"],
+        "chips": "assumed: N racks of 256 LP30s (official: NVIDIA's LPX rack is 256 LPUs)",
+        "topology": "third-party: SemiAnalysis, GTC 2026 LPX article: 4 x 100G a chip from rack to rack (OSFP, AEC)",
+        "rack_hop_cycles": "official: Hot Chips 2026 (Arsovski, Raghavan): SRAM reached in 1.15 us at 128 GB (a rack) "
+                           "and 1.60 us at 384 GB (3 racks); a stage's hand-off to the next rack is priced at the "
+                           "larger, 1.60 us (1,600 cycles at the assumed 1 GHz): a bound, not a measured hop",
+    }
+    return SystemConfig(f"lpx-system-{racks}", rack.chip, racks * rack.chips, "racks", (), figures,
+                        f"{racks} LPX racks of 256 LP30s", sources)
 
 
 def _tsp_system(chips: int) -> SystemConfig:

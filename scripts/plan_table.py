@@ -15,7 +15,8 @@ from lpx_tvm.app.plan import plan
 CONFIGS = Path(__file__).with_name("configs")
 ROWS = [(model, system, dtype) for model in ("llama-3-8b", "llama-3-70b", str(CONFIGS / "dense-31b.json"),
                                              "mixtral-8x7b", "llama-3.1-405b")
-        for system, dtype in (("lpx-rack", "fp8"), ("tsp-rack", "int8"), ("tsp-system-576", "int8"))]
+        for system, dtype in (("lpx-rack", "fp8"), ("tsp-rack", "int8"), ("tsp-system-576", "int8"))] + [
+    ("llama-3.1-405b", "lpx-system-4", "fp8")]
 
 
 def main():

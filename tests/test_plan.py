@@ -435,3 +435,20 @@ def test_the_plan_plot_labels_every_frontier_point(tmp_path, monkeypatch):
     assert drawn["legend"] == ["batch 1", "batch 4", "frontier", f"chosen: {report['chips']} chips"]
     assert drawn["notes"] == sorted(f"{r['stages']}×{r['width']}, batch {r['batch']}, {r['chips']} chips"
                                     for r in best)
+
+
+def test_a_model_larger_than_a_rack_spans_racks_at_the_rack_to_rack_latency():
+    """lpx-system-N: N LPX racks; a tensor-parallel group stays within a rack, stages cross racks. Llama-3-8B
+    16 stages × 32 wide on two racks: a rack holds 256 / 32 = 8 stages, so one stage boundary of the 15 crosses
+    racks, at the system's rack-to-rack figure (Hot Chips 2026: 1.60 µs to reach 384 GB). 1,000 cycles more on
+    that figure is 1,000 cycles more a token; the 405B, too big for a rack, plans on four."""
+    from dataclasses import replace
+
+    two = load_system("lpx-system-2")
+    assert (two.chips, two.figures["rack_hop_cycles"]) == (512, 1600)
+    slower = replace(two, figures={**two.figures, "rack_hop_cycles": 2600})
+    base = plan("llama-3-8b", two, dtype="fp8", context=2048, prompt=16, mapping=(16, 32))
+    more = plan("llama-3-8b", slower, dtype="fp8", context=2048, prompt=16, mapping=(16, 32))
+    assert round((more["per_token_us"] - base["per_token_us"]) * 1000) == 1000
+    with pytest.raises(ValueError, match="1 to 16 racks"):
+        load_system("lpx-system-17")

@@ -196,7 +196,7 @@ def test_an_llm_point_is_planned_on_a_system_of_the_variants_chips(tmp_path):
       norm of 256: 2,623,744 parameters, 5,247,488 bytes; the KV cache holds 2 x 4 layers x 4 heads x 32 dims
       x 4096 positions x 2 bytes = 8,388,608 bytes. On a tsp with 5% of its SRAM (11,534,336 bytes) that
       takes two chips at least.
-    - the quickest mapping on both is 4-way tensor parallel on one stage (tsp-node is all to all: each
+    - the quickest mapping on both is 8-way tensor parallel on one stage (tsp-node is all to all: each
       block's two all-reduces send the whole hidden state, 256 x 2 = 512 bytes, to each peer over its own
       link, one hop): at tsp's 15 GB/s a link and 900 MHz, 16.67 bytes a cycle, 31 cycles; at four times
       that, 8. Nothing else in a step uses a link: the faster link saves 8 all-reduces x (31 - 8) cycles a
@@ -210,14 +210,14 @@ def test_an_llm_point_is_planned_on_a_system_of_the_variants_chips(tmp_path):
     needed = 2 * 2_623_744 + 8_388_608
     sram = 11_534_336
     assert round(load_config("tsp").sram_bytes * 0.05) == sram
-    assert needed > sram and small["chips"] == small_fast_links["chips"] == 4
+    assert needed > sram and small["chips"] == small_fast_links["chips"] == 8
     tsp = load_config("tsp")
     assert (tsp.clock_hz, tsp.c2c_bytes_per_s_per_link) == (900_000_000, 15_000_000_000)  # worked from these
     # the hidden state, 256 x 2 bytes, at 15 GB/s / 900 MHz = 16.67 bytes a cycle: 30.7, so 31; at 4x, 7.7: 8
     assert small["cycles"] - small_fast_links["cycles"] == 4 * 2 * (31 - 8)
-    assert tsp.sram_bytes > needed  # the full chip holds what the model needs, yet 4 chips are quicker
+    assert tsp.sram_bytes > needed  # the full chip holds what the model needs, yet 8 chips are quicker
     # one user at batch 1: a token a step, a step its cycles at 900 MHz (the cycles rounded from the plan's µs)
-    assert big["chips"] == 4
+    assert big["chips"] == 8
     assert big["latency_us"] == pytest.approx(big["cycles"] / 900, abs=1 / 900)
     assert big["tokens_per_s_per_user"] == pytest.approx(900e6 / big["cycles"], rel=1 / big["cycles"])
     # the silicon of an LLM point is every chip its plan takes: a tsp (725 mm²) less the part of its SRAM

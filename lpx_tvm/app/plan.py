@@ -281,7 +281,8 @@ def floor_cycles(spec: ModelSpec, system: SystemConfig, dtype: str, context: int
     into the matrix planes: planes × install streams × a vector a cycle), its share of the K/V cache at the
     SRAM rate, and two all-reduces of the hidden state, each the hops across the group's diameter (one within a
     node or a fully connected system, two across a grid of nodes) and its bytes over the links a pair has.
-    Then the LM head's share, and a hop between each two of the S stages the weights need (S × T ≤ chips).
+    Then the LM head's share, and a hop between each two of the S stages the weights need (S × T ≤ chips; from
+    rack to rack on a system of racks, its rack-to-rack latency).
     No unit latency, no dependence: nothing any schedule could remove is left out, nothing else is in.
 
     Returns
@@ -311,11 +312,21 @@ def floor_cycles(spec: ModelSpec, system: SystemConfig, dtype: str, context: int
                  "KV cache": spec.layers * ceil(kv / min(width, spec.kv_heads) / sram),
                  "collectives": spec.layers * 2 * (hops * system.hop_cycles
                                                    + ceil(hidden / width / (links * chip.c2c_bytes_per_cycle))),
-                 "head": ceil(spec.hidden * spec.vocab * item / width / install) + (stages - 1) * system.hop_cycles}
+                 "head": ceil(spec.hidden * spec.vocab * item / width / install),
+                 "stages": (stages - 1) * system.hop_cycles + _rack_crossings(system, stages, width) * (
+                     system.figures.get("rack_hop_cycles", 0) - system.hop_cycles)}
         cycles = sum(parts.values())
         if best is None or cycles < best["cycles"]:
             best = {"cycles": cycles, "width": width, "stages": stages, "parts": parts}
     return best
+
+
+def _rack_crossings(system: SystemConfig, stages: int, width: int) -> int:
+    """Stage boundaries that cross from one rack to the next on a system of racks (``rack_hop_cycles``: the
+    hidden state's hand-off there takes that latency instead of a hop): a rack holds its chips ÷ width stages."""
+    if "rack_hop_cycles" not in system.figures:
+        return 0
+    return (stages - 1) // max(system.figures["node_chips"] // width, 1)
 
 
 def _node_chips(system: SystemConfig) -> int:
@@ -458,7 +469,9 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     # one hand-off of the hidden state (each chip of a stage to its counterpart in the next)
     handoff = ceil(hidden_bytes / chip.c2c_bytes_per_cycle)
     serial = (stages - 1) * handoff
-    hop_steps = (stages - 1) * hops
+    crossings = _rack_crossings(system, stages, width)
+    hop_steps = (stages - 1 - crossings) * hops
+    serial += crossings * system.figures.get("rack_hop_cycles", 0)
     network = hop_steps * hop + serial
     # users in flight: each stage takes the next user's step once it is done with one's (its buffers are
     # reused, step after step), so the busiest stage sets how often a step can start. The layers spread as

@@ -65,7 +65,7 @@ def test_plan_and_its_verify_agree_with_the_compiled_decoder_on_an_lpx_node(tmp_
     llama.save_llama(config, tmp_path, prompt_len=8)
     simulated = generate(str(tmp_path), tokens=2, system="lpx-node", chips=chips, parallel="tensor")
     assert sorted(int(c) for c in simulated["chips"]) == list(range(chips))  # the chips the programs ran on
-    assert "0 all-gathers, 4 all-reduces (direct)" in simulated["notes"]
+    assert "0 all-gathers, 4 all-reduces (direct)" in simulated["notes"] and simulated["agree"]  # ORT's tokens
     planned = plan(config, "lpx-node", dtype="fp32", context=128, prompt=8, mapping=(1, chips), verify=True)
     clock = load_config("lp30").clock_hz
     assert planned["per_token_us"] * clock / 1e6 == pytest.approx(simulated["per_token_cycles"], rel=0.05)

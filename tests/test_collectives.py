@@ -32,29 +32,29 @@ ROWS, WIDTH = 4, 32  # a block: 4 × 32 fp32 = 512 bytes
 BLOCK = ceil(ROWS * WIDTH * 4 / RATE)  # 52 cycles on one link
 
 
-def _compile(system_name: str, kind: str, ranks: int):
+def _compile(system_name: str, kind: str, ranks: int, width: int = WIDTH):
     """A one-collective model on ``ranks`` chips: each chip's input is its slice of the model's input (an
     all-gather: its block; an all-reduce: a whole tensor of partial sums), and each chip stores its whole
-    result as its rows of the model's output."""
+    result as its rows of the model's output. A block is ROWS × ``width`` fp32."""
     system = load_system(system_name)
     group = choose(system, ranks)
     parts = []
     for rank, chip in enumerate(group.chips):
         g = Graph()
-        shape_in = (ROWS, WIDTH) if kind == "allgather" else (ROWS, WIDTH * ranks)
+        shape_in = (ROWS, width) if kind == "allgather" else (ROWS, width * ranks)
         x = g.add_tensor(shape_in, "float32")
-        out = g.add_tensor((ROWS, WIDTH * ranks), "float32")
+        out = g.add_tensor((ROWS, width * ranks), "float32")
         attrs = {"rank": rank, "ranks": ranks, "tag": 0, "group": group}
         attrs.update({"axis": 1} if kind == "allgather" else {"rotated": False})
         g.nodes = [Node(kind, [x], out, attrs, kind)]
         g.inputs, g.outputs = [x], [out]
         parts.append(Part(chip, g))
     axis = 1 if kind == "allgather" else 0
-    size = WIDTH if kind == "allgather" else ROWS
+    size = width if kind == "allgather" else ROWS
     inputs = (tuple((c, 0, axis, r * size, (r + 1) * size) for r, c in enumerate(group.chips)),)
     outputs = (tuple((c, 0, 0, r * ROWS, (r + 1) * ROWS) for r, c in enumerate(group.chips)),)
     mapping = Mapping(kind, parts, inputs, outputs, "", spmd=True)
-    return group, SystemSimulator(compile_mapping(kind, mapping, CodegenOptions(config=TINY), system))
+    return group, SystemSimulator(compile_mapping(kind, mapping, CodegenOptions(config=system.chip), system))
 
 
 def _links(sim, opcode):
@@ -64,10 +64,10 @@ def _links(sim, opcode):
             if ins.opcode == opcode]
 
 
-def _span(sim) -> int:
+def _span(sim, rate=RATE) -> int:
     """From the leader's first SEND to its last RECV's last byte landed."""
     sends, recvs = _links(sim, Opcode.SEND), _links(sim, Opcode.RECV)
-    return max(c + ceil(b / RATE) for c, _, b in recvs) - min(c for c, _, _ in sends)
+    return max(c + ceil(b / rate) for c, _, b in recvs) - min(c for c, _, _ in sends)
 
 
 @pytest.mark.parametrize("system, ranks, algorithm, span", [
@@ -178,3 +178,25 @@ def test_a_tensor_parallel_mlp_uses_every_link_of_the_node_and_matches_onnx_runt
     assert f"({algorithm})" in sim.program.notes
     assert len(sim.stats.links) == 2 * links  # every link, each direction
     np.testing.assert_allclose(out, ort_reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_tensor_parallel_collective_on_16_chips_of_an_lpx_node_by_hand():
+    """lp30 (Hot Chips 2026: 350 ns a hop, 350 cycles at the assumed 1 GHz; 112 Gb/s a link, 14 bytes a cycle),
+    16 chips all to all, 4 links a pair. A block of 4 × 320 fp32 is 5,120 bytes, sent to each peer in 4 pieces
+    of 1,280 bytes side by side: ceil(1,280 / 14) = 92 cycles. An all-gather is one hop and a piece: 442. An
+    all-reduce of 16 such blocks (81,920 bytes) goes as a reduce-scatter and an all-gather, 442 each (whole to
+    every peer it would be 350 + ceil(81,920 / 56) = 1,813 against 2 × 442)."""
+    lp30 = load_config("lp30")
+    hop, rate = lp30.latency_cycles["C2C"], lp30.c2c_bytes_per_s_per_link / lp30.clock_hz
+    assert (hop, rate) == (350, 14)
+    group, sim = _compile("lpx-node", "allgather", 16, width=320)
+    assert group.algorithm == "direct" and group.links == 4
+    assert _span(sim, rate) == hop + ceil(1280 / 14) == 442
+    group, sim = _compile("lpx-node", "allreduce", 16, width=320)
+    assert not group.one_shot(81_920)
+    sends, recvs = _links(sim, Opcode.SEND), _links(sim, Opcode.RECV)
+    half = len(sends) // 2
+    assert half == 15 * 4  # 15 peers, 4 pieces each
+    scatter = max(c + ceil(b / rate) for c, _, b in recvs[:half]) - min(c for c, _, _ in sends[:half])
+    gather = max(c + ceil(b / rate) for c, _, b in recvs[half:]) - min(c for c, _, _ in sends[half:])
+    assert (scatter, gather) == (442, 442)

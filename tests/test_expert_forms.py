@@ -5,6 +5,8 @@ Hugging Face Mixtral and Qwen3-MoE blocks, random weights from their configs (no
 :func:`lpx_tvm.app.moe.dense_experts` rewrites into experts the strategy can spread, the router's top-k on lpx.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -18,9 +20,10 @@ HIDDEN, FFN, EXPERTS, TOP_K, TOKENS = 64, 32, 8, 2, 3
 
 def test_expert_parallel_of_a_model_with_no_experts_is_refused_naming_why():
     model = mlp_stack(np.random.default_rng(0), [64, 64, 64], batch=2)
-    with pytest.raises(SystemCompileError, match=r"no mixture of experts in the model's 1 lpx function\(s\), so "
-                                                 r"it would run on 1 chip of the 4 asked for"):
+    # (the refusal is the model's, or the first function's where a strategy's chips are checked per function)
+    with pytest.raises(SystemCompileError, match=r"no mixture of experts") as refused:
         lpx_tvm.compile(model, system="tsp-node", parallel="expert", chips=4)
+    assert re.search(r"1 (chip )?of the 4 (chips )?asked for", str(refused.value)), refused.value
 
 
 def test_expert_parallel_on_all_of_a_system_with_no_experts_is_refused():
@@ -30,9 +33,24 @@ def test_expert_parallel_on_all_of_a_system_with_no_experts_is_refused():
 
 
 def test_more_chips_than_experts_is_refused_rather_than_using_fewer():
-    model = build_moe_block(MoeConfig(hidden=64, ffn=32, experts=4))
+    from lpx_tvm.codegen.graph import Graph
+    from lpx_tvm.codegen.parallel.expert import split_experts
+    from lpx_tvm.runtime_sim import load_config
+    from lpx_tvm.runtime_sim.system import load_system
+
+    g = Graph()  # y = x + Σ_e relu(x @ W_e) @ V_e, four experts
+    x = g.add_tensor((2, 8), "float32")
+    g.inputs, acc = [x], None
+    for e in range(4):
+        h = g.add_node("matmul", [x, g.constant(np.ones((8, 4), np.float32))], (2, 4), "float32", f"e{e}.up")
+        r = g.add_node("RELU", [h], (2, 4), "float32", f"e{e}.relu")
+        y = g.add_node("matmul", [r, g.constant(np.ones((4, 8), np.float32))], (2, 8), "float32", f"e{e}.down")
+        acc = y if acc is None else g.add_node("ADD", [acc, y], (2, 8), "float32", f"sum{e}")
+    g.outputs = [g.add_node("ADD", [x, acc], (2, 8), "float32", "residual")]
+    system = load_system("tsp-node")
     with pytest.raises(SystemCompileError, match=r"4 experts do not spread over 8 chips .*ask for 4 chips or fewer"):
-        lpx_tvm.compile(model, system="tsp-node", parallel="expert", chips=8)
+        split_experts(g, load_config("tsp"), system, "fp32", 8)
+    assert len(split_experts(g, load_config("tsp"), system, "fp32", 4).parts) == 4
 
 
 def test_expert_parallel_on_one_chip_of_a_model_with_no_experts_runs():
@@ -53,7 +71,7 @@ def test_dense_experts_refuses_a_model_with_no_router():
 def test_dense_experts_refuses_a_top_k_that_is_not_over_a_softmax():
     # the block moe.py builds takes its top-k with a host TopK over the softmax, then gathers by one-hot
     # products: no GatherND of stacked weights, so there is nothing to rewrite
-    with pytest.raises(ValueError, match="found 0 GatherND after the TopK"):
+    with pytest.raises(ValueError, match="no product scales the experts' outputs by the top-k weights"):
         dense_experts(build_moe_block(MoeConfig(hidden=64, ffn=32, experts=4)))
 
 
@@ -70,10 +88,22 @@ def _hf_block(arch: str, seed: int = 0):
         config = transformers.MixtralConfig(hidden_size=HIDDEN, intermediate_size=FFN, num_local_experts=EXPERTS,
                                             num_experts_per_tok=TOP_K)
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
-    else:  # Qwen3-MoE's default leaves the top-k probabilities as they are (norm_topk_prob=False)
+    elif arch == "qwen3_moe":  # Qwen3-MoE's default leaves the top-k probabilities as they are (norm_topk_prob=False)
         config = transformers.Qwen3MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=FFN, num_experts=EXPERTS,
                                              num_experts_per_tok=TOP_K)
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
+    else:  # gpt-oss: a router with a bias, softmax of the top-k logits, experts with biases and a clamped SwiGLU
+        config = transformers.GptOssConfig(hidden_size=HIDDEN, intermediate_size=FFN, num_local_experts=EXPERTS,
+                                           num_experts_per_tok=TOP_K)
+        from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+        class Block(torch.nn.Module):  # (the MLP returns the router's scores too; its decoder layer drops them)
+            def __init__(self, config):
+                super().__init__()
+                self.mlp = GptOssMLP(config)
+
+            def forward(self, x):
+                return self.mlp(x)[0]
     # the experts implementation torch.export can trace (eager loops over data-dependent experts, grouped_mm
     # calls an op the ONNX exporter has no translation for)
     config._experts_implementation = "batched_mm"
@@ -114,12 +144,21 @@ def test_an_exported_block_gathers_its_experts_and_the_rewrite_spreads_none_of_t
     assert ops.count("TopK") == 1 and ops.count("GatherND") == 2  # the form torch.onnx writes
     ops = [n.op_type for n in dense.graph.node]
     assert "TopK" not in ops and "GatherND" not in ops
-    assert ops.count("MatMul") == 4 * EXPERTS  # each expert's gate select, gate, up and down products
+    assert ops.count("MatMul") == 3 * EXPERTS  # each expert's gate select, gate_up and down products
     assert ("Div" in ops) == (arch == "mixtral")  # Mixtral renormalises its top-k probabilities, Qwen3 here not
 
 
-@pytest.mark.parametrize("chips", [2, 4, 8])
-@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_gpt_oss_experts_gather_biases_too_and_their_clamps_become_relus(exported):
+    model, dense = exported("gpt_oss")
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("GatherND") == 4 and ops.count("Clip") == 2  # weights and biases; the SwiGLU's two clamps
+    ops = [n.op_type for n in dense.graph.node]
+    assert "Clip" not in ops and "GatherND" not in ops and "TopK" not in ops
+    assert "Exp" in ops  # its gates are the softmax of the top-k logits
+
+
+@pytest.mark.parametrize("arch, chips", [(arch, chips) for arch in ("mixtral", "qwen3_moe") for chips in (2, 4, 8)]
+                         + [("gpt_oss", 4), ("gpt_oss", 8)])
 def test_an_exported_hf_block_runs_expert_parallel_on_the_chips_asked_and_matches_onnx_runtime(exported, arch,
                                                                                                chips):
     model, dense = exported(arch)
@@ -135,7 +174,7 @@ def test_an_exported_hf_block_runs_expert_parallel_on_the_chips_asked_and_matche
     np.testing.assert_allclose(out, ort_reference(model, {model.graph.input[0].name: x})[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "gpt_oss"])
 def test_the_tokens_compared_are_routed_to_different_experts(exported, arch):
     # a gate that kept every expert, or the same two for every token, passes a comparison on tokens that all
     # take the same two: show the reference routes the tokens apart, so the match above tests the top-k
@@ -166,7 +205,7 @@ def test_the_exported_block_as_is_is_refused_under_expert_parallel(exported):
     # the gathered form has no expert of its own to place: compiling it expert parallel says so
     model, _ = exported("mixtral")
     with pytest.raises(SystemCompileError, match="GatherND of the experts' stacked weights.*dense_experts"):
-        lpx_tvm.compile(model, system="tsp-node", parallel="expert", chips=4)
+        lpx_tvm.compile(model, system="tsp-node", parallel="expert")
 
 
 # ---- experts of their own, gated by a ScatterElements and a Gather each (the form issue 50 met) ------------------
@@ -229,8 +268,9 @@ def test_a_scattered_gate_block_as_exported_is_refused_under_expert_parallel(sca
     model = scattered("softmax")
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("ScatterElements") == 1 and ops.count("Gather") == EXPERTS  # the form the issue met
-    with pytest.raises(SystemCompileError, match=r"lpx function\(s\), so it would run on 1 chip of the 8 asked"):
+    with pytest.raises(SystemCompileError, match=r"no mixture of experts") as refused:
         lpx_tvm.compile(model, system="tsp-node", parallel="expert", chips=8)
+    assert re.search(r"1 (chip )?of the 8 (chips )?asked for", str(refused.value)), refused.value
 
 
 @pytest.mark.parametrize("gates, chips", [("softmax", 8), ("renormalised", 4)])
@@ -287,7 +327,8 @@ def test_the_cli_names_why_expert_parallel_cannot_apply(tmp_path, capsys):
     save(mlp_stack(np.random.default_rng(0), [64, 64, 64], batch=2), path)
     assert main(["run", str(path), "--system", "tsp-node", "--parallel", "expert", "--chips", "4"]) == 1
     err = capsys.readouterr().err
-    assert "SystemCompileError: expert parallel: no mixture of experts" in err and "1 chip of the 4 asked" in err
+    assert "SystemCompileError: expert parallel" in err and "no mixture of experts" in err
+    assert re.search(r"1 (chip )?of the 4 (chips )?asked for", err), err
 
 
 def test_the_cli_adds_why_the_rewrite_could_not_apply(tmp_path, capsys):
@@ -306,8 +347,8 @@ def test_the_cli_adds_why_the_rewrite_could_not_apply(tmp_path, capsys):
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     assert main(["run", str(path), "--system", "tsp-node", "--parallel", "expert", "--chips", "2"]) == 1
     err = capsys.readouterr().err
-    assert "no mixture of experts" in err and "the rewrite was tried and dense_experts: the TopK does not take a " \
-        "Softmax's probabilities" in err
+    assert "no mixture of experts" in err and "the rewrite was tried and dense_experts: no product scales the " \
+        "experts' outputs by the top-k weights" in err
 
 
 def test_the_cli_profile_names_the_chips_too(scattered, tmp_path, capsys):

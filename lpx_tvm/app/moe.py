@@ -80,31 +80,31 @@ def build_moe_block(config: MoeConfig = MoeConfig(), seed: int = 0) -> onnx.Mode
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-# the ops between a TopK and the combine in a block torch.onnx exports from transformers' batched experts
-# (``experts_implementation="batched_mm"``, the one its exporter can trace): the tokens repeated top_k times,
-# each pair's weights gathered by expert index, a batched SwiGLU, the pairs weighted and summed
-_DISPATCH_OPS = {"Reshape", "Unsqueeze", "Squeeze", "Expand", "GatherND", "MatMul", "Split", "Sigmoid", "Mul",
-                 "ReduceSum", "Div"}
 # 2**100: (max - p) · BIG reaches 1 for any two scores that differ by 1e-30 or more (fp32 tops out at
 # 3.4e38, so a difference of up to 1e8 does not overflow)
 _BIG = float(2 ** 100)
 
 
 def dense_experts(model: onnx.ModelProto, check: bool = True) -> onnx.ModelProto:
-    """A mixture of experts exported with its experts' weights gathered by index, rewritten densely.
+    """A mixture of experts whose router's top-k runs on the host, rewritten so its experts can spread.
 
-    ``torch.onnx.export(dynamo=True)`` writes a Hugging Face Mixtral or Qwen3-MoE block as a router
-    (a product and a softmax), a TopK, the top-k weights renormalised (where the model does), then each
-    (token, choice) pair's expert weights gathered (GatherND) from the stacked ``[experts, ...]`` tensors
-    and applied in a batched SwiGLU. No expert is a product of its own there, so nothing can put one on a
-    chip. This rewrites the part after the router into the form :mod:`lpx_tvm.codegen.parallel.expert`
-    spreads: every expert a SwiGLU by its own weights on every token, scaled by its gate, the terms summed.
+    Two forms are read. ``torch.onnx.export(dynamo=True)`` writes a Hugging Face Mixtral, Qwen3-MoE or
+    gpt-oss block (transformers' ``batched_mm`` experts, the ones it can trace) as a router, a TopK, the
+    top-k weights (renormalised, or a softmax of the top-k logits, where the model says so), then each
+    (token, choice) pair's expert weights and biases gathered (GatherND) from stacked ``[experts, ...]``
+    constants and applied in a batched product. No expert is a product of its own there, so nothing can put
+    one on a chip; each expert becomes a copy of the per-pair computation on every token with its own slices
+    of the constants, scaled by its gate. A block with experts of their own (``nn.ModuleList``) gated by a
+    ScatterElements of the top-k into zeros and a Gather of each expert's column keeps its experts; its
+    gates are made on lpx instead. Either way the result is the form
+    :mod:`lpx_tvm.codegen.parallel.expert` spreads: alike experts, each scaled by its gate, the terms summed.
 
-    The top-k runs on lpx as arithmetic (a row maximum k times, each step removing the maximum): a
-    probability is kept where it is at least the k-th largest, tested as
-    ``relu(1 - relu((kth - p) · 2**100))``, so two probabilities closer than 1e-30 count as tied, and tied
-    probabilities are all kept where TopK would keep one. The gates are the kept probabilities (divided by
-    their sum where the model renormalises); each expert takes its own by a product with a one-hot column.
+    The top-k runs on lpx as arithmetic (a row maximum k times, each step pushing the maximum below the
+    row): a score is kept where it is at least the k-th largest, tested as
+    ``relu(1 - relu((kth - s) · 2**100))``, so two scores closer than 1e-30 count as tied, and tied scores
+    are all kept where TopK would keep one. Each expert takes its gate by a product with a one-hot column.
+    A TopK whose values or indices the model also outputs (gpt-oss's router scores) stays on the host for
+    that output.
 
     Parameters
     ----------
@@ -218,72 +218,182 @@ def _top_k(emit: _Emit, scores: str, k: int) -> tuple:
     return at_least(kth, scores, "kept"), top
 
 
+def _gates(emit: _Emit, scores: str, k: int, form: str) -> str:
+    """The ``[tokens, experts]`` gates, 0 off the top-k, on lpx: ``form`` "softmax" (of the k largest scores),
+    "renormalised" (the k largest over their sum) or "as is" (the k largest)."""
+    kept, top = _top_k(emit, scores, k)
+    if form == "softmax":  # exp of each less the row's maximum, over their sum
+        shifted = emit.node("Mul", [emit.node("Exp", [emit.node("Sub", [scores, top], "shifted")], "exp"), kept],
+                            "kept_exp")
+        return emit.node("Div", [shifted, emit.row_sum(shifted, "kept_sum")], "gates")
+    gates = emit.node("Mul", [scores, kept], "kept_scores")
+    if form == "renormalised":
+        gates = emit.node("Div", [gates, emit.row_sum(gates, "kept_sum")], "gates")
+    return gates
+
+
+def _downstream(g, sources) -> list:
+    """The nodes of ``g`` that read, directly or not, one of the tensors ``sources`` (graph order)."""
+    reached, out = set(sources), []
+    for n in g.node:
+        if any(t in reached for t in n.input):
+            out.append(n)
+            reached.update(n.output)
+    return out
+
+
+# what an expert may do to its token between its gathered weights and its output: ops that keep the token axis
+# where it is (so that they run as well on the tokens as on the (token, choice) pairs)
+_PER_PAIR_OPS = {"GatherND", "MatMul", "Unsqueeze", "Squeeze", "Split", "Slice", "Add", "Sub", "Mul", "Div",
+                 "Sigmoid", "Tanh", "Relu", "Erf", "Clip"}
+
+
 def _gathered_form(g, topk, k, inits, shapes, producer, emit: _Emit) -> set:
-    """Hugging Face's batched experts as exported: TopK of a softmax, each choice's weights gathered by index.
-    Emits the dense block in ``emit``; returns the ids of the nodes it replaces."""
-    probs = topk.input[0]
-    softmax = producer.get(probs)
-    if softmax is None or softmax.op_type != "Softmax":
-        raise ValueError("dense_experts: the TopK does not take a Softmax's probabilities, and no ScatterElements "
-                         "makes gates of its choices")
-    router = producer.get(softmax.input[0])
-    if router is None or router.op_type not in ("Gemm", "MatMul"):
-        raise ValueError("dense_experts: the router's Softmax does not read a product (Gemm or MatMul)")
+    """Hugging Face's batched experts as exported (Mixtral, Qwen3-MoE, gpt-oss): each (token, choice) pair's
+    expert weights (and biases) gathered by index from stacked ``[experts, ...]`` constants, the pair's token
+    taken through them, the result scaled by the choice's weight, the choices summed.
+
+    Each expert becomes a copy of that per-pair computation on every token with its own slices of the stacked
+    constants (a batched product by a gathered matrix a plain product), its output scaled by its gate. Emits in
+    ``emit``; returns the ids of the nodes whose outputs it makes.
+    """
+    scores = topk.input[0]
+    experts = shapes[scores][-1]
+    values = _downstream(g, [topk.output[0]])
+    pairs = _downstream(g, [topk.output[1]])
+    value_made = {t for n in values for t in n.output} | {topk.output[0]}
+    pair_made = {t for n in pairs for t in n.output}
+    weighting = next((n for n in g.node if n.op_type == "Mul" and len(n.input) == 2
+                      and {n.input[0] in value_made, n.input[1] in value_made} == {True, False}
+                      and (n.input[0] in pair_made or n.input[1] in pair_made)), None)
+    if weighting is None:
+        raise ValueError("dense_experts: no product scales the experts' outputs by the top-k weights")
+    out = next(t for t in weighting.input if t in pair_made)
+    gathers = [n for n in pairs if n.op_type == "GatherND"]
+    if not gathers or any(n.input[0] not in inits or shapes[n.input[0]][0] != experts for n in gathers):
+        raise ValueError("dense_experts: the experts are not gathered by index (GatherND) from stacked "
+                         f"[{experts}, ...] constants")
+    router = producer.get(scores)
+    while router is not None and router.op_type not in ("Gemm", "MatMul"):
+        router = producer.get(router.input[0])
+    if router is None:
+        raise ValueError("dense_experts: the top-k's scores do not come from a product (the router)")
     x = router.input[0]
     tokens, hidden = shapes[x]
-    experts = shapes[probs][-1]
-
-    # the nodes after the TopK that make the combine: downstream of the TopK, up to the ReduceSum over choices
-    after, order = set(topk.output), []
-    for n in g.node:
-        if n is topk or any(t in after for t in n.input):
-            order.append(n)
-            after.update(n.output)
-    gathers = [n for n in order if n.op_type == "GatherND"]
-    if len(gathers) != 2 or any(n.input[0] not in inits for n in gathers):
-        raise ValueError(f"dense_experts: expected the experts' two stacked weights gathered by index (gate_up "
-                         f"and down, GatherND of a constant); found {len(gathers)} GatherND after the TopK")
-    up_w, down_w = (numpy_helper.to_array(inits[n.input[0]]) for n in gathers)
-    if up_w.ndim != 3 or down_w.ndim != 3 or up_w.shape[0] != experts or down_w.shape[0] != experts \
-            or up_w.shape[2] != hidden or down_w.shape[1] != hidden or up_w.shape[1] != 2 * down_w.shape[2]:
-        raise ValueError(f"dense_experts: stacked weights {up_w.shape} and {down_w.shape} are not {experts} "
-                         f"experts' gate_up [2·ffn, {hidden}] and down [{hidden}, ffn] (a transposed or biased "
-                         "layout, such as gpt-oss's, is not handled)")
-    ffn = down_w.shape[2]
-    combine = next((n for n in order if n.op_type == "ReduceSum" and shapes.get(n.output[0]) == [tokens, hidden]
-                    and any(producer.get(t) is not None for t in n.input)), None)
+    combine = next((n for n in _downstream(g, weighting.output) if n.op_type == "ReduceSum"
+                    and shapes.get(n.output[0]) == [tokens, hidden]), None)
     if combine is None:
-        raise ValueError(f"dense_experts: no ReduceSum after the TopK makes the block's [{tokens}, {hidden}] output")
-    region = _ancestors_within(combine, producer, {id(n) for n in order})
-    odd = sorted({n.op_type for n in region} - _DISPATCH_OPS - {"TopK"})
-    if odd:
-        raise ValueError(f"dense_experts: {', '.join(odd)} between the TopK and the combine is not a SwiGLU "
-                         "expert of the form Mixtral and Qwen3-MoE export")
-    normalise = any(n.op_type == "Div" and n.input[0] == topk.output[0] for n in region)
-    y = combine.output[0]
-
-    kept, _ = _top_k(emit, probs, k)
-    gates = emit.node("Mul", [probs, kept], "kept_probs")
-    if normalise:
-        gates = emit.node("Div", [gates, emit.row_sum(gates, "kept_sum")], "gates")
-    acc = None
+        raise ValueError(f"dense_experts: no ReduceSum after the weighting makes the block's [{tokens}, {hidden}] "
+                         "output")
+    gathered = {n.output[0] for n in gathers}
+    position = {id(n): i for i, n in enumerate(g.node)}
+    expert = sorted(_per_pair(producer[out], producer, {id(n) for n in pairs}, gathered),
+                    key=lambda n: position[id(n)])
+    expert_ids = {id(n) for n in expert}
+    # the tensors an expert reads from outside itself, besides constants and what it gathers: the repeated tokens
+    outer = {t for n in expert if n.op_type != "GatherND" for t in n.input
+             if t and t not in inits and id(producer.get(t)) not in expert_ids}
+    repeated = outer - gathered
+    odd = sorted({n.op_type for n in expert} - _PER_PAIR_OPS)
+    if odd or len(repeated) != 1 or shapes.get(next(iter(repeated)), [None])[-1] != hidden:
+        raise ValueError("dense_experts: the experts' per-pair computation "
+                         + (f"has {', '.join(odd)}, which moves the token axis" if odd else
+                            f"reads {sorted(repeated)} besides its gathered weights, not one repeated token"))
+    (repeated,) = repeated
+    form = ("softmax" if any(n.op_type == "Softmax" for n in values) else
+            "renormalised" if any(n.op_type == "Div" for n in values) else "as is")
+    gates = _gates(emit, scores, k, form)
+    acc, y = None, combine.output[0]
     for e in range(experts):
+        made = _clone_expert(emit, expert, e, {repeated: x}, {n.output[0]: n.input[0] for n in gathers}, inits,
+                             producer, shapes)
         gate = emit.node("MatMul", [gates, emit.const(f"{e}.select", np.eye(experts)[:, e:e + 1])], f"{e}.gate")
-        h1 = emit.node("MatMul", [x, emit.const(f"{e}.w1", up_w[e, :ffn].T)], f"{e}.h1")
-        silu = emit.node("Mul", [h1, emit.node("Sigmoid", [h1], f"{e}.sig")], f"{e}.silu")
-        h3 = emit.node("MatMul", [x, emit.const(f"{e}.w3", up_w[e, ffn:].T)], f"{e}.h3")
-        act = emit.node("Mul", [silu, h3], f"{e}.act")
-        down = emit.node("MatMul", [act, emit.const(f"{e}.w2", down_w[e].T)], f"{e}.down")
-        term = emit.node("Mul", [down, gate], f"{e}.term")
+        term = emit.node("Mul", [made[out], gate], f"{e}.term")
         last = e == experts - 1
         acc = term if acc is None else emit.node("Add", [acc, term], y if last else f"{e}.sum", keep_name=last)
-    return {id(n) for n in region}
+    return {id(combine)}  # (the rest goes with nothing to read it, unless the model outputs it)
+
+
+def _per_pair(last, producer: dict, pairs: set, gathered: set) -> list:
+    """The nodes that make ``last`` from the gathered weights and the repeated tokens (graph order of the
+    search): up through the nodes ``pairs`` (ids) made after the top-k's indices, stopping at each GatherND,
+    and through the Unsqueeze that lifts a row into a batched product by a gathered matrix."""
+    seen, stack = {id(last): last}, [last]
+    while stack:
+        n = stack.pop()
+        if n.op_type == "GatherND":
+            continue
+        for t in n.input:
+            p = producer.get(t)
+            lift = (p is not None and p.op_type == "Unsqueeze" and n.op_type == "MatMul"
+                    and any(x in gathered for x in n.input))
+            if p is not None and id(p) not in seen and (id(p) in pairs or lift):
+                seen[id(p)] = p
+                stack.append(p)
+    return list(seen.values())
+
+
+def _clone_expert(emit: _Emit, expert: list, e: int, renamed: dict, gathered: dict, inits, producer,
+                  shapes) -> dict:
+    """Expert ``e``'s copy of the per-pair nodes ``expert``: a gathered tensor its slice ``e`` of the stacked
+    constant, ``Squeeze(MatMul(Unsqueeze(a), gathered))`` (and the matrix-first form) a product of ``a`` by
+    that slice, a Clip with constant bounds written in Relu (the importer leaves a Clip with tensor bounds on
+    the host). Returns the map from the originals' tensor names to the copy's."""
+    names = dict(renamed)
+    slices = {t: numpy_helper.to_array(inits[w])[e] for t, w in gathered.items()}
+    by_output = {n.output[0]: n for n in expert}
+    skip, products = set(), {}
+    for n in expert:  # the batched products by a gathered matrix, and the Unsqueeze and Squeeze around them
+        if n.op_type != "MatMul" or not any(t in slices for t in n.input):
+            continue
+        w_first = n.input[0] in slices
+        w, a = (n.input[0], n.input[1]) if w_first else (n.input[1], n.input[0])
+        lift = by_output.get(a)
+        squeeze = [m for m in expert if n.output[0] in m.input]
+        if lift is None or lift.op_type != "Unsqueeze" or len(squeeze) != 1 or squeeze[0].op_type != "Squeeze":
+            raise ValueError("dense_experts: a gathered matrix is used other than in a batched product of one "
+                             "token")
+        skip.update({id(lift), id(squeeze[0])})
+        products[id(n)] = (lift.input[0], squeeze[0].output[0], slices[w].T if w_first else slices[w])
+    for n in expert:
+        if id(n) in skip or n.op_type == "GatherND":
+            continue
+
+        def name(t):
+            if t in names:
+                return names[t]
+            if t in slices:
+                names[t] = emit.const(f"{e}.{t}", slices[t])
+            return names.get(t, t)
+
+        if id(n) in products:
+            a, result, w = products[id(n)]
+            names[result] = emit.node("MatMul", [name(a), emit.const(f"{e}.{result}.w", w)], f"{e}.{result}")
+        elif n.op_type == "Clip":
+            t = name(n.input[0])
+            if len(n.input) > 1 and n.input[1]:
+                low = name(n.input[1])  # max(t, low) = low + relu(t - low)
+                t = emit.node("Add", [emit.node("Relu", [emit.node("Sub", [t, low], f"{e}.{n.output[0]}.lo")],
+                                                f"{e}.{n.output[0]}.lor"), low], f"{e}.{n.output[0]}.l")
+            if len(n.input) > 2 and n.input[2]:
+                high = name(n.input[2])  # min(t, high) = high - relu(high - t)
+                t = emit.node("Sub", [high, emit.node("Relu", [emit.node("Sub", [high, t], f"{e}.{n.output[0]}.hi")],
+                                                      f"{e}.{n.output[0]}.hir")], f"{e}.{n.output[0]}.h")
+            names[n.output[0]] = t
+        else:
+            copy = helper.make_node(n.op_type, [name(t) if t else "" for t in n.input],
+                                    [f"moe.{e}.{t}" for t in n.output])
+            copy.attribute.extend(n.attribute)
+            emit.nodes.append(copy)
+            names.update({t: f"moe.{e}.{t}" for t in n.output})
+    return names
 
 
 def _scatter_form(g, topk, k, scatters, inits, shapes, producer, readers, emit: _Emit) -> set:
     """Experts of their own, gated from a ScatterElements of the top-k weights into zeros and a Gather of each
     expert's column (a hand-written block, or one that loops over ``nn.ModuleList`` experts). Emits the gates
-    on lpx and each expert's column by a product with a one-hot column; returns the ids of the nodes replaced.
+    on lpx and each expert's column by a product with a one-hot column; returns the ids of the nodes whose
+    outputs it makes.
     """
     (scatter,) = scatters
     attrs = {a.name: helper.get_attribute_value(a) for a in scatter.attribute}
@@ -333,19 +443,7 @@ def _scatter_form(g, topk, k, scatters, inits, shapes, producer, readers, emit: 
         column = emit.node("MatMul", [gates, emit.const(f"{e}.select", np.eye(experts)[:, e:e + 1])], f"{e}.gate")
         shape = emit.const(f"{e}.shape", np.array(shapes[n.output[0]]), np.int64)
         emit.node("Reshape", [column, shape], n.output[0], keep_name=True)
-    return {id(n) for n in [topk, scatter, *replaced, *selects]}
-
-
-def _ancestors_within(last, producer: dict, within: set) -> list:
-    """``last`` and the nodes of ``within`` (ids) it is computed from."""
-    seen, stack = {id(last): last}, [last]
-    while stack:
-        for t in stack.pop().input:
-            p = producer.get(t)
-            if p is not None and id(p) in within and id(p) not in seen:
-                seen[id(p)] = p
-                stack.append(p)
-    return list(seen.values())
+    return {id(n) for n in selects}  # (the TopK and the scatter go with nothing to read them)
 
 
 def _live(nodes: list, outputs: list) -> list:

@@ -1,7 +1,7 @@
 """Parallelism strategies: graph rewrites of one function into a part per chip, compiled by one runner.
 
     pipeline   consecutive layers on consecutive chips (:mod:`.pipeline`)
-    tensor     products split over a ring of chips, one schedule for all (:mod:`.tensor`)
+    tensor     products split over a group of chips, one schedule for all (:mod:`.tensor`)
     expert     a mixture of experts' experts over the chips, one all-reduce to combine (:mod:`.expert`)
     auto       expert for a mixture of experts; otherwise whichever of the others takes fewest cycles
 
@@ -32,15 +32,14 @@ def compile_system(name: str, g, options, system):
     chip = options.chip
     if options.parallel != "auto":
         chosen = STRATEGIES[options.parallel]
-        return compile_mapping(name, chosen.split(g, chip, system, options.dtype, options.chips), options, system)
+        return compile_mapping(name, _split(chosen, g, chip, system, options), options, system)
     candidates = [s for s in STRATEGIES.values() if s.applies(g)]
     if any(s.name == "expert" for s in candidates):  # a mixture of experts maps by its experts
         candidates = [STRATEGIES["expert"]]
     built, failed = {}, {}
     for s in candidates:
         try:
-            built[s.name] = compile_mapping(name, s.split(g, chip, system, options.dtype, options.chips), options,
-                                            system)
+            built[s.name] = compile_mapping(name, _split(s, g, chip, system, options), options, system)
         except SystemCompileError as err:
             failed[s.name] = err
     if not built:
@@ -50,6 +49,19 @@ def compile_system(name: str, g, options, system):
                     + [f"{k}: {v}" for k, v in failed.items()])
     chosen = built[best]
     return replace(chosen, parallel=best, notes=f"auto chose {best} ({why}); {chosen.notes}")
+
+
+def _split(s, g, chip, system, options) -> Mapping:
+    """``s``'s mapping of ``g``, which must run on exactly the chips asked for: a strategy that would use fewer
+    (a pipeline of fewer operators than stages) is refused with what it would do."""
+    mapping = s.split(g, chip, system, options.dtype, options.chips)
+    used = len({part.chip for part in mapping.parts})
+    # (expert parallelism places a function without experts, a router's program, whole on one chip by design:
+    # the model is refused when none of its functions has experts, and the report names each program's chips)
+    if options.chips and used != options.chips and s.name != "expert":
+        raise SystemCompileError(f"{s.name} parallel would run on {used} of the {options.chips} chips asked for "
+                                 f"({mapping.notes}); ask for {used}, or another strategy")
+    return mapping
 
 
 __all__ = ["STRATEGIES", "Mapping", "Part", "SystemCompileError", "choices", "compile_mapping", "compile_system",

@@ -247,6 +247,17 @@ def _generate(kind: str, chips: int, topology: dict, name: str) -> tuple:
         next_port[a] += 1
         next_port[b] += 1
 
+    def whole_nodes(size: int, per_pair: int) -> int:
+        """Join every pair of chips within each node of ``size`` by ``per_pair`` links; the node count."""
+        if chips % size:
+            raise ConfigError(f"system {name!r}: {chips} chips are not whole nodes of {size}")
+        for n in range(chips // size):
+            for a in range(size):
+                for b in range(a + 1, size):
+                    for _ in range(per_pair):
+                        join(n * size + a, n * size + b)
+        return chips // size
+
     if kind == "ring":
         for k in range(chips - 1):
             join(k, k + 1)
@@ -259,13 +270,7 @@ def _generate(kind: str, chips: int, topology: dict, name: str) -> tuple:
                     join(a, b)
     elif kind == "nodes":
         size, per_pair = int(topology["node_chips"]), int(topology["links_per_node_pair"])
-        if chips % size:
-            raise ConfigError(f"system {name!r}: {chips} chips are not whole nodes of {size}")
-        nodes = chips // size
-        for n in range(nodes):
-            for a in range(size):
-                for b in range(a + 1, size):
-                    join(n * size + a, n * size + b)
+        nodes = whole_nodes(size, 1)
         # node n's j-th global link to node m leaves from chip (slot of m among n's peers · per_pair + j) mod size
         for n in range(nodes):
             for m in range(n + 1, nodes):
@@ -274,14 +279,7 @@ def _generate(kind: str, chips: int, topology: dict, name: str) -> tuple:
                     join(n * size + slot_n % size, m * size + slot_m % size, "global")
     elif kind == "node-grid":
         size, local, peer = (int(topology[k]) for k in ("node_chips", "links_per_pair", "links_to_peer"))
-        if chips % size:
-            raise ConfigError(f"system {name!r}: {chips} chips are not whole nodes of {size}")
-        nodes = chips // size
-        for n in range(nodes):
-            for a in range(size):
-                for b in range(a + 1, size):
-                    for _ in range(local):
-                        join(n * size + a, n * size + b)
+        nodes = whole_nodes(size, local)
         for position in range(size):
             for n in range(nodes):
                 for m in range(n + 1, nodes):

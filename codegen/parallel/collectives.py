@@ -10,12 +10,15 @@ topology:
   the node and one across the nodes; an all-gather the same in reverse: two hops each.
 - ``ring``: anything else with a ring through it (the tiny test systems): T − 1 steps of one hop each.
 
+A small all-reduce (a decode step's hidden state) may go **one-shot** instead (:meth:`Group.one_shot`): each chip
+sends its whole partial sums to every peer and adds them all, one hop a level.
+
 Several links between two chips carry one exchange side by side (its blocks, or pieces of one block).
 
 The algorithm is described in blocks: a tensor cut along one axis into T blocks, and each rank's exchanges
 say which blocks it sends to which chip over which ports, which blocks it receives, and (reduce-scatter)
 which of its partial sums each received block is added into. :meth:`~lpx_tvm.codegen.tile` emits these as
-SEND, RECV and ADD; :mod:`lpx_tvm.app.plan` prices the same exchanges (:func:`collective_cycles`), so the
+SEND, RECV and ADD; :mod:`lpx_tvm.app.plan` compiles the same all-reduces into the block it measures, so the
 plan and the compiled program use one algorithm over one topology.
 """
 
@@ -187,12 +190,6 @@ class Group:
         return max((len(self._ports(0, r)) for r in range(1, self.ranks)), default=1)
 
 
-def pieces(blocks: int, links: int) -> int:
-    """How many transfers an exchange of ``blocks`` blocks over ``links`` links makes: a block a transfer,
-    or each block cut into ``links // blocks`` pieces when there are more links than blocks."""
-    return blocks * max(links // max(blocks, 1), 1)
-
-
 def choose(system: SystemConfig, count: int) -> Group:
     """The ``count`` chips of ``system`` a collective runs on, and its algorithm (see the module docstring).
 
@@ -258,39 +255,3 @@ def _ring_order(system: SystemConfig, count: int):
     if count > 2 and not system.links_between(order[-1], order[0]):
         return None
     return order
-
-
-# ---- the price of one collective, as the tiler emits it --------------------------------------------------------
-def collective_cycles(group: Group, nbytes: int, kind: str = "all-reduce", add_cycles=None) -> int:
-    """Cycles of one collective over ``group`` on a tensor of ``nbytes``, exchange by exchange as the tiler
-    emits them: a phase's exchanges run side by side (a ring's one after another), each a hop and its
-    bytes over its links at the link rate; a reduce phase then adds what it received
-    (``add_cycles(nbytes)``: the vector unit's cycles to add that many bytes, 0 when not given).
-
-    Parameters
-    ----------
-    kind : str
-        ``all-reduce`` or ``all-gather`` (``nbytes``: the whole tensor either way).
-    """
-    if group.ranks == 1:
-        return 0
-    chip = group.system.chip
-    block = nbytes / group.ranks
-    phases = group.all_reduce(0) if kind == "all-reduce" else ((), 0, group.gather(0))
-    rs, _, ag = phases
-    cycles = 0
-    for phase in (*rs, *ag):
-        worst = 0
-        for ex in phase.exchanges:
-            links = max(len(ex.to_ports), 1)
-            count = pieces(len(ex.send), links)
-            per_link = ceil(count / links) * ceil(len(ex.send) * block / count / chip.c2c_bytes_per_cycle)
-            step = group.system.hop_cycles + max(per_link, 1)
-            if phase.reduce and add_cycles is not None:
-                step += add_cycles(len(ex.recv) * block)
-            worst = step if phase is rs[0] and group.algorithm == "ring" else max(worst, step)
-            if group.algorithm == "ring":
-                cycles += step
-        if group.algorithm != "ring":
-            cycles += worst
-    return cycles

@@ -40,9 +40,11 @@ from .plan_graph import BlockShape, block_graph, head_graph
 _HF_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
             "vocab_size", "rope_theta", "tie_word_embeddings", "num_local_experts", "num_experts_per_tok",
             "head_dim", "max_position_embeddings"}
+# (a sliding window is read before these: set, it is refused as not modelled)
 _HF_IGNORED = {"architectures", "model_type", "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id",
                "transformers_version", "hidden_act", "initializer_range", "rms_norm_eps", "rope_scaling",
                "use_cache", "attention_bias", "attention_dropout", "mlp_bias", "pretraining_tp", "sliding_window",
+               "use_sliding_window", "max_window_layers",
                "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "_name_or_path",
                "name", "source"}
 
@@ -143,6 +145,12 @@ def model_spec(model) -> ModelSpec:
         # Hugging Face's layout names the folder (llama-2-70b/config.json); any other file names itself
         name = (path.resolve().parent.name if path.name == "config.json" else path.stem) or path.stem
     unknown = sorted(set(data) - _HF_KEYS - _HF_IGNORED)
+    window = data.get("sliding_window")
+    if window is not None and data.get("use_sliding_window", True) is not False:
+        # a window changes what each layer's attention reads and keeps: the plan prices every layer's whole
+        # context, so it says so rather than plan a different model
+        raise PlanError(f"model {name!r}: sliding_window {window} is not modelled by the plan (every layer is "
+                        "planned attending to the whole context); remove it to plan full attention")
     if unknown:
         raise PlanError(f"model {name!r}: unknown config key {', '.join(unknown)} (a plan reads "
                         f"{', '.join(sorted(_HF_KEYS))})")

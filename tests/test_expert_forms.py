@@ -64,7 +64,7 @@ def test_expert_parallel_on_one_chip_of_a_model_with_no_experts_runs():
 
 
 def test_dense_experts_refuses_a_model_with_no_router():
-    with pytest.raises(ValueError, match="routes by one TopK; this model has 0"):
+    with pytest.raises(ValueError, match="routes by a TopK; this model has none"):
         dense_experts(mlp_stack(np.random.default_rng(0), [64, 64], batch=2))
 
 
@@ -92,6 +92,12 @@ def _hf_block(arch: str, seed: int = 0):
         config = transformers.Qwen3MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=FFN, num_experts=EXPERTS,
                                              num_experts_per_tok=TOP_K)
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
+    elif arch.startswith("deepseek_v3"):  # sigmoid scores, picked with a bias, renormalised, scaled; a shared expert
+        groups = 2 if arch.endswith("grouped") else 1
+        config = transformers.DeepseekV3Config(hidden_size=HIDDEN, moe_intermediate_size=FFN, n_routed_experts=EXPERTS,
+                                               num_experts_per_tok=TOP_K, n_shared_experts=1, n_group=groups,
+                                               topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True)
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE as Block
     else:  # gpt-oss: a router with a bias, softmax of the top-k logits, experts with biases and a clamped SwiGLU
         config = transformers.GptOssConfig(hidden_size=HIDDEN, intermediate_size=FFN, num_local_experts=EXPERTS,
                                            num_experts_per_tok=TOP_K)
@@ -148,6 +154,20 @@ def test_an_exported_block_gathers_its_experts_and_the_rewrite_spreads_none_of_t
     assert ("Div" in ops) == (arch == "mixtral")  # Mixtral renormalises its top-k probabilities, Qwen3 here not
 
 
+def test_deepseek_v3_routing_over_one_group_is_rewritten_and_its_shared_expert_kept(exported):
+    model, dense = exported("deepseek_v3")
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("TopK") == 3 and "Where" in ops and "GatherElements" in ops  # groups, then experts
+    ops = [n.op_type for n in dense.graph.node]
+    assert not {"TopK", "Where", "GatherElements", "GatherND", "ScatterElements"} & set(ops)
+    assert ops.count("MatMul") == 3 * EXPERTS + 3  # each routed expert's select, gate_up, down; the shared one's 3
+
+
+def test_deepseek_v3_routing_limited_to_some_groups_is_refused_naming_why(exported):
+    with pytest.raises(ValueError, match=r"limited to 1 groups of experts of 2 \(topk_group < n_group\)"):
+        exported("deepseek_v3_grouped")
+
+
 def test_gpt_oss_experts_gather_biases_too_and_their_clamps_become_relus(exported):
     model, dense = exported("gpt_oss")
     ops = [n.op_type for n in model.graph.node]
@@ -158,7 +178,7 @@ def test_gpt_oss_experts_gather_biases_too_and_their_clamps_become_relus(exporte
 
 
 @pytest.mark.parametrize("arch, chips", [(arch, chips) for arch in ("mixtral", "qwen3_moe") for chips in (2, 4, 8)]
-                         + [("gpt_oss", 4), ("gpt_oss", 8)])
+                         + [("gpt_oss", 4), ("gpt_oss", 8), ("deepseek_v3", 4), ("deepseek_v3", 8)])
 def test_an_exported_hf_block_runs_expert_parallel_on_the_chips_asked_and_matches_onnx_runtime(exported, arch,
                                                                                                chips):
     model, dense = exported(arch)
@@ -174,7 +194,7 @@ def test_an_exported_hf_block_runs_expert_parallel_on_the_chips_asked_and_matche
     np.testing.assert_allclose(out, ort_reference(model, {model.graph.input[0].name: x})[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"])
 def test_the_tokens_compared_are_routed_to_different_experts(exported, arch):
     # a gate that kept every expert, or the same two for every token, passes a comparison on tokens that all
     # take the same two: show the reference routes the tokens apart, so the match above tests the top-k
@@ -182,7 +202,7 @@ def test_the_tokens_compared_are_routed_to_different_experts(exported, arch):
 
     model, _ = exported(arch)
     x = _tokens(3)
-    topk = next(n for n in model.graph.node if n.op_type == "TopK")
+    topk = [n for n in model.graph.node if n.op_type == "TopK"][-1]  # (DeepSeek-V3's first ones pick groups)
     probe = type(model)()
     probe.CopyFrom(model)
     probe.graph.output.add().name = topk.output[1]

@@ -80,7 +80,10 @@ def _inside_add(g: Graph, i: int, readers: dict, outputs: set) -> bool:
     """Whether node ``i``'s output feeds only another ADD (so it is inside a larger combine, not its root)."""
     t = g.nodes[i].output
     users = readers.get(t, [])
-    return t not in outputs and len(users) == 1 and g.nodes[users[0]].kind == "ADD"
+    # (a reader that takes a reshape of t is a leaf of its tree, not a parent: _add_tree follows t itself only,
+    # so a combine reshaped before it is added to a shared expert is a root of its own)
+    return t not in outputs and len(users) == 1 and g.nodes[users[0]].kind == "ADD" \
+        and t in g.nodes[users[0]].inputs
 
 
 def _add_tree(g: Graph, root: int, producer: dict, readers: dict, outputs: set) -> tuple:

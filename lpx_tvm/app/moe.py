@@ -136,9 +136,9 @@ def dense_experts(model: onnx.ModelProto, check: bool = True) -> onnx.ModelProto
         for t in n.input:
             readers.setdefault(t, []).append(n)
     topks = [n for n in g.node if n.op_type == "TopK"]
-    if len(topks) != 1:
-        raise ValueError(f"dense_experts: a mixture of experts routes by one TopK; this model has {len(topks)}")
-    (topk,) = topks
+    if not topks:
+        raise ValueError("dense_experts: a mixture of experts routes by a TopK; this model has none")
+    topk = topks[-1]  # the one that picks the experts; any before it pick groups of them (DeepSeek-V3's)
     attrs = {a.name: helper.get_attribute_value(a) for a in topk.attribute}
     if topk.input[1] not in inits or attrs.get("largest", 1) != 1 or attrs.get("axis", -1) not in (-1, 1):
         raise ValueError("dense_experts: the TopK does not take the largest of each row with a constant k")
@@ -148,7 +148,7 @@ def dense_experts(model: onnx.ModelProto, check: bool = True) -> onnx.ModelProto
     if scatters:
         dropped = _scatter_form(g, topk, k, scatters, inits, shapes, producer, readers, emit)
     else:
-        dropped = _gathered_form(g, topk, k, inits, shapes, producer, emit)
+        dropped = _gathered_form(g, topk, k, inits, shapes, producer, readers, emit)
     at = next(i for i, n in enumerate(g.node) if id(n) in dropped)
     kept = [n for n in g.node if id(n) not in dropped]
     nodes = kept[:at] + emit.nodes + kept[at:]
@@ -218,18 +218,45 @@ def _top_k(emit: _Emit, scores: str, k: int) -> tuple:
     return at_least(kth, scores, "kept"), top
 
 
-def _gates(emit: _Emit, scores: str, k: int, form: str) -> str:
-    """The ``[tokens, experts]`` gates, 0 off the top-k, on lpx: ``form`` "softmax" (of the k largest scores),
-    "renormalised" (the k largest over their sum) or "as is" (the k largest)."""
+def _gates(emit: _Emit, scores: str, k: int, form: str, weights: str | None = None, scale: float = 1.0) -> str:
+    """The ``[tokens, experts]`` gates, 0 off the top-k of ``scores``, on lpx: of ``weights`` (default: the
+    scores), ``form`` "softmax" (of the k kept), "renormalised" (the k kept over their sum) or "as is", times
+    ``scale``."""
     kept, top = _top_k(emit, scores, k)
     if form == "softmax":  # exp of each less the row's maximum, over their sum
         shifted = emit.node("Mul", [emit.node("Exp", [emit.node("Sub", [scores, top], "shifted")], "exp"), kept],
                             "kept_exp")
-        return emit.node("Div", [shifted, emit.row_sum(shifted, "kept_sum")], "gates")
-    gates = emit.node("Mul", [scores, kept], "kept_scores")
-    if form == "renormalised":
-        gates = emit.node("Div", [gates, emit.row_sum(gates, "kept_sum")], "gates")
+        gates = emit.node("Div", [shifted, emit.row_sum(shifted, "kept_sum")], "gates")
+    else:
+        gates = emit.node("Mul", [weights or scores, kept], "kept_scores")
+        if form == "renormalised":
+            gates = emit.node("Div", [gates, emit.row_sum(gates, "kept_sum")], "gates")
+    if scale != 1.0:
+        gates = emit.node("Mul", [gates, emit.const("scale", scale)], "scaled_gates")
     return gates
+
+
+def _ungrouped(scores: str, producer: dict, inits: dict, shapes: dict) -> str:
+    """The scores a TopK picks experts from, past a group-limited routing's mask where the mask keeps every
+    group (DeepSeek-V3 with ``topk_group == n_group``: a Where that fills the experts of unchosen groups)."""
+    where = producer.get(scores)
+    if where is None or where.op_type != "Where":
+        return scores
+    pending, seen = [where.input[0]], set()
+    while pending:  # the TopK that chose the groups, above the mask
+        t = pending.pop()
+        p = producer.get(t)
+        if p is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if p.op_type == "TopK":
+            k = int(numpy_helper.to_array(inits[p.input[1]]).reshape(-1)[0]) if p.input[1] in inits else None
+            if k is not None and k == shapes.get(p.input[0], [None])[-1]:
+                return where.input[2]
+            raise ValueError(f"dense_experts: the routing is limited to {k} groups of experts of "
+                             f"{shapes.get(p.input[0], ['?'])[-1]} (topk_group < n_group), which is not handled")
+        pending += [x for x in p.input if x]
+    raise ValueError("dense_experts: the top-k's scores pass a Where that no group choice makes")
 
 
 def _downstream(g, sources) -> list:
@@ -248,7 +275,7 @@ _PER_PAIR_OPS = {"GatherND", "MatMul", "Unsqueeze", "Squeeze", "Split", "Slice",
                  "Sigmoid", "Tanh", "Relu", "Erf", "Clip"}
 
 
-def _gathered_form(g, topk, k, inits, shapes, producer, emit: _Emit) -> set:
+def _gathered_form(g, topk, k, inits, shapes, producer, readers, emit: _Emit) -> set:
     """Hugging Face's batched experts as exported (Mixtral, Qwen3-MoE, gpt-oss): each (token, choice) pair's
     expert weights (and biases) gathered by index from stacked ``[experts, ...]`` constants, the pair's token
     taken through them, the result scaled by the choice's weight, the choices summed.
@@ -257,11 +284,14 @@ def _gathered_form(g, topk, k, inits, shapes, producer, emit: _Emit) -> set:
     constants (a batched product by a gathered matrix a plain product), its output scaled by its gate. Emits in
     ``emit``; returns the ids of the nodes whose outputs it makes.
     """
-    scores = topk.input[0]
+    scores = _ungrouped(topk.input[0], producer, inits, shapes)
     experts = shapes[scores][-1]
-    values = _downstream(g, [topk.output[0]])
-    pairs = _downstream(g, [topk.output[1]])
-    value_made = {t for n in values for t in n.output} | {topk.output[0]}
+    # the choices' weights: the top-k values, or another score taken at the chosen indices (DeepSeek-V3 picks by
+    # its scores plus a bias and weighs by the scores alone)
+    taken = [n for n in readers.get(topk.output[1], []) if n.op_type == "GatherElements"]
+    values = _downstream(g, [topk.output[0]] + [n.output[0] for n in taken])
+    value_made = {t for n in values for t in n.output} | {topk.output[0]} | {n.output[0] for n in taken}
+    pairs = [n for n in _downstream(g, [topk.output[1]]) if n.output[0] not in value_made]
     pair_made = {t for n in pairs for t in n.output}
     weighting = next((n for n in g.node if n.op_type == "Mul" and len(n.input) == 2
                       and {n.input[0] in value_made, n.input[1] in value_made} == {True, False}
@@ -300,9 +330,26 @@ def _gathered_form(g, topk, k, inits, shapes, producer, emit: _Emit) -> set:
                          + (f"has {', '.join(odd)}, which moves the token axis" if odd else
                             f"reads {sorted(repeated)} besides its gathered weights, not one repeated token"))
     (repeated,) = repeated
-    form = ("softmax" if any(n.op_type == "Softmax" for n in values) else
-            "renormalised" if any(n.op_type == "Div" for n in values) else "as is")
-    gates = _gates(emit, scores, k, form)
+    chain = [n for n in values if any(t in value_made for t in n.output)
+             and id(n) in {id(m) for m in _above(weighting, producer, value_made)}]
+    odd = sorted({n.op_type for n in chain} - {"Softmax", "ReduceSum", "Div", "Mul", "Reshape", "Unsqueeze"})
+    scale = 1.0
+    for n in chain:
+        if n.op_type == "Mul":  # a constant factor (DeepSeek-V3's routed_scaling_factor)
+            factor = [t for t in n.input if t in inits and numpy_helper.to_array(inits[t]).size == 1]
+            if not factor:
+                odd.append("Mul by a tensor")
+                continue
+            scale *= float(numpy_helper.to_array(inits[factor[0]]).reshape(-1)[0])
+    if odd or len(taken) > 1:
+        raise ValueError(f"dense_experts: the top-k weights pass {', '.join(odd) or 'two GatherElements'}, not a "
+                         "softmax, a renormalisation or a constant factor")
+    form = ("softmax" if any(n.op_type == "Softmax" for n in chain) else
+            "renormalised" if any(n.op_type == "Div" for n in chain) else "as is")
+    weights = taken[0].input[0] if taken else None
+    if form == "softmax" and weights is not None:
+        raise ValueError("dense_experts: a softmax of weights taken apart from the picking scores is not handled")
+    gates = _gates(emit, scores, k, form, weights, scale)
     acc, y = None, combine.output[0]
     for e in range(experts):
         made = _clone_expert(emit, expert, e, {repeated: x}, {n.output[0]: n.input[0] for n in gathers}, inits,
@@ -331,6 +378,19 @@ def _per_pair(last, producer: dict, pairs: set, gathered: set) -> list:
                 seen[id(p)] = p
                 stack.append(p)
     return list(seen.values())
+
+
+def _above(node, producer: dict, within: set) -> list:
+    """The nodes making ``node``'s inputs whose outputs are in ``within`` (tensor names), transitively."""
+    out, stack, seen = [], [node], set()
+    while stack:
+        for t in stack.pop().input:
+            p = producer.get(t)
+            if p is not None and t in within and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+                stack.append(p)
+    return out
 
 
 def _clone_expert(emit: _Emit, expert: list, e: int, renamed: dict, gathered: dict, inits, producer,

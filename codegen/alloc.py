@@ -16,13 +16,14 @@ import contextlib
 import contextvars
 
 from ..runtime_sim import ChipConfig
+from ..runtime_sim.errors import LpxUserError
 from .graph import Graph, layer_label
 
 ALIGN = 64
 REUSE_WINDOW_BYTES = 16 << 20
 
 
-class CapacityError(ValueError):
+class CapacityError(LpxUserError):
     """The tensors live at some point do not fit in SRAM."""
 
 

@@ -26,13 +26,14 @@ from tvm import relax
 from tvm.ir.prim.expr import FloatImm, IntImm
 
 from ..runtime_sim import Opcode
+from ..runtime_sim.errors import LpxUserError
 
 # TVM 0.27 names: constants are tvm.ir.Constant (data in .value), prim values are IntImm/FloatImm
 Constant = tvm.ir.Constant
 PRIM_TYPES = (IntImm, FloatImm)
 
 
-class LoweringError(ValueError):
+class LoweringError(LpxUserError):
     """A Relax construct the LPX codegen cannot lower."""
 
 

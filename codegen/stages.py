@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..runtime_sim import ChipConfig, Opcode, Program, disassemble
+from ..runtime_sim.errors import LpxInternalError
 from ..runtime_sim.program import SramPlan
 from ..runtime_sim.timing import makespan as schedule_makespan
 from .alloc import CapacityError, activation_peak, allocate
@@ -76,7 +77,7 @@ class Int8CoverageWarning(UserWarning):
     """With dtype="int8", a conv/matmul outside a complete QDQ pattern runs in float on lpx."""
 
 
-class LinkError(ValueError):
+class LinkError(LpxInternalError, ValueError):
     """A part's transfers cannot be scheduled (a RECV whose SEND is nowhere before it)."""
 
 

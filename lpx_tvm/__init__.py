@@ -20,6 +20,7 @@ _API = {
     "partition_for_lpx": "patterns", "pattern_table": "patterns",
     "lpx_pipeline": "pipeline", "NothingOffloadedWarning": "pipeline",
     "quantize": "quantization", "from_pytorch": "pytorch",
+    "LpxError": "runtime_sim.errors", "LpxUserError": "runtime_sim.errors", "LpxInternalError": "runtime_sim.errors",
 }
 _SUBMODULES = ("codegen", "compiler", "frontend", "patterns", "pipeline", "pytorch", "quantization", "report",
                "runtime", "runtime_sim")

@@ -29,13 +29,14 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from .diagnostics import native_output_to_log
 from .recurrent import RecurrentError, has_recurrent, unroll_recurrent
 from .runtime_sim.program import aligned_copy
+from .runtime_sim.errors import LpxUserError
 from .codegen.relax_ops import PRIM_TYPES, Constant, axis_params, constant_value, quantize_array
 
 
 _LOG = logging.getLogger(__name__)
 
 
-class FrontendError(ValueError):
+class FrontendError(LpxUserError):
     """A model that cannot be read or imported, with the reason and the file."""
 
 

@@ -15,12 +15,14 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .runtime_sim.errors import LpxUserError
+
 RECURRENT_OPS = ("LSTM", "GRU")
 _GATES = {"LSTM": 4, "GRU": 3}
 _DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
 
 
-class RecurrentError(ValueError):
+class RecurrentError(LpxUserError):
     """A recurrent node the unrolling cannot take, named with why."""
 
 

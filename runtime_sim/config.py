@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
+from .errors import LpxUserError
 from .isa import STORAGE_DTYPES, Unit
 
 _CONFIG_DIR = Path(__file__).with_name("configs")
@@ -22,7 +23,7 @@ MXM_DTYPES = STORAGE_DTYPES  # the matrix unit's rate table is keyed by storage 
 _NOT_PARAMETERS = ("name", "description", "sources")
 
 
-class ConfigError(ValueError):
+class ConfigError(LpxUserError):
     """A chip preset that is malformed, or names no source for a parameter."""
 
 

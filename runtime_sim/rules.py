@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from .config import ChipConfig
+from .errors import LpxUserError
 from .isa import MAX_CYCLE, Group, Instruction, Opcode, Space, TensorRef
 from .shapes import check_operands
 
 MAX_DIM = 1 << 31
 
 
-class ProgramFormatError(ValueError):
+class ProgramFormatError(LpxUserError):
     """A byte stream is not a valid LPX program for this chip."""
 
 

@@ -24,6 +24,7 @@ from .check import ScheduleError, Timeline
 from .check_batch import checked_timeline, paced_chains
 from .columns import _END, _IN_SRAM, ProgramColumns
 from .config import ChipConfig
+from .errors import LpxUserError
 from .isa import DType, HostTensor, Opcode, Space
 from .program import Program, aligned_array, decoded_columns, validated_columns
 from .merge import fast_entries
@@ -46,7 +47,7 @@ def reference_arithmetic():
         _REFERENCE.reset(token)
 
 
-class CallError(ValueError):
+class CallError(LpxUserError):
     """Inputs given to a program do not match its signature."""
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from ..runtime_sim import ChipConfig, derive_config, load_config
 from ..runtime_sim.config import ConfigError
+from ..runtime_sim.errors import LpxUserError
 from .cost import AreaModel, pareto_front
 
 METRICS = ("cycles", "latency_us", "mac_utilisation", "offloaded_pct", "fits", "streamed_mb", "host_fallbacks",
@@ -50,7 +51,7 @@ PLAN_PREFIX = "plan:"
 _NOT_COMPILED = ("c2c_links", "c2c_bytes_per_s_per_link")
 
 
-class SpecError(ValueError):
+class SpecError(LpxUserError):
     """A sweep spec that cannot run, naming the key or field at fault."""
 
 

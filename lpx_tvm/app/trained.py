@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..runtime_sim.errors import LpxUserError
+
 RAPIDOCR_PACKAGE = "rapidocr-onnxruntime"
 # name -> (file in the wheel's models/, pinned NCHW shape of input "x")
 OCR_MODELS = {
@@ -28,7 +30,7 @@ OCR_MODELS = {
 }
 
 
-class MissingExtraError(RuntimeError):
+class MissingExtraError(LpxUserError, RuntimeError):
     """A model needs an optional package that is not installed."""
 
 

@@ -68,7 +68,16 @@ def test_dense_experts_refuses_a_model_with_no_router():
         dense_experts(mlp_stack(np.random.default_rng(0), [64, 64], batch=2))
 
 
-def test_dense_experts_refuses_a_top_k_that_is_not_over_a_softmax():
+def test_dense_experts_refuses_a_model_without_static_shapes():
+    from onnx import TensorProto, helper
+
+    model = mlp_stack(np.random.default_rng(0), [64, 64], batch=2)
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64]))
+    with pytest.raises(ValueError, match=r"needs static shapes; pin x\['batch', 64\]"):
+        dense_experts(model)
+
+
+def test_dense_experts_refuses_a_top_k_whose_experts_it_cannot_find():
     # the block moe.py builds takes its top-k with a host TopK over the softmax, then gathers by one-hot
     # products: no GatherND of stacked weights, so there is nothing to rewrite
     with pytest.raises(ValueError, match="no product scales the experts' outputs by the top-k weights"):

@@ -124,6 +124,10 @@ def dense_experts(model: onnx.ModelProto, check: bool = True) -> onnx.ModelProto
     ValueError
         No TopK, or a block in a form this does not know (it names the op or the shape that differs).
     """
+    unsized = [f"{v.name}{[d.dim_value or d.dim_param or '?' for d in v.type.tensor_type.shape.dim]}"
+               for v in model.graph.input if any(not d.dim_value for d in v.type.tensor_type.shape.dim)]
+    if unsized:  # the experts are copied per token count and the top-k's weights shaped by it
+        raise ValueError(f"dense_experts: needs static shapes; pin {', '.join(unsized)} (--input-shape)")
     model = onnx.shape_inference.infer_shapes(model)
     g = model.graph
     inits = {t.name: t for t in g.initializer}
@@ -524,7 +528,9 @@ def _same_outputs(model: onnx.ModelProto, rewritten: onnx.ModelProto) -> None:
     feeds = {}
     for v in model.graph.input:
         dims = [d.dim_value for d in v.type.tensor_type.shape.dim]
-        feeds[v.name] = rng.standard_normal(dims).astype(np.float32)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+        # (an integer input, token ids say, is fed zeros: any seeded floats would do for the rest)
+        feeds[v.name] = (rng.standard_normal(dims) if dtype.kind == "f" else np.zeros(dims)).astype(dtype)
     run = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
            for m in (model, rewritten)]
     for a, b in zip(*run):

@@ -13,7 +13,12 @@ combine: it is small beside the experts' products), ``ceil(E / P)`` experts of
 its own, sums their terms, and an all-reduce (:mod:`.collectives`) adds the chips'
 sums. Where the experts do not divide the chips, the last chips' extra slots hold
 a copy of an expert with zero weights, so that every chip's graph is alike and
-the ranks share one schedule. A graph with no experts runs whole on one chip.
+the ranks share one schedule. A graph with no experts runs whole on one chip
+(the router before a top-k on the host, say); a model with none at all is refused
+(:func:`refuse_without_experts`), as are more chips than experts, so that a run never
+takes fewer chips than asked without saying so. A block as exporters write it (its
+top-k on the host, its experts gathered by index) is rewritten into this form by
+:func:`lpx_tvm.app.moe.dense_experts`.
 """
 
 from __future__ import annotations

@@ -48,27 +48,10 @@ _HF_IGNORED = {"architectures", "model_type", "torch_dtype", "bos_token_id", "eo
                "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "_name_or_path",
                "name", "source"}
 
-# published configs (Hugging Face config.json of each; see the README for the repositories)
-PRESETS = {
-    "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=32, vocab_size=32000),
-    "llama-2-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
-                        num_key_value_heads=40, vocab_size=32000),
-    "llama-2-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                        num_key_value_heads=8, vocab_size=32000),
-    # Llama 3.2 1B (Meta's config.json): a draft model for the 8B and 70B, sharing their tokenizer
-    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                         num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
-    "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
-    "llama-3-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                        num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
-    "llama-3.1-405b": dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
-                           num_attention_heads=128, num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
-    "mixtral-8x7b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                         num_key_value_heads=8, vocab_size=32000, rope_theta=1e6, num_local_experts=8,
-                         num_experts_per_tok=2),
-}
+# published configs, one file each (``configs/NAME.json``, naming its Hugging Face repository)
+_CONFIG_DIR = Path(__file__).with_name("configs")
+PRESETS = {p.stem: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("name", "source")}
+           for p in sorted(_CONFIG_DIR.glob("*.json"))}
 
 
 class PlanError(ValueError):

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from ..runtime_sim import ChipConfig, load_config
+from ..runtime_sim.errors import LpxUserError
 from ..runtime_sim.isa import STORAGE_DTYPES
 from .parallel import choices
 
@@ -51,23 +52,23 @@ class CodegenOptions:
 
             system = load_system(self.system)
             if not system.simulated:
-                raise ValueError(f"system {system.name!r} is described, not listed link by link: plan for it with "
-                                 "lpx-tvm plan; compile for a node or a rack")
+                raise LpxUserError(f"system {system.name!r} is described, not listed link by link: plan for it with "
+                                   "lpx-tvm plan; compile for a node or a rack")
             if system.chip.digest != chip.digest:
-                raise ValueError(f"system {system.name!r} is made of {system.chip.name!r} chips, not {chip.name!r}")
+                raise LpxUserError(f"system {system.name!r} is made of {system.chip.name!r} chips, not {chip.name!r}")
             if self.parallel not in choices():
-                raise ValueError(f"parallel must be one of {', '.join(choices())}, got {self.parallel!r}")
+                raise LpxUserError(f"parallel must be one of {', '.join(choices())}, got {self.parallel!r}")
             if self.chips is not None and not 1 <= self.chips <= system.chips:
-                raise ValueError(f"chips must be 1..{system.chips} on {system.name!r}, got {self.chips}")
+                raise LpxUserError(f"chips must be 1..{system.chips} on {system.name!r}, got {self.chips}")
         elif self.chips is not None or self.parallel != "pipeline":  # (else ignored: one chip, no system)
             given = f"chips={self.chips!r}" if self.chips is not None else f"parallel={self.parallel!r}"
-            raise ValueError(f"{given} needs a system of chips to run on (system=...)")
+            raise LpxUserError(f"{given} needs a system of chips to run on (system=...)")
         if not isinstance(self.in_order, bool):
-            raise ValueError(f"in_order must be a bool, got {self.in_order!r}")
+            raise LpxUserError(f"in_order must be a bool, got {self.in_order!r}")
         if self.dump_dir is not None and not isinstance(self.dump_dir, (str, os.PathLike)):
-            raise ValueError(f"dump_dir must be a folder's path, got {self.dump_dir!r}")
+            raise LpxUserError(f"dump_dir must be a folder's path, got {self.dump_dir!r}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise LpxUserError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         chip.check_dtype(self.dtype)
 
     @classmethod
@@ -75,8 +76,8 @@ class CodegenOptions:
         options = dict(options or {})
         known = {"config", "in_order", "dump_dir", "dtype", "system", "parallel", "chips"}
         if set(options) - known:
-            raise ValueError(f"unknown lpx codegen options {sorted(set(options) - known)}; "
-                             f"known: {', '.join(sorted(known))}")
+            raise LpxUserError(f"unknown lpx codegen options {sorted(set(options) - known)}; "
+                               f"known: {', '.join(sorted(known))}")
         return cls(**options)
 
     @property

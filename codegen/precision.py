@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from ..runtime_sim.isa import FLOAT_DTYPES
+from ..runtime_sim.errors import LpxUserError
 from ..runtime_sim.simulator import OverflowWarning
 from .graph import Graph, Node, layer_label
 
@@ -31,7 +32,7 @@ F32 = np.dtype(np.float32)
 def lower_precision(g: Graph, dtype: str) -> None:
     """Retype ``g`` in place to store ``dtype`` (``"fp32"`` changes nothing)."""
     if dtype not in STORAGE:
-        raise ValueError(f"precision {dtype!r} is not a float storage type ({', '.join(STORAGE)})")
+        raise LpxUserError(f"precision {dtype!r} is not a float storage type ({', '.join(STORAGE)})")
     target = STORAGE[dtype]
     if target == F32:
         for tensor in g.tensors:  # fp16 weights the model widens (Graph.constant): stored widened

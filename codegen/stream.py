@@ -12,6 +12,7 @@ from __future__ import annotations
 from copy import copy
 
 from ..runtime_sim import Program
+from ..runtime_sim.errors import LpxUserError
 from .graph import Graph, Node, Tensor
 from .stages import Compilation, graph_stage, run_stages
 
@@ -32,7 +33,7 @@ def replicated(g: Graph, copies: int) -> Graph:
         end in ``#k``).
     """
     if g.state:
-        raise ValueError("a stream of inferences cannot share resident state (a KV cache): each call updates it")
+        raise LpxUserError("a stream of inferences cannot share resident state (a KV cache): each call updates it")
     out = Graph(tensors=list(g.tensors), quantized=dict(g.quantized))
     for k in range(copies):
         ids = {}  # copy 0 keeps the ids; each later copy gets its own activations (aliases into its own)
@@ -73,7 +74,7 @@ def stream_program(function, options, copies: int, name: str = "stream") -> Prog
     Program
     """
     if copies < 1:
-        raise ValueError(f"a stream needs at least one inference, got {copies}")
+        raise LpxUserError(f"a stream needs at least one inference, got {copies}")
     c = Compilation(name, options, source=function)
     run_stages(c, "lower", graph_stage(options))
     c.graph = replicated(c.graph, copies)

@@ -20,6 +20,7 @@ from .pipeline import lower_lpx_calls, lpx_functions
 from .report import OffloadReport, offload_report
 from .runtime import load_program, program_key, release
 from .runtime_sim.config import ChipConfig, register_config
+from .runtime_sim.errors import LpxUserError
 from .runtime_sim.held import HeldWeights
 from .runtime_sim.system import load_system
 from .runtime_sim.simulator import CallError
@@ -136,9 +137,9 @@ class CompiledModel:
     def export_library(self, path) -> None:
         """Write a shared library that ``tvm.runtime.load_module`` reloads (import lpx_tvm first)."""
         if self.held is not None:
-            raise ValueError("this model's programs read the weights passed to compile(weights=...) where they "
-                             "are, by name (hold_weights=True), so a library could not carry them: compile it "
-                             "without hold_weights to export it")
+            raise LpxUserError("this model's programs read the weights passed to compile(weights=...) where they "
+                               "are, by name (hold_weights=True), so a library could not carry them: compile it "
+                               "without hold_weights to export it")
         self.executable.export_library(str(path))
 
 
@@ -256,16 +257,16 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
     """
     held = _held(hold_weights, weights)
     if isinstance(state, (str, bytes)):  # (a name alone would be taken letter by letter)
-        raise ValueError(f"state must be a sequence of input names, got {state!r}")
+        raise LpxUserError(f"state must be a sequence of input names, got {state!r}")
     from .pytorch import from_pytorch, is_torch_module
 
     if is_torch_module(model):
         if example_inputs is None:
-            raise ValueError("a PyTorch module compiles on example inputs: compile(module, example_inputs=(x,))")
+            raise LpxUserError("a PyTorch module compiles on example inputs: compile(module, example_inputs=(x,))")
         model = from_pytorch(model, example_inputs)
     elif example_inputs is not None:
-        raise ValueError("example_inputs are for a PyTorch module; an ONNX model's inputs are in its graph "
-                         "(input_shapes pins a dynamic one)")
+        raise LpxUserError("example_inputs are for a PyTorch module; an ONNX model's inputs are in its graph "
+                           "(input_shapes pins a dynamic one)")
     options, mod = _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips,
                              weights)
     params = list(mod["main"].params)
@@ -296,18 +297,18 @@ def _held(hold_weights, weights):
     if hold_weights is False or hold_weights is None:
         return None
     if not weights:
-        raise ValueError("hold_weights holds the arrays passed as weights=...; none were given")
+        raise LpxUserError("hold_weights holds the arrays passed as weights=...; none were given")
     if hold_weights is True:
         return HeldWeights(weights)
     if not isinstance(hold_weights, HeldWeights):
-        raise ValueError(f"hold_weights must be True, False or another model's held weights (its .held), "
-                         f"got {hold_weights!r}")
+        raise LpxUserError(f"hold_weights must be True, False or another model's held weights (its .held), "
+                           f"got {hold_weights!r}")
     for name, held in hold_weights.given().items():
         given = weights.get(name)
         if not (isinstance(given, np.ndarray) and given.nbytes == held.nbytes
                 and given.ctypes.data == held.ctypes.data):
-            raise ValueError(f"hold_weights: the other model holds {name!r}, and weights[{name!r}] is not that "
-                             "array: both models must be compiled over the same arrays")
+            raise LpxUserError(f"hold_weights: the other model holds {name!r}, and weights[{name!r}] is not that "
+                               "array: both models must be compiled over the same arrays")
     return hold_weights
 
 
@@ -343,8 +344,8 @@ def compile_stream(model, copies: int, config: str | None = "tsp", input_shapes:
 
     options, functions, report = _lpx_functions(model, config, input_shapes, dtype)
     if len(functions) != 1 or report.host_ops:
-        raise ValueError(f"a stream needs a model that runs as one lpx program with nothing on the host; this "
-                         f"one has {len(functions)} lpx programs and host ops {dict(report.host_ops) or 'none'}")
+        raise LpxUserError(f"a stream needs a model that runs as one lpx program with nothing on the host; this "
+                           f"one has {len(functions)} lpx programs and host ops {dict(report.host_ops) or 'none'}")
     (function,) = functions.values()
     with native_output_to_log("TVM"):
         return stream_program(function, options, copies)
@@ -371,7 +372,7 @@ def _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, pa
                              system=None if system is None else str(system), parallel=parallel, chips=chips)
     mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes, weights)
     if dtype == "int8" and not _has_quantize(mod):
-        raise ValueError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
-                         "conv/matmul); make one with `lpx-tvm quantize MODEL.onnx -o MODEL_int8.onnx` or "
-                         "lpx_tvm.quantize(model, calibration_inputs)")
+        raise LpxUserError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
+                           "conv/matmul); make one with `lpx-tvm quantize MODEL.onnx -o MODEL_int8.onnx` or "
+                           "lpx_tvm.quantize(model, calibration_inputs)")
     return options, mod

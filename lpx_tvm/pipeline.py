@@ -18,6 +18,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from .codegen import DEFAULT_CONFIG, CodegenOptions, compile_model
 from .patterns import partition_for_lpx
 from .runtime_sim.program import aligned_array, encode
+from .runtime_sim.errors import LpxUserError
 
 EXECUTE = "lpx.runtime.execute"
 _EXTERN_PROGRAMS: dict = {}  # symbol -> encoded program, filled by relax.ext.lpx (the BYOC path)
@@ -142,7 +143,7 @@ def state_arguments(mod, functions: dict, names) -> tuple:
     wanted = {p: name for p, name in zip(main.params, own) if name in set(names)}
     missing = sorted(set(names) - set(wanted.values()))
     if missing:
-        raise ValueError(f"state inputs {missing} are not inputs of the model (its inputs: {own})")
+        raise LpxUserError(f"state inputs {missing} are not inputs of the model (its inputs: {own})")
     args, where = {}, {}
 
     def visit(expr):
@@ -155,8 +156,8 @@ def state_arguments(mod, functions: dict, names) -> tuple:
     relax.analysis.post_order_visit(main.body, visit)
     unused = sorted(set(wanted.values()) - set(where))
     if unused:
-        raise ValueError(f"state inputs {unused} do not go straight into an lpx function (they must be resident "
-                         "on the chip, so what reads them must be offloaded)")
+        raise LpxUserError(f"state inputs {unused} do not go straight into an lpx function (they must be resident "
+                           "on the chip, so what reads them must be offloaded)")
     return args, where
 
 

@@ -15,6 +15,7 @@ import onnx
 import onnx.version_converter
 
 from .frontend import load_onnx, prepare_onnx
+from .runtime_sim.errors import LpxUserError
 
 QDQ_MIN_OPSET = 13
 
@@ -45,10 +46,10 @@ def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: 
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     if activations not in ("int8", "uint8"):
-        raise ValueError(f"activations must be 'int8' or 'uint8', got {activations!r}")
+        raise LpxUserError(f"activations must be 'int8' or 'uint8', got {activations!r}")
     feeds = [calibration_inputs] if isinstance(calibration_inputs, dict) else list(calibration_inputs)
     if not feeds:
-        raise ValueError("quantize needs at least one calibration input")
+        raise LpxUserError("quantize needs at least one calibration input")
     prepared = prepare_onnx(load_onnx(model), input_shapes)
     opset = next((o.version for o in prepared.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < QDQ_MIN_OPSET:  # per-channel DequantizeLinear (its axis attribute) needs opset 13
@@ -56,7 +57,7 @@ def quantize(model, calibration_inputs, per_channel: bool = True, input_shapes: 
     names = {i.name for i in prepared.graph.input}
     for feed in feeds:
         if set(feed) != names:
-            raise ValueError(f"calibration inputs name {sorted(feed)}, the model's inputs are {sorted(names)}")
+            raise LpxUserError(f"calibration inputs name {sorted(feed)}, the model's inputs are {sorted(names)}")
 
     class _Reader(CalibrationDataReader):
         def __init__(self):

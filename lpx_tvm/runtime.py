@@ -16,6 +16,7 @@ import tvm_ffi
 
 from .runtime_sim import Simulator
 from .runtime_sim.chip import Chip
+from .runtime_sim.errors import LpxUserError
 from .runtime_sim.program import decoded_columns, read_digest
 from .runtime_sim.system_sim import SystemSimulator, is_system_program
 
@@ -114,7 +115,7 @@ def execute(program, *args) -> None:
     sim = load_program(blob)
     n_in = len(sim.inputs)
     if len(args) != n_in + len(sim.outputs):
-        raise ValueError(f"lpx program takes {n_in} inputs and {len(sim.outputs)} outputs, got {len(args)} tensors")
+        raise LpxUserError(f"lpx program takes {n_in} inputs and {len(sim.outputs)} outputs, got {len(args)} tensors")
     sim.run([np.from_dlpack(a) for a in args[:n_in]], [np.from_dlpack(a) for a in args[n_in:]])
     with _LOCK:
         _CALLS[read_digest(blob).hex()] += 1

@@ -138,8 +138,8 @@ class ChipConfig:
     def check_dtype(self, dtype: str) -> None:
         """Raise a clear error unless the matrix unit runs ``dtype``."""
         if dtype not in self.mxm_passes:
-            raise ValueError(f"chip config {self.name!r} has no {dtype} matrix unit "
-                             f"(it runs {', '.join(sorted(self.mxm_passes))})")
+            raise LpxUserError(f"chip config {self.name!r} has no {dtype} matrix unit "
+                               f"(it runs {', '.join(sorted(self.mxm_passes))})")
 
     def unit_count(self, unit_name: str) -> int:
         """Number of independent instances of a unit (the C2C unit's are the chip's link ports)."""

@@ -24,6 +24,8 @@ from types import MappingProxyType
 import ml_dtypes
 import numpy as np
 
+from .errors import LpxUserError
+
 
 class DType(IntEnum):
     """Storage dtypes of SRAM tensors."""
@@ -76,14 +78,14 @@ class DType(IntEnum):
         for member, (candidate, _) in _DTYPE_INFO.items():
             if candidate == dtype:
                 return member
-        raise ValueError(f"no LPX dtype for numpy dtype {dtype}")
+        raise LpxUserError(f"no LPX dtype for numpy dtype {dtype}")
 
     @classmethod
     def from_name(cls, name: str) -> "DType":
         for member, (_, short) in _DTYPE_INFO.items():
             if short == name:
                 return member
-        raise ValueError(f"unknown dtype {name!r}; LPX dtypes: {', '.join(d.short for d in cls)}")
+        raise LpxUserError(f"unknown dtype {name!r}; LPX dtypes: {', '.join(d.short for d in cls)}")
 
 
 _DTYPE_INFO = {

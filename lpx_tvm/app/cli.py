@@ -1,7 +1,10 @@
 """The ``lpx-tvm`` command: compile, run, profile, compare, quantize, disasm, zoo, generate, plan, sweep, bench.
 
-Every error becomes one line on stderr and exit status 1 (``--debug`` shows the
-traceback).
+Every error becomes one line on stderr and exit status 1. A user's mistake (an
+:class:`~lpx_tvm.LpxUserError`, or a file the system cannot read or write) reads
+``lpx-tvm <command>: error: ...``; anything else is a bug in lpx-tvm and reads
+``lpx-tvm <command>: internal error: ...`` with a hint to rerun with ``--debug``,
+which prints the traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ import json
 import logging
 import os
 import sys
+import traceback
 import warnings
+
+from ..runtime_sim.errors import LpxUserError
 
 
 def _at_least(lowest: int):
@@ -33,9 +39,9 @@ def _input_shapes(values) -> dict:
         try:
             shapes[name] = [int(d) for d in dims.split(",")]
         except ValueError:
-            raise ValueError(f"--input-shape {value!r}: expected name=d0,d1,...") from None
+            raise LpxUserError(f"--input-shape {value!r}: expected name=d0,d1,...") from None
         if not name:
-            raise ValueError(f"--input-shape {value!r}: expected name=d0,d1,...")
+            raise LpxUserError(f"--input-shape {value!r}: expected name=d0,d1,...")
     return shapes
 
 
@@ -57,7 +63,7 @@ def _static(args, proto):
     from ..frontend import dynamic_inputs, pin_advice
 
     if dynamic_inputs(proto.graph):
-        raise ValueError(f"{args.model}: {pin_advice(dynamic_inputs(proto.graph))}")
+        raise LpxUserError(f"{args.model}: {pin_advice(dynamic_inputs(proto.graph))}")
     return proto
 
 
@@ -128,7 +134,7 @@ def placement(compiled) -> list:
 
 def cmd_compile(args) -> int:
     if not args.output and not args.emit_program:
-        raise ValueError("say what to write: -o MODEL.so (the library) and/or --emit-program PROGRAM.bin")
+        raise LpxUserError("say what to write: -o MODEL.so (the library) and/or --emit-program PROGRAM.bin")
     compiled = _compile(args)
     if args.output:
         compiled.export_library(args.output)
@@ -148,7 +154,7 @@ def emit_programs(compiled, path) -> list:
     path = Path(path)
     programs = list(compiled.programs.values())
     if not programs:
-        raise ValueError("nothing was offloaded to lpx, so there is no program to write")
+        raise LpxUserError("nothing was offloaded to lpx, so there is no program to write")
     paths = [path] if len(programs) == 1 else [path.with_name(f"{path.stem}.{k}{path.suffix}")
                                                for k in range(len(programs))]
     for target, blob in zip(paths, programs):
@@ -195,7 +201,7 @@ def cmd_profile(args) -> int:
         from .profile import stream
 
         if getattr(args, "system", None):
-            raise ValueError("--stream times one chip; leave out --system")
+            raise LpxUserError("--stream times one chip; leave out --system")
         run = stream(_model(args), args.stream, args.config, _input_shapes(args.input_shape), args.dtype)
         one = report["simulated_cycles"]
         print(f"stream of {run['copies']} back-to-back inferences: {run['cycles']} cycles, "
@@ -277,8 +283,8 @@ def cmd_zoo(args) -> int:
     names = check_names(args.models or DEFAULT_MODELS)
     if args.save:
         if len(names) > 1 and args.save.endswith(".onnx"):
-            raise ValueError(f"--save {args.save}: a .onnx file holds one model; give a directory for "
-                             f"{len(names)}")
+            raise LpxUserError(f"--save {args.save}: a .onnx file holds one model; give a directory for "
+                               f"{len(names)}")
         for name in names:
             print(f"wrote {save(name, args.save, 'int8' if args.dtype == 'int8' else 'fp32')}")
         return 0
@@ -346,15 +352,15 @@ def cmd_generate(args) -> int:
         try:
             prompt_ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
-            raise ValueError(f"--prompt-ids {args.prompt_ids!r}: expected token ids, as 1,2,3") from None
+            raise LpxUserError(f"--prompt-ids {args.prompt_ids!r}: expected token ids, as 1,2,3") from None
     if args.users is not None and args.users > 1:
         from .users import generate_users, table as users_table
 
         if (args.parallel or "pipeline") != "pipeline":
-            raise ValueError("--users runs users through a pipeline: leave --parallel out or give pipeline")
+            raise LpxUserError("--users runs users through a pipeline: leave --parallel out or give pipeline")
         if args.prompt_ids is not None or args.prompt is not None or args.temperature:
-            raise ValueError("--users seeds each user's prompt (--seed) and decodes greedily: leave --prompt, "
-                             "--prompt-ids and --temperature out")
+            raise LpxUserError("--users seeds each user's prompt (--seed) and decodes greedily: leave --prompt, "
+                               "--prompt-ids and --temperature out")
         report = generate_users(args.model, users=args.users, tokens=args.tokens, system=args.system,
                                 chips=args.chips, dtype=args.dtype, prompt_len=args.prompt_len, seed=args.seed,
                                 context=args.context, progress=lambda text: print(text, file=sys.stderr, flush=True))
@@ -381,7 +387,7 @@ def cmd_plan(args) -> int:
     target = args.target_tps_per_user
     if args.target_tpot_ms is not None:
         if not 0 < args.target_tpot_ms < float("inf"):
-            raise ValueError(f"--target-tpot-ms must be a positive number of milliseconds, got {args.target_tpot_ms}")
+            raise LpxUserError(f"--target-tpot-ms must be a positive number of milliseconds, got {args.target_tpot_ms}")
         target = 1000 / args.target_tpot_ms
     report = plan(args.model, args.system, dtype=args.dtype, context=args.context, prompt=args.prompt,
                   batch=args.batch, chips=args.chips, target_tps_per_user=target,
@@ -634,10 +640,53 @@ def _check_before_running(args) -> None:
         path = getattr(args, name, None)
         if path and not Path(path).resolve().parent.is_dir():
             flag = "-o/--output" if name == "output" else "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
+            raise LpxUserError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
     for name in ("parallel", "chips"):
         if getattr(args, name, None) is not None and getattr(args, "system", None) is None:
-            raise ValueError(f"--{name} needs --system (a system of chips to run on)")
+            raise LpxUserError(f"--{name} needs --system (a system of chips to run on)")
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Whether ``err`` is the user's to fix rather than a bug in lpx-tvm.
+
+    Parameters
+    ----------
+    err : BaseException
+        What a command raised.
+
+    Returns
+    -------
+    bool
+        True for an :class:`~lpx_tvm.LpxUserError`, and for an ``OSError`` (a file that is missing,
+        unreadable or on a full disk is the user's environment, not the compiler); False otherwise.
+    """
+    return isinstance(err, (LpxUserError, OSError))
+
+
+def error_line(command: str, err: BaseException) -> str:
+    """The one line the CLI prints for an error a command raised.
+
+    Parameters
+    ----------
+    command : str
+        The subcommand that raised, as typed (``run``, ``plan``, ...).
+    err : BaseException
+        What it raised.
+
+    Returns
+    -------
+    str
+        ``lpx-tvm <command>: error: <type>: <message>`` for a user's mistake (:func:`is_user_error`; no
+        type when it is the bare :class:`~lpx_tvm.LpxUserError`);
+        ``lpx-tvm <command>: internal error: <type>: <message> (...rerun with --debug...)`` for anything
+        else. Only the message's first line is kept.
+    """
+    # a named class says which stage refused (FrontendError, CapacityError); the bare root says nothing
+    what = (str(err) if type(err) is LpxUserError else f"{type(err).__name__}: {err}").splitlines()[0]
+    if is_user_error(err):
+        return f"lpx-tvm {command}: error: {what}"
+    return (f"lpx-tvm {command}: internal error: {what} (a bug in lpx-tvm, not in your input; rerun with --debug "
+            "for the traceback, and report it with that)")
 
 
 def main(argv=None) -> int:
@@ -660,9 +709,9 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as err:  # the CLI's contract: one line, no traceback unless --debug
+        print(error_line(args.command, err), file=sys.stderr)
         if args.debug:
-            raise
-        print(f"lpx-tvm {args.command}: error: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
+            traceback.print_exc()
         return 1
     finally:
         warnings.formatwarning = previous_format

@@ -14,6 +14,8 @@ import copy
 import numpy as np
 import onnx
 
+from ..runtime_sim.errors import LpxUserError
+
 _SKIP = {"Shape", "Constant", "ConstantOfShape", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
          "DequantizeLinear", "Cast", "Transpose", "Gather", "Concat", "Slice"}
 
@@ -93,7 +95,7 @@ def compare(model, config: str = "tsp", dtype: str = "fp32", input_shapes: dict 
     from .zoo import seeded_inputs
 
     if not -1 <= min_cosine <= 1:  # (a cosine is in [-1, 1]: above 1, every layer would part ways)
-        raise ValueError(f"min_cosine must be a cosine, in [-1, 1], got {min_cosine}")
+        raise LpxUserError(f"min_cosine must be a cosine, in [-1, 1], got {min_cosine}")
 
     proto = prepare_onnx(load_onnx(model), input_shapes)
     names = watched_tensors(proto)

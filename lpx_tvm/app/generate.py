@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime_sim.errors import LpxUserError
 from . import llama
 from .hf_decoder import GRAPH_FILES, HFDecoder, graph_file
 
@@ -59,20 +60,20 @@ def _prompt_ids(model, tokenizer, prompt_ids, text, vocab: int) -> list | None:
     vocabulary."""
     if text is not None:
         if prompt_ids is not None:
-            raise ValueError("give the prompt as text or as ids, not both")
+            raise LpxUserError("give the prompt as text or as ids, not both")
         if tokenizer is None:
-            raise ValueError(f"a text prompt needs a tokenizer.json in the decoder's folder; {model} has none "
-                             "(give --prompt-ids instead)")
+            raise LpxUserError(f"a text prompt needs a tokenizer.json in the decoder's folder; {model} has none "
+                               "(give --prompt-ids instead)")
         prompt_ids = tokenizer.encode(text).ids
         if not prompt_ids:
-            raise ValueError(f"the prompt {text!r} encodes to no tokens")
+            raise LpxUserError(f"the prompt {text!r} encodes to no tokens")
     if prompt_ids is None:
         return None
     ids = [int(i) for i in prompt_ids]
     bad = [i for i in ids if not 0 <= i < vocab]
     if not ids or bad:
-        raise ValueError(f"prompt ids must be tokens of the vocabulary (0 to {vocab - 1}), got "
-                         f"{bad or 'none'}")
+        raise LpxUserError(f"prompt ids must be tokens of the vocabulary (0 to {vocab - 1}), got "
+                           f"{bad or 'none'}")
     return ids
 
 
@@ -93,8 +94,8 @@ class _BuiltDecoder:
     def take_prompt(self, given, default: int) -> None:
         """Check a given prompt against the length the prefill graph was built or saved for."""
         if given is not None and len(given) != self.prompt_len:
-            raise ValueError(f"{self.name}'s prefill graph takes {self.prompt_len} prompt tokens, the prompt has {len(given)} "
-                             f"(save it again with lpx_tvm.app.llama.save_llama for {len(given)})")
+            raise LpxUserError(f"{self.name}'s prefill graph takes {self.prompt_len} prompt tokens, the prompt has "
+                               f"{len(given)} (save it again with lpx_tvm.app.llama.save_llama for {len(given)})")
 
     def context_for(self, positions: int, context: int | None) -> int:
         """The cache's slots: the decode graph's own (``_open_decoder`` checked a given one)."""
@@ -195,7 +196,7 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None, dtype:
     form (an ``.onnx`` file or an optimum folder)."""
     path = Path(str(model))
     if path.suffix == ".onnx" and not path.exists():
-        raise ValueError(f"{path}: no such file")
+        raise LpxUserError(f"{path}: no such file")
     own = [f for f in ("prefill.onnx", "decode.onnx") if (path / f).is_file()] if path.is_dir() else []
     if not own and graph_file(path) is not None:
         decoder = HFDecoder(path)
@@ -211,17 +212,17 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None, dtype:
             weights = llama.read_weights(decode, path) or None
             config = llama.config_of(decode)
             if context is not None and context != config.max_context:
-                raise ValueError(f"{path}'s decode graph was saved for a context of {config.max_context}, not "
-                                 f"{context} (save it again, or leave --context out)")
+                raise LpxUserError(f"{path}'s decode graph was saved for a context of {config.max_context}, not "
+                                   f"{context} (save it again, or leave --context out)")
             length = prefill.graph.input[0].type.tensor_type.shape.dim[1].dim_value
             decoder = _BuiltDecoder(str(path), config, prefill, decode, length, weights)
             decoder.tokenizer = _tokenizer(path / "tokenizer.json")
             return decoder
         missing = [f for f in ("prefill.onnx", "decode.onnx") if f not in own]
-        raise ValueError(f"{path} is not a decoder folder: it has no {' or '.join(missing)} (write one with "
-                         "lpx_tvm.app.llama.save_llama), nor a graph in Hugging Face form (past_key_values.N "
-                         f"inputs, present.N outputs: an .onnx file, or an optimum folder with "
-                         f"{' or '.join(GRAPH_FILES)}); or give a preset: {', '.join(llama.PRESETS)}")
+        raise LpxUserError(f"{path} is not a decoder folder: it has no {' or '.join(missing)} (write one with "
+                           "lpx_tvm.app.llama.save_llama), nor a graph in Hugging Face form (past_key_values.N "
+                           f"inputs, present.N outputs: an .onnx file, or an optimum folder with "
+                           f"{' or '.join(GRAPH_FILES)}); or give a preset: {', '.join(llama.PRESETS)}")
     config = llama.get_config(model)
     if config.dtype != "fp32":  # lpx stores the graph's tensors in the dtype asked for; the graph stays fp32
         config = config.replace(dtype="fp32")
@@ -311,14 +312,14 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     import lpx_tvm
 
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:  # (prompt_len: llama checks it)
-        raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
+        raise LpxUserError(f"tokens must be a positive integer, got {tokens!r}")
     if not (isinstance(temperature, (int, float)) and 0 <= temperature < float("inf")):
-        raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
+        raise LpxUserError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+        raise LpxUserError(f"top_k must be a positive integer, got {top_k!r}")
     say = progress or (lambda text: None)
     if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
-        raise ValueError(f"context must be a positive integer, got {context!r}")
+        raise LpxUserError(f"context must be a positive integer, got {context!r}")
     if not Path(str(model)).exists() and Path(str(model)).suffix != ".onnx":  # a preset: built for the prompt
         given = _prompt_ids(model, None, prompt_ids, prompt, llama.get_config(model).vocab_size)
         decoder = _open_decoder(model, len(given) if given else prompt_len, seed, context, dtype)
@@ -329,9 +330,9 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     prompt_len = decoder.prompt_len
     context = decoder.context_for(prompt_len + tokens, context)
     if prompt_len + tokens > context:
-        raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the cache's context of {context}")
+        raise LpxUserError(f"{prompt_len} prompt tokens and {tokens} more exceed the cache's context of {context}")
     if decoder.max_context and context > decoder.max_context:
-        raise ValueError(f"a context of {context} exceeds the model's {decoder.max_context} positions")
+        raise LpxUserError(f"a context of {context} exceeds the model's {decoder.max_context} positions")
     names, new_names = decoder.cache_names, decoder.new_kv_names
     options = dict(config=config, system=system, parallel=parallel, chips=chips, dtype=dtype)
     quantised = None

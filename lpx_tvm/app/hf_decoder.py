@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..runtime_sim.errors import LpxUserError
 from . import llama
 
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
@@ -75,44 +76,44 @@ class HFDecoder:
     def __init__(self, path):
         found = graph_file(path)
         if found is None:
-            raise ValueError(f"{path} is not a decoder in Hugging Face form: no .onnx graph with "
-                             "past_key_values.N.key/value inputs")
+            raise LpxUserError(f"{path} is not a decoder in Hugging Face form: no .onnx graph with "
+                               "past_key_values.N.key/value inputs")
         self.path, self.folder = found, found.parent
         self.graph = onnx.load(str(found))
         inputs = {i.name: i for i in self.graph.graph.input}
         if not any(_PAST.match(name) for name in inputs):
-            raise ValueError(f"{found} is not a decoder in Hugging Face form: it has no past_key_values.N inputs "
-                             "(a graph of the project's own is a folder of prefill.onnx and decode.onnx)")
+            raise LpxUserError(f"{found} is not a decoder in Hugging Face form: it has no past_key_values.N inputs "
+                               "(a graph of the project's own is a folder of prefill.onnx and decode.onnx)")
         outputs = [o.name for o in self.graph.graph.output]
         if "use_cache_branch" in inputs:
-            raise ValueError(f"{found} is optimum's merged decoder (an If on use_cache_branch), which lpx does not "
-                             "take; export with past inputs and no merge (optimum-cli ... --no-post-process), "
-                             "or give decoder_with_past_model.onnx")
+            raise LpxUserError(f"{found} is optimum's merged decoder (an If on use_cache_branch), which lpx does not "
+                               "take; export with past inputs and no merge (optimum-cli ... --no-post-process), "
+                               "or give decoder_with_past_model.onnx")
         if "input_ids" not in inputs or "logits" not in outputs:
-            raise ValueError(f"{found} has past_key_values inputs but no input_ids input or logits output")
+            raise LpxUserError(f"{found} has past_key_values inputs but no input_ids input or logits output")
         layers = sorted({int(_PAST.match(n).group(1)) for n in inputs if _PAST.match(n)})
         if layers != list(range(len(layers))):
-            raise ValueError(f"{found}'s past_key_values layers are {layers}, not 0 .. {len(layers) - 1}")
+            raise LpxUserError(f"{found}'s past_key_values layers are {layers}, not 0 .. {len(layers) - 1}")
         self.cache_names = [f"past_key_values.{i}.{kind}" for i in range(len(layers)) for kind in ("key", "value")]
         missing = [n for n in self.cache_names if n not in inputs] + [
             n.replace("past_key_values.", "present.") for n in self.cache_names
             if n.replace("past_key_values.", "present.") not in outputs]
         if missing:
-            raise ValueError(f"{found} lacks {missing}: each past_key_values.N.key/value needs its present.N output")
+            raise LpxUserError(f"{found} lacks {missing}: each past_key_values.N.key/value needs its present.N output")
         shape = _dims(inputs[self.cache_names[0]])
         if len(shape) != 4 or shape[1] is None or shape[3] is None:
-            raise ValueError(f"{found}'s past_key_values.0.key is {shape}; lpx needs [batch, kv_heads, past, "
-                             "head_dim] with kv_heads and head_dim fixed")
+            raise LpxUserError(f"{found}'s past_key_values.0.key is {shape}; lpx needs [batch, kv_heads, past, "
+                               "head_dim] with kv_heads and head_dim fixed")
         fixed = _fixed_lengths(inputs, self.cache_names)
         if fixed:
             # lpx pins these per graph (the prefill to the prompt over one slot, a decode step to its cache): a
             # graph traced at one length keeps constants of that length, which ORT's folding then rejects
             (name, axis, what, value), more = fixed[0], len(fixed) - 1
-            raise ValueError(f"{found}'s input {name!r} has its {what} (axis {axis}) fixed at {value}"
-                             + (f" (and {more} more past or sequence axes too)" if more else "")
-                             + "; lpx needs the past and sequence lengths symbolic: export them dynamic "
-                             "(torch.onnx.export(..., dynamo=True, dynamic_shapes=...) with a torch.export.Dim on "
-                             "each, as lpx_tvm.app.hf_decoder.export_decoder does; optimum exports them so)")
+            raise LpxUserError(f"{found}'s input {name!r} has its {what} (axis {axis}) fixed at {value}"
+                               + (f" (and {more} more past or sequence axes too)" if more else "")
+                               + "; lpx needs the past and sequence lengths symbolic: export them dynamic "
+                               "(torch.onnx.export(..., dynamo=True, dynamic_shapes=...) with a torch.export.Dim on "
+                               "each, as lpx_tvm.app.hf_decoder.export_decoder does; optimum exports them so)")
         self.kv_heads, self.head_dim = shape[1], shape[3]
         self.vocab_size = _dims(next(o for o in self.graph.graph.output if o.name == "logits"))[-1]
         self.inputs = list(inputs)
@@ -275,7 +276,7 @@ def random_causal_lm(arch: str = "llama", layers: int = 4, seed: int = 0):
     import transformers
 
     if arch not in ARCHITECTURES:
-        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
+        raise LpxUserError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
     torch.manual_seed(seed)
     if arch == "gpt2":  # (its default init, std 0.02, makes a tied-embedding model repeat its last token)
         config = transformers.GPT2Config(n_embd=64, n_layer=layers, n_head=4, vocab_size=256, n_positions=128,

@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..runtime_sim.errors import LpxUserError
+
 LIGHT_MODELS = ("alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
                 "squeezenet", "vgg19", "zfnet512")
 _LIGHT_FILES = {"alexnet": "light_bvlc_alexnet.onnx"}
@@ -23,7 +25,7 @@ _LIGHT_FILES = {"alexnet": "light_bvlc_alexnet.onnx"}
 def light_model_path(name: str) -> Path:
     """Path of one of the onnx package's light models."""
     if name not in LIGHT_MODELS:
-        raise ValueError(f"unknown light model {name!r}; choose from {', '.join(LIGHT_MODELS)}")
+        raise LpxUserError(f"unknown light model {name!r}; choose from {', '.join(LIGHT_MODELS)}")
     root = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
     return root / _LIGHT_FILES.get(name, f"light_{name}.onnx")
 

@@ -74,6 +74,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from ..runtime_sim.program import aligned_copy
+from ..runtime_sim.errors import LpxUserError
 
 OPSET = 17
 IR_VERSION = 8
@@ -125,26 +126,26 @@ class LlamaConfig:
                      "vocab_size", "max_context"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ValueError(f"LlamaConfig.{name} must be a positive integer, got {value!r}")
+                raise LpxUserError(f"LlamaConfig.{name} must be a positive integer, got {value!r}")
         for name in ("rope_theta", "rms_norm_eps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not value > 0:
-                raise ValueError(f"LlamaConfig.{name} must be a positive number, got {value!r}")
+                raise LpxUserError(f"LlamaConfig.{name} must be a positive number, got {value!r}")
         if not isinstance(self.tie_word_embeddings, (bool, np.bool_)):
-            raise ValueError(f"LlamaConfig.tie_word_embeddings must be a bool, got {self.tie_word_embeddings!r}")
+            raise LpxUserError(f"LlamaConfig.tie_word_embeddings must be a bool, got {self.tie_word_embeddings!r}")
         if self.dtype not in _DTYPES:
-            raise ValueError(f"LlamaConfig.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+            raise LpxUserError(f"LlamaConfig.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if isinstance(self.head_size, bool) or not isinstance(self.head_size, (int, np.integer)) or self.head_size < 0:
-            raise ValueError(f"LlamaConfig.head_size must be a non-negative integer, got {self.head_size!r}")
+            raise LpxUserError(f"LlamaConfig.head_size must be a non-negative integer, got {self.head_size!r}")
         if not self.head_size and self.hidden_size % self.num_heads:
-            raise ValueError(f"LlamaConfig.num_heads ({self.num_heads}) must divide hidden_size "
-                             f"({self.hidden_size})")
+            raise LpxUserError(f"LlamaConfig.num_heads ({self.num_heads}) must divide hidden_size "
+                               f"({self.hidden_size})")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"LlamaConfig.num_kv_heads ({self.num_kv_heads}) must divide num_heads "
-                             f"({self.num_heads}) for grouped-query attention")
+            raise LpxUserError(f"LlamaConfig.num_kv_heads ({self.num_kv_heads}) must divide num_heads "
+                               f"({self.num_heads}) for grouped-query attention")
         if self.head_dim % 2:
-            raise ValueError(f"LlamaConfig.num_heads: head_dim = {self.head_dim} (hidden_size / num_heads, or "
-                             "head_size) must be even (rotary embeddings rotate pairs)")
+            raise LpxUserError(f"LlamaConfig.num_heads: head_dim = {self.head_dim} (hidden_size / num_heads, or "
+                               "head_size) must be even (rotary embeddings rotate pairs)")
 
     @property
     def head_dim(self) -> int:
@@ -208,7 +209,7 @@ def get_config(config_or_name) -> LlamaConfig:
         return config_or_name
     if isinstance(config_or_name, str) and config_or_name in PRESETS:
         return PRESETS[config_or_name]
-    raise ValueError(f"unknown llama config {config_or_name!r}; presets: {', '.join(PRESETS)}")
+    raise LpxUserError(f"unknown llama config {config_or_name!r}; presets: {', '.join(PRESETS)}")
 
 
 # ---------------------------------------------------------------------------
@@ -260,8 +261,8 @@ def write_cache(cache: dict, presents, position: int) -> dict:
         new = presents[name.replace("past_key_values.", "present.", 1)]
         n = new.shape[2]
         if position < 0 or position + n > array.shape[2]:
-            raise ValueError(f"cache positions {position}..{position + n - 1} are outside its capacity "
-                             f"{array.shape[2]}")
+            raise LpxUserError(f"cache positions {position}..{position + n - 1} are outside its capacity "
+                               f"{array.shape[2]}")
         array[:, :, position:position + n, :] = new
     return cache
 
@@ -271,7 +272,7 @@ def decode_mask(config, position: int) -> np.ndarray:
     valid (0), the rest ``MASK_VALUE``; ``[1, 1, 1, max_context]`` in the config's dtype."""
     config = get_config(config)
     if not 0 <= position < config.max_context:
-        raise ValueError(f"position {position} is outside the cache (max_context {config.max_context})")
+        raise LpxUserError(f"position {position} is outside the cache (max_context {config.max_context})")
     mask = np.full((1, 1, 1, config.max_context), MASK_VALUE, config.np_dtype)
     mask[..., :position] = 0
     return mask
@@ -516,9 +517,9 @@ class _Graph:
 
 def _check_seq(config: LlamaConfig, prompt_len) -> int:
     if isinstance(prompt_len, bool) or not isinstance(prompt_len, (int, np.integer)) or prompt_len <= 0:
-        raise ValueError(f"prompt_len must be a positive integer, got {prompt_len!r}")
+        raise LpxUserError(f"prompt_len must be a positive integer, got {prompt_len!r}")
     if prompt_len > config.max_context:
-        raise ValueError(f"prompt_len {prompt_len} exceeds max_context {config.max_context}")
+        raise LpxUserError(f"prompt_len {prompt_len} exceeds max_context {config.max_context}")
     return int(prompt_len)
 
 
@@ -528,13 +529,13 @@ _PROTOBUF_LIMIT = 2 ** 31  # bytes: a serialised ONNX model holding its weights 
 def _graph(config, seed: int, weights: dict | None, external: bool) -> _Graph:
     """A graph's initializers, after refusing (before drawing any weight) weights protobuf cannot hold."""
     if external and weights is None:
-        raise ValueError("external=True keeps the weights apart from the graph: pass the arrays (weights=)")
+        raise LpxUserError("external=True keeps the weights apart from the graph: pass the arrays (weights=)")
     nbytes = config.weight_bytes() if weights is None else sum(w.nbytes for w in weights.values())
     if not external and nbytes >= _PROTOBUF_LIMIT:
-        raise ValueError(f"a decoder of {config.parameter_count() / 1e9:.2f} B parameters holds "
-                         f"{nbytes / 1e9:.2f} GB of weights, past ONNX's 2 GB limit on a model with its weights "
-                         "inside; build it with external=True (its weights held apart, as generate does), or size "
-                         "it with lpx-tvm plan, which needs no graph")
+        raise LpxUserError(f"a decoder of {config.parameter_count() / 1e9:.2f} B parameters holds "
+                           f"{nbytes / 1e9:.2f} GB of weights, past ONNX's 2 GB limit on a model with its weights "
+                           "inside; build it with external=True (its weights held apart, as generate does), or size "
+                           "it with lpx-tvm plan, which needs no graph")
     return _Graph(config, llama_weights(config, seed) if weights is None else weights, external)
 
 
@@ -654,14 +655,14 @@ def read_weights(model: onnx.ModelProto, directory) -> dict[str, np.ndarray]:
         info = ExternalDataInfo(init)
         path = Path(directory) / info.location
         if not path.is_file():
-            raise ValueError(f"{init.name}: its weights file {path} is missing")
+            raise LpxUserError(f"{init.name}: its weights file {path} is missing")
         if path not in files:
             files[path] = np.memmap(path, np.uint8, mode="c")
         offset, dtype = info.offset or 0, helper.tensor_dtype_to_np_dtype(init.data_type)
         length = info.length or int(np.prod(init.dims)) * dtype.itemsize
         if offset + length > files[path].size:
-            raise ValueError(f"{init.name}: {length} bytes at {offset} run past the end of {path} "
-                             f"({files[path].size} bytes)")
+            raise LpxUserError(f"{init.name}: {length} bytes at {offset} run past the end of {path} "
+                               f"({files[path].size} bytes)")
         arrays[init.name] = files[path][offset:offset + length].view(dtype).reshape(tuple(init.dims))
     return arrays
 
@@ -680,7 +681,7 @@ def config_of(model: onnx.ModelProto) -> LlamaConfig:
     """The :class:`LlamaConfig` a graph of this module was built from (stored in its metadata)."""
     props = {p.key: p.value for p in model.metadata_props}
     if "llama_config" not in props:
-        raise ValueError("not a graph built by lpx_tvm.app.llama (no llama_config metadata)")
+        raise LpxUserError("not a graph built by lpx_tvm.app.llama (no llama_config metadata)")
     return LlamaConfig(**json.loads(props["llama_config"]))
 
 
@@ -724,8 +725,8 @@ def ort_sessions(*models, min_bytes: int = 1 << 16, weights: dict | None = None)
         for init in model.graph.initializer:
             if uses_external_data(init):
                 if weights is None or init.name not in weights:
-                    raise ValueError(f"initializer {init.name!r} is held as external data: pass its array in "
-                                     "weights={name: array}")
+                    raise LpxUserError(f"initializer {init.name!r} is held as external data: pass its array in "
+                                       "weights={name: array}")
                 fed[init.name] = weights[init.name]
             elif len(init.raw_data) < min_bytes:
                 graph.initializer.append(init)
@@ -784,12 +785,12 @@ def generate_reference(config, prompt_ids, new_tokens: int, seed: int = 0,
     config = get_config(config)
     prompt = [int(t) for t in np.asarray(prompt_ids, dtype=np.int64).reshape(-1)]
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, (int, np.integer)) or new_tokens < 0:
-        raise ValueError(f"new_tokens must be a non-negative integer, got {new_tokens!r}")
+        raise LpxUserError(f"new_tokens must be a non-negative integer, got {new_tokens!r}")
     if not prompt or len(prompt) + new_tokens > config.max_context:
-        raise ValueError(f"prompt of {len(prompt)} tokens + {new_tokens} decode steps must be 1 .. "
-                         f"max_context ({config.max_context})")
+        raise LpxUserError(f"prompt of {len(prompt)} tokens + {new_tokens} decode steps must be 1 .. "
+                           f"max_context ({config.max_context})")
     if any(not 0 <= t < config.vocab_size for t in prompt):
-        raise ValueError(f"prompt ids must be in [0, {config.vocab_size})")
+        raise LpxUserError(f"prompt ids must be in [0, {config.vocab_size})")
     factory = session_factory or ort_session
     names = output_names(config)
     prefill = factory(build_prefill(config, len(prompt), seed))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..runtime_sim.errors import LpxUserError
+
 
 def _pyplot():
     try:
@@ -13,7 +15,9 @@ def _pyplot():
         matplotlib.use("Agg")  # files only; no display needed
         import matplotlib.pyplot as plt
     except ImportError:
-        raise RuntimeError("plots need matplotlib: pip install \"lpx-tvm[plot]\"") from None
+        from .trained import MissingExtraError
+
+        raise MissingExtraError("plots need matplotlib: pip install \"lpx-tvm[plot]\"") from None
     return plt
 
 
@@ -121,7 +125,7 @@ def pareto(records: list, path, cost: str = "area_mm2", value: str = "latency_us
         if record.get("ok"):
             groups.setdefault((record["model"], record["dtype"]), []).append(record)
     if not groups:
-        raise ValueError("no successful points to plot")
+        raise LpxUserError("no successful points to plot")
     cols = min(len(groups), 3)
     rows = -(-len(groups) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)

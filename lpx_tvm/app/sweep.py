@@ -401,8 +401,10 @@ def _run_on_ray(tasks, workers, address, finished) -> None:
     try:
         import ray
     except ImportError:
-        raise RuntimeError("lpx-tvm sweep runs on Ray: pip install \"lpx-tvm[sweep]\" (or --workers 0 to run the "
-                           "points in this process)") from None
+        from .trained import MissingExtraError
+
+        raise MissingExtraError("lpx-tvm sweep runs on Ray: pip install \"lpx-tvm[sweep]\" (or --workers 0 to run the "
+                                "points in this process)") from None
     started = not ray.is_initialized()
     if started:
         if address:
@@ -491,7 +493,9 @@ def write_results(records: list, path) -> Path:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
-            raise RuntimeError("writing Parquet needs pyarrow (pip install pyarrow), or use a .csv path") from None
+            from .trained import MissingExtraError
+
+            raise MissingExtraError("writing Parquet needs pyarrow (pip install pyarrow), or use a .csv path") from None
         pq.write_table(pa.table({k: [r.get(k) for r in flat] for k in keys}), str(path))
     elif path.suffix == ".csv":
         import csv
@@ -501,7 +505,7 @@ def write_results(records: list, path) -> Path:
             writer.writeheader()
             writer.writerows(flat)
     else:
-        raise ValueError(f"{path}: results are written as .csv or .parquet")
+        raise LpxUserError(f"{path}: results are written as .csv or .parquet")
     return path
 
 

@@ -43,7 +43,7 @@ def ocr_model_path(name: str) -> Path:
         When rapidocr-onnxruntime is not installed.
     """
     if name not in OCR_MODELS:
-        raise ValueError(f"unknown OCR model {name!r}; choose from {', '.join(OCR_MODELS)}")
+        raise LpxUserError(f"unknown OCR model {name!r}; choose from {', '.join(OCR_MODELS)}")
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec is None or not spec.submodule_search_locations:
         raise MissingExtraError(f"{name} needs {RAPIDOCR_PACKAGE}: pip install \"lpx-tvm[models]\"")

@@ -21,6 +21,7 @@ from math import ceil
 import numpy as np
 
 from . import generate as single
+from ..runtime_sim.errors import LpxUserError
 
 
 def repeated(program, period: int, copies: int):
@@ -143,17 +144,17 @@ def generate_users(model="llama-tiny", users: int = 2, tokens: int = 16, system:
     import lpx_tvm
 
     if isinstance(users, bool) or not isinstance(users, int) or users < 1:
-        raise ValueError(f"users must be a positive integer, got {users!r}")
+        raise LpxUserError(f"users must be a positive integer, got {users!r}")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
+        raise LpxUserError(f"tokens must be a positive integer, got {tokens!r}")
     if system is None:
-        raise ValueError("--users runs a pipeline: give --system (each user's token passes every stage)")
+        raise LpxUserError("--users runs a pipeline: give --system (each user's token passes every stage)")
     say = progress or (lambda text: None)
     decoder = single._open_decoder(model, prompt_len, seed, context, dtype)
     prompt_len = decoder.prompt_len
     context = decoder.context_for(prompt_len + tokens, context)
     if prompt_len + tokens > context:
-        raise ValueError(f"{prompt_len} prompt tokens and {tokens} more exceed the cache's context of {context}")
+        raise LpxUserError(f"{prompt_len} prompt tokens and {tokens} more exceed the cache's context of {context}")
     names, new_names = decoder.cache_names, decoder.new_kv_names
     (prefill_graph, prefill_shapes), (decode_graph, decode_shapes) = decoder.graphs(prompt_len, context)
     options = dict(system=system, parallel="pipeline", chips=chips, dtype=dtype)

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
+from ..runtime_sim.errors import LpxUserError
 from .light_models import LIGHT_MODELS, light_model
 from .trained import OCR_MODELS, ocr_input_shapes, ocr_model, text_image
 from .transformers import bert_encoder, gpt2_decoder
@@ -107,17 +108,17 @@ def file_inputs(model: onnx.ModelProto, path, seed: int = 1) -> dict:
         with np.load(path, allow_pickle=False) as archive:
             given = {name: archive[name] for name in archive.files}
     except (OSError, ValueError) as err:
-        raise ValueError(f"--inputs {path}: not an .npz of arrays (numpy.savez writes one): {err}") from None
+        raise LpxUserError(f"--inputs {path}: not an .npz of arrays (numpy.savez writes one): {err}") from None
     feeds = seeded_inputs(model, seed)
     unknown = sorted(set(given) - set(feeds))
     if unknown:
-        raise ValueError(f"--inputs {path}: the model has no input {', '.join(map(repr, unknown))} "
-                         f"(its inputs: {', '.join(feeds)})")
+        raise LpxUserError(f"--inputs {path}: the model has no input {', '.join(map(repr, unknown))} "
+                           f"(its inputs: {', '.join(feeds)})")
     for name, array in given.items():
         want = feeds[name]
         if array.shape != want.shape or array.dtype != want.dtype:
-            raise ValueError(f"--inputs {path}: {name!r} is {array.dtype}{list(array.shape)}, the model takes "
-                             f"{want.dtype}{list(want.shape)}")
+            raise LpxUserError(f"--inputs {path}: {name!r} is {array.dtype}{list(array.shape)}, the model takes "
+                               f"{want.dtype}{list(want.shape)}")
         feeds[name] = array
     return feeds
 
@@ -365,7 +366,7 @@ def save(name: str, path, dtype: str = "fp32") -> Path:
     """
     check_names([name])
     if dtype not in ("fp32", "int8"):
-        raise ValueError(f"zoo models are saved as fp32 or int8 (other dtypes are a compile option), not {dtype!r}")
+        raise LpxUserError(f"zoo models are saved as fp32 or int8 (other dtypes are a compile option), not {dtype!r}")
     path = Path(path)
     if path.suffix != ".onnx":
         path.mkdir(parents=True, exist_ok=True)
@@ -418,7 +419,7 @@ def check_names(names) -> list:
     """``names`` as a list, or a ValueError naming the ones the zoo does not have."""
     unknown = [n for n in names if n not in ZOO]
     if unknown:
-        raise ValueError(f"unknown zoo models {unknown}; choose from {', '.join(ZOO)}")
+        raise LpxUserError(f"unknown zoo models {unknown}; choose from {', '.join(ZOO)}")
     return list(names)
 
 

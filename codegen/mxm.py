@@ -102,6 +102,21 @@ def plan(p: Product, config: ChipConfig) -> Mapping:
     return best
 
 
+def add_tree(emit: Callable, terms: list, layer: str, into=None):
+    """Sum ``terms`` (operands of one shape) with the vector unit as a tree, each ADD in place into its first
+    operand (log2 of the terms deep, not one after another); the last ADD writes ``into`` where given. Returns
+    the operand that holds the sum."""
+    terms = list(terms)
+    while len(terms) > (2 if into is not None else 1):
+        for a, b in zip(terms[::2], terms[1::2]):
+            emit(Opcode.ADD, [a, b], [a], {}, layer, None)
+        terms = terms[::2]
+    if into is not None:
+        emit(Opcode.ADD, terms, [into], {}, layer, None)
+        return into
+    return terms[0]
+
+
 def _k_groups(jobs: int, k_tiles: int, planes: int, partial: np.dtype) -> int:
     """Into how many runs to split each job's K tiles: as many as leave no plane idle (at most a run a tile),
     where the jobs alone leave planes idle. The vector unit adds the runs' partial sums in the planes' own
@@ -182,12 +197,7 @@ class PlaneMapper:
                 final = g == len(runs) - 1
                 for ki, ks in enumerate(run):
                     if final and ki == len(run) - 1:  # the others' sums join before the last tile
-                        terms = ([sums[job]] if job in sums else []) + finished
-                        while len(terms) > 1:
-                            for a, b in zip(terms[::2], terms[1::2]):
-                                self.emit(Opcode.ADD, [a, b], [a], {}, layer, None)
-                            terms = terms[::2]
-                        sums[job] = terms[0]
+                        sums[job] = add_tree(self.emit, ([sums[job]] if job in sums else []) + finished, layer)
                         self._tile(p, stationary, plane, ks, (c0, c1), (r0, r1), 1, True, sums, job, partial, layer)
                     else:
                         self._tile(p, stationary, plane, ks, (c0, c1), (r0, r1), ki, False, sums, job, partial,

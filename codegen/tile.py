@@ -27,7 +27,7 @@ import numpy as np
 from ..runtime_sim import ChipConfig, Opcode
 from ..runtime_sim.isa import OP_TABLE, Group, make_attrs
 from .graph import Graph, Node
-from .mxm import PlaneMapper, Product
+from .mxm import PlaneMapper, Product, add_tree
 from .views import Operand, dense_strides, stream, view, whole
 
 STREAM_RING = 3  # streamed weight blocks in flight: one computing, two streaming ahead
@@ -231,11 +231,7 @@ class _Tiler:
         if not phase.reduce or ring:
             return
         for j, target in enumerate(phase.exchanges[0].add_into):
-            terms = [mine(target)] + [received(ex.recv[j]) for ex in phase.exchanges]
-            while len(terms) > 1:
-                for a, b in zip(terms[::2], terms[1::2]):
-                    self.emit(Opcode.ADD, [a, b], [a], {}, node.layer)
-                terms = terms[::2]
+            add_tree(self.emit, [mine(target)] + [received(ex.recv[j]) for ex in phase.exchanges], node.layer)
 
     def allgather(self, node: Node) -> None:
         """An all-gather (tensor parallel): this chip's slice into its block of the full tensor, then the
@@ -307,13 +303,9 @@ class _Tiler:
                               to_ports[j])
                     self.emit(Opcode.RECV, [], [piece(scratch[e], j, split)], {"peer": frm, "tag": tag},
                               node.layer, frm_ports[j % len(frm_ports)])
-            terms = [whole(g, have)] + [whole(g, scratch[e]) for e in range(len(level))]
-            while len(terms) > 2:
-                for x, y in zip(terms[::2], terms[1::2]):
-                    self.emit(Opcode.ADD, [x, y], [x], {}, node.layer)
-                terms = terms[::2]
             last = number == len(levels) - 1
-            self.emit(Opcode.ADD, terms, [whole(g, out if last else have)], {}, node.layer)
+            add_tree(self.emit, [whole(g, have)] + [whole(g, scratch[e]) for e in range(len(level))], node.layer,
+                     into=whole(g, out if last else have))
 
     def broadcast(self, node: Node) -> None:
         """One COPY from a view of the input that repeats it (stride 0) along the axes it broadcasts."""

@@ -3,6 +3,8 @@ importer. The module that comes out compiles like an imported ONNX model (``lpx_
 
 from __future__ import annotations
 
+from .runtime_sim.errors import LpxUserError
+
 
 def _torch():
     try:
@@ -51,12 +53,12 @@ def from_pytorch(module, example_inputs):
     from tvm.relax.frontend.torch import from_exported_program
 
     if not isinstance(module, torch.nn.Module):
-        raise ValueError(f"from_pytorch takes a torch.nn.Module, got {type(module).__name__}")
+        raise LpxUserError(f"from_pytorch takes a torch.nn.Module, got {type(module).__name__}")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (
         tuple(example_inputs) if isinstance(example_inputs, list) else (example_inputs,))
     for k, value in enumerate(inputs):
         if not isinstance(value, torch.Tensor):
-            raise ValueError(f"from_pytorch: example input {k} is a {type(value).__name__}, not a torch.Tensor")
+            raise LpxUserError(f"from_pytorch: example input {k} is a {type(value).__name__}, not a torch.Tensor")
     training = module.training
     module.train(False)  # eval mode
     try:
@@ -64,11 +66,11 @@ def from_pytorch(module, example_inputs):
             try:
                 exported = torch.export.export(module, inputs)
             except Exception as err:  # torch.export raises many kinds; the first line says what it met
-                raise ValueError(f"torch.export cannot export {type(module).__name__}: {_first_line(err)}") from None
+                raise LpxUserError(f"torch.export cannot export {type(module).__name__}: {_first_line(err)}") from None
             try:
                 return from_exported_program(exported, keep_params_as_input=False)
             except Exception as err:
-                raise ValueError(f"TVM's ExportedProgram importer cannot take {type(module).__name__}: "
-                                 f"{_first_line(err)}") from None
+                raise LpxUserError(f"TVM's ExportedProgram importer cannot take {type(module).__name__}: "
+                                   f"{_first_line(err)}") from None
     finally:
         module.train(training)

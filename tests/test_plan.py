@@ -391,7 +391,7 @@ def test_a_tokens_cycles_are_its_blocks_head_links_and_cache_write_worked_by_han
     - One stage boundary inside the node: a hop and the whole hidden state, 216 + 62 = 278.
     - The K/V write: a chip holds 2 layers, 2 K/V heads each: 2 × 2 (K and V) × 2 × 32 × 4 bytes = 1,024,
       ceil(1,024 / 35) = 30 cycles + 450."""
-    from lpx_tvm.app.plan import block_cost, head_cost, shard_shape
+    from lpx_tvm.app.plan_model import block_cost, head_cost, shard_shape
 
     tsp = load_config("tsp")
     spec = model_spec("llama-small")

@@ -132,7 +132,8 @@ def test_the_plan_counts_users_in_flight_at_the_busiest_stages_pace(four_users):
     planes more of it does). So the plan's pace is never the faster of the two, and it is within 15% of the
     simulated one (1,456 against 1,303: 11.7%; 1,501 against 1,370, 9.6%, with each product's K tiles on one
     plane)."""
-    from lpx_tvm.app.plan import block_cost, head_step_cycles, model_spec, plan, shard_shape
+    from lpx_tvm.app.plan import plan
+    from lpx_tvm.app.plan_model import block_cost, head_step_cycles, model_spec, shard_shape
 
     spec, tsp = model_spec("llama-small"), load_config("tsp")
     shape, _, _ = shard_shape(spec, 1, 1, 128)

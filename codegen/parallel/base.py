@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...runtime_sim import ChipConfig
+from ...runtime_sim.errors import LpxUserError
 from ...runtime_sim.system import SystemConfig
 from ..graph import Graph
 
 
-class SystemCompileError(ValueError):
+class SystemCompileError(LpxUserError):
     """A model that cannot be mapped onto a system (it does not fit, or the system cannot carry it)."""
 
 

@@ -27,10 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
+from ...runtime_sim.errors import LpxUserError
 from ...runtime_sim.system import SystemConfig
 
 
-class CollectiveError(ValueError):
+class CollectiveError(LpxUserError):
     """T chips of a system that no collective algorithm joins."""
 
 

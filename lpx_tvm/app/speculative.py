@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from math import inf
 
-from .plan import Mapping, PlanError, evaluate
+from .plan_model import Mapping, PlanError, evaluate
 
 MAX_DRAFT_TOKENS = 8
 

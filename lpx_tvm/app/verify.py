@@ -1,6 +1,6 @@
 """``plan --verify``: the chosen mapping's layers compiled and timed as its stages hold them.
 
-A plan composes one block's cycles: two blocks compiled together, less one (:func:`.plan.block_cost`), times
+A plan composes one block's cycles: two blocks compiled together, less one (:func:`.plan_model.block_cost`), times
 the model's layers. The verification compiles every stage of the mapping whole, its layers as one program of
 the codegen (the weights zero-strided, as the plan builds them), and times it with the timing-only
 simulator. A stage program starts with its input crossing the host link and ends with its output crossing
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime_sim import DType
-from .plan import PlanError, _as_built, _measure, block_cost, shard_shape
+from .plan_model import PlanError, _as_built, _measure, block_cost, shard_shape
 from .plan_graph import block_graph
 
 

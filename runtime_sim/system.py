@@ -20,7 +20,9 @@ Topologies:
   of 16, 2 links to one chip of each other node): any two chips are at most 2 hops apart;
 - ``dragonfly``: larger TSP systems, described by their figures (nodes, hops, global bandwidth
   per chip) for planning; they are too large to list link by link, so programs are not simulated on them;
-- ``described``: any other system given by its figures (the LPX rack).
+- ``racks``: systems of LPX racks (``lpx-system-N``), described by their figures for planning, each rack an
+  ``lpx-rack``;
+- ``described``: any other system given by its figures in a system file.
 """
 
 from __future__ import annotations

@@ -200,15 +200,3 @@ def depthwise_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     kernel = _compiled(_build_depthwise, (kh, kw), (sh, sw), (dh, dw))
     kernel(tvm_ffi.from_dlpack(padded), tvm_ffi.from_dlpack(taps), tvm_ffi.from_dlpack(out))
     return out.reshape(n, c, oh, vectors * _LANES)[..., :ow]
-
-
-def install() -> None:
-    """Make :func:`half_product` the simulator's product of few rows and an fp16 tile, :func:`depthwise_sums`
-    its depthwise convolution, :func:`.fused_kernels.kernel` the builder of its fused elementwise runs, and
-    :mod:`.window_kernels` its IM2COL and max pooling."""
-    from . import fused_kernels, window_kernels
-    from .runtime_sim import fusion, semantics
-    semantics.use_half_product(half_product)
-    semantics.use_depthwise_sums(depthwise_sums)
-    fusion.use_elementwise_kernels(fused_kernels.kernel)
-    semantics.use_window_kernels(window_kernels.im2col, window_kernels.max_pool)

@@ -52,8 +52,21 @@ def register_with_tvm() -> None:
     relax_pipeline.PIPELINE_MAP["default"] = default
     tvm_ffi.register_global_func("relax.ext.lpx", relax_ext_lpx, override=True)
     from . import runtime  # noqa: F401  registers lpx.runtime.execute (numpy and tvm_ffi only)
-    from .host_kernels import install
-    install()  # the simulator's fp16 products of few rows by a kernel TVM compiles for this CPU
+    _install_host_kernels()  # the simulator's hot loops by kernels TVM compiles for this CPU
+
+
+def _install_host_kernels() -> None:
+    """Make :func:`.host_kernels.half_product` the simulator's product of few rows and an fp16 tile,
+    :func:`.host_kernels.depthwise_sums` its depthwise convolution, :func:`.fused_kernels.kernel` the builder
+    of its fused elementwise runs, and :mod:`.window_kernels` its IM2COL and max pooling. (Here, not in
+    host_kernels: the fused and window kernels build on host_kernels' helpers, so it cannot import them.)"""
+    from . import fused_kernels, host_kernels, window_kernels
+    from .runtime_sim import fusion, semantics
+
+    semantics.use_half_product(host_kernels.half_product)
+    semantics.use_depthwise_sums(host_kernels.depthwise_sums)
+    fusion.use_elementwise_kernels(fused_kernels.kernel)
+    semantics.use_window_kernels(window_kernels.im2col, window_kernels.max_pool)
 
 
 class _RegisterAfterTVM(importlib.abc.MetaPathFinder):

@@ -20,6 +20,7 @@ import os
 import threading
 import weakref
 from bisect import bisect_right
+from dataclasses import replace
 
 import numpy as np
 
@@ -98,13 +99,11 @@ class HeldWeights:
 
     def holding(self, constants) -> tuple:
         """``constants`` with each that lies inside a held array named (:class:`~.program.Constant`
-        ``held``), the others as they are."""
-        from .program import Constant
-
+        ``held``), the others as they are. (A copy with ``held`` set: this module stays below the program's.)"""
         out = []
         for const in constants:
             where = () if const.held else self.place(const.data)
-            out.append(Constant(const.ref, const.data, (self.id, *where)) if where else const)
+            out.append(replace(const, held=(self.id, *where)) if where else const)
             self.named += const.ref.nbytes if where else 0
         return tuple(out)
 

@@ -77,6 +77,11 @@ class Group:
         return len(self.chips)
 
     @property
+    def diameter(self) -> int:
+        """Hops between the group's two farthest chips: one all linked, two across a grid's nodes, half a ring."""
+        return {"direct": 1, "hierarchical": 2}.get(self.algorithm, self.ranks // 2)
+
+    @property
     def per_node(self) -> int:
         return self.ranks // self.nodes
 

@@ -268,8 +268,9 @@ def floor_cycles(spec: ModelSpec, system: SystemConfig, dtype: str, context: int
 
     Per layer, each chip of T: its share of the layer's weights through the fastest weight path (installing
     into the matrix planes: planes × install streams × a vector a cycle), its share of the K/V cache at the
-    SRAM rate, and two all-reduces of the hidden state, each the hops across the group's diameter (one within a
-    node or a fully connected system, two across a grid of nodes) and its bytes over the links a pair has.
+    SRAM rate, and two all-reduces of the hidden state, each the hops across the diameter of the group the
+    compiler's collectives use (one all linked, two across a grid of nodes, half a ring; a width no collective
+    joins is not a mapping) and its bytes over the links a pair has.
     Then the LM head's share, and a hop between each two of the S stages the weights need (S × T ≤ chips; from
     rack to rack on a system of racks, its rack-to-rack latency).
     No unit latency, no dependence: nothing any schedule could remove is left out, nothing else is in.
@@ -289,18 +290,22 @@ def floor_cycles(spec: ModelSpec, system: SystemConfig, dtype: str, context: int
     kv = 2 * batch * spec.kv_heads * context * spec.head_dim * item
     hidden = batch * spec.hidden * item
     total = spec.chip_params() * item + spec.cache_bytes(context, batch, dtype)
-    node = _node_chips(system)
+    from ..codegen.parallel.collectives import choose
+
     best = None
     for width in _widths(spec, chips, system):
         stages = max(1, ceil(total / (width * chip.sram_bytes)))
         if stages * width > chips or stages > spec.layers:
             continue
-        hops = 1 if width <= node else 2
-        links = _links_a_pair(system, width)
+        try:  # the group the compiler would run the width's collectives on (as the plan's search does)
+            group = choose(system if system.simulated else load_system(_group_system(system)), width)
+        except CollectiveError:
+            continue
+        collective = 0 if width == 1 else group.diameter * system.hop_cycles + ceil(
+            hidden / width / (group.links * chip.c2c_bytes_per_cycle))
         parts = {"weights": spec.layers * ceil(layer_weights / width / install),
                  "KV cache": spec.layers * ceil(kv / min(width, spec.kv_heads) / sram),
-                 "collectives": spec.layers * 2 * (hops * system.hop_cycles
-                                                   + ceil(hidden / width / (links * chip.c2c_bytes_per_cycle))),
+                 "collectives": spec.layers * 2 * collective,
                  "head": ceil(spec.hidden * spec.vocab * item / width / install),
                  "stages": (stages - 1) * system.hop_cycles + _rack_crossings(system, stages, width) * (
                      system.figures.get("rack_hop_cycles", 0) - system.hop_cycles)}
@@ -316,21 +321,6 @@ def _rack_crossings(system: SystemConfig, stages: int, width: int) -> int:
     if "rack_hop_cycles" not in system.figures:
         return 0
     return (stages - 1) // max(system.figures["node_chips"] // width, 1)
-
-
-def _node_chips(system: SystemConfig) -> int:
-    """Chips joined all to all: the whole system where it is fully connected, else a node."""
-    if system.topology == "fully-connected":
-        return system.chips
-    return int(system.figures.get("node_chips") or (system.chips if not system.links else
-                                                    max(len(system.neighbours(0)), 1)))
-
-
-def _links_a_pair(system: SystemConfig, width: int) -> int:
-    """Links between two chips of a group of ``width`` (the first chips of the system or of its node)."""
-    if system.links and width > 1:
-        return max(len(system.links_between(0, 1)), 1)
-    return 1
 
 
 # a cause on a block's critical path as the plan's split names it (the rest is latency: results in pipelines)

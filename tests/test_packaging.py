@@ -75,3 +75,17 @@ def test_codegen_does_not_import_the_tvm_face():
         for name in _imports(path):
             assert not name.startswith("lpx_tvm.") or name.split(".")[1] in ("codegen", "runtime_sim"), \
                 f"{path} imports {name}"
+
+
+def test_every_package_folder_is_installed():
+    """pyproject lists its packages by name (codegen/ and runtime_sim/ are mapped under lpx_tvm): a folder with an
+    __init__.py that is not listed is missing from a wheel (codegen/parallel was)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for folder, prefix in (("lpx_tvm", ("lpx_tvm",)), ("codegen", ("lpx_tvm", "codegen")),
+                           ("runtime_sim", ("lpx_tvm", "runtime_sim"))):
+        for init in (ROOT / folder).rglob("__init__.py"):
+            found.add(".".join(prefix + init.parent.relative_to(ROOT / folder).parts))
+    assert found == listed

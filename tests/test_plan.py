@@ -454,13 +454,12 @@ def test_a_model_larger_than_a_rack_spans_racks_at_the_rack_to_rack_latency():
         load_system("lpx-system-17")
 
 
-def test_a_sliding_window_is_named_not_ignored():
-    """A Mistral-style config.json with a 4,096-position window: the plan prices every layer over the whole
-    context, so a window it does not model is an error naming it; a window switched off (Qwen2's
-    use_sliding_window false) or null plans."""
+def test_a_sliding_window_is_read_not_ignored():
+    """A Mistral-style config.json with a 4,096-position window: every layer attends to the last 4,096
+    positions (tests/test_plan_published.py prices it); a window switched off (Qwen2's use_sliding_window
+    false) or null leaves every layer the whole context."""
     config = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
               "intermediate_size": 14336, "vocab_size": 32000, "sliding_window": 4096}
-    with pytest.raises(PlanError, match="sliding_window 4096 is not modelled"):
-        model_spec(config)
-    assert model_spec({**config, "sliding_window": None}).layers == 32
-    assert model_spec({**config, "use_sliding_window": False}).layers == 32
+    assert model_spec(config).sliding == tuple(range(32)) and model_spec(config).window == 4096
+    assert model_spec({**config, "sliding_window": None}).sliding == ()
+    assert model_spec({**config, "use_sliding_window": False}).sliding == ()

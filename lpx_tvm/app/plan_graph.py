@@ -9,8 +9,27 @@ products split by rows, their partial sums summed by the all-reduce the compiler
 group of chips (in the graph, as rank 0 runs it). Weights are zero-strided arrays of the storage type: the codegen needs
 their shapes, never their values, and a 405B block is not materialised. The KV cache is resident state.
 
-A mixture-of-experts block replaces the MLP by the router's product and one expert's SwiGLU shard (the
-planner places the experts; a token's top-k experts run on different chips side by side).
+A mixture-of-experts block replaces the MLP by the router's product, the SwiGLU shards of the ``routed``
+experts this chip runs for a token (the planner places the experts; a token's top-k experts run on
+different chips side by side, one a chip where there are at least k chips) and the shared experts' columns
+(DeepSeek's ``n_shared_experts``, split over the chips as a dense MLP is), their sums added before the one
+all-reduce that combines the chips'.
+
+A block with multi-head latent attention (DeepSeek-V3's MLA, ``BlockShape.mla``) is built in its decode
+form, the up-projections absorbed into the query and the output as DeepSeek's inference code runs it: the
+query's and the latent's down-projections split by columns over the chips and all-gathered (a product of
+hidden × (q_lora_rank + kv_lora_rank + qk_rope_head_dim)), RMSNorm of the two latents, the query's
+up-projection for this chip's heads (its no-rotary and rotary parts), each head's no-rotary query taken into
+the latent space by its slice of the K up-projection (a batched product by a constant), rotary embeddings of
+the rotary query and the one shared rotary key, the cache (``kv_lora_rank`` latent and ``qk_rope_head_dim``
+rotary columns a position, no heads: every chip holds all of it) concatenated with the new position, the
+scores as the latent and rotary products summed, softmax, the context in the latent space (the latent cache
+is the values), each head's slice of the V up-projection, and the output projection by rows, all-reduced.
+A prompt's prefill is built in the same absorbed form (it multiplies more than the expanded form would: an
+upper bound on a prefill, never below it).
+
+A sliding-window layer is the same graph at ``context = min(context, window)``: its cache keeps the window's
+positions and its attention reads them (the planner sets that context).
 """
 
 from __future__ import annotations
@@ -39,6 +58,11 @@ class BlockShape:
     experts: int = 0  # router outputs (0: a dense MLP)
     system: str = ""  # the system whose chips the shard's all-reduces cross (none: a shard alone)
     width: int = 1  # the chips of the tensor-parallel group
+    routed: int = 1  # experts this chip runs for a token (a mixture of experts): their SwiGLUs one after another
+    shared_ffn: int = 0  # the shared experts' MLP columns on this chip (0: none)
+    mla: tuple = ()  # (q_lora_rank, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim); (): not MLA
+    qk_norm: bool = False  # an RMSNorm of each query and key head (Qwen3, Gemma 3)
+    sandwich: bool = False  # an RMSNorm of attention's and the MLP's sums before each residual add (Gemma)
 
 
 class _Builder:
@@ -91,9 +115,13 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
         return b.node("allreduce", [partial], (s.batch, s.tokens, s.hidden), rank=0, ranks=group.ranks,
                       tag=tag, group=group, rotated=False)
     hd, kvh, qh = s.head_dim, s.kv_heads, s.heads
+    if s.mla:  # one latent "K/V head" all the chip's query heads read
+        q_lora, kv_lora, rope_dim, nope, v_dim = s.mla
+        kvh = 1
     rep = max(qh // kvh, 1)
     x = g.add_tensor((s.batch, s.tokens, s.hidden), b.dtype)
-    cos, sin = g.add_tensor((s.tokens, hd), b.dtype), g.add_tensor((s.tokens, hd), b.dtype)
+    rotary = rope_dim if s.mla else hd
+    cos, sin = g.add_tensor((s.tokens, rotary), b.dtype), g.add_tensor((s.tokens, rotary), b.dtype)
     g.inputs = [x, cos, sin]
     keys = s.context + s.tokens if s.context else s.tokens
     if s.context:
@@ -104,52 +132,122 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
         full_mask = b.node("CONCAT", [mask, b.weight(1, 1, rows, s.tokens)], (1, 1, rows, keys), axis=3)
     else:
         # the causal mask is a constant of a prefill graph, one row per stacked query row
-        full_mask = b.weight(1, 1, max(qh // kvh, 1) * s.tokens, s.tokens)
+        full_mask = b.weight(1, 1, rep * s.tokens, s.tokens)
     hidden = (s.batch, s.tokens, s.hidden)
-    for _ in range(layers):
-        n = b.rms_norm(x, hidden)
 
-        def heads(count):
-            proj = b.node("matmul", [n, b.weight(s.hidden, count * hd)], (s.batch, s.tokens, count * hd))
-            split = b.alias(proj, (s.batch, s.tokens, count, hd))
-            return b.node("TRANSPOSE", [split], (s.batch, count, s.tokens, hd), perm=(0, 2, 1, 3))
+    def rope(t, count, dim=hd):
+        shape_ = (s.batch, count, s.tokens, dim)
+        rot = b.node("matmul", [t, b.weight(dim, dim)], shape_)
+        a = b.node("MUL", [t, cos], shape_)
+        c = b.node("MUL", [rot, sin], shape_)
+        return b.node("ADD", [a, c], shape_)
 
-        def rope(t, count):
-            shape_ = (s.batch, count, s.tokens, hd)
-            rot = b.node("matmul", [t, b.weight(hd, hd)], shape_)
-            a = b.node("MUL", [t, cos], shape_)
-            c = b.node("MUL", [rot, sin], shape_)
-            return b.node("ADD", [a, c], shape_)
-        q = rope(heads(qh), qh)
-        k = rope(heads(kvh), kvh)
-        v = heads(kvh)
-        if s.context:
-            cache_k = g.add_tensor((s.batch, kvh, s.context, hd), b.dtype)
-            cache_v = g.add_tensor((s.batch, kvh, s.context, hd), b.dtype)
-            g.inputs += [cache_k, cache_v]
-            g.state |= {cache_k, cache_v}
-            k = b.node("CONCAT", [cache_k, k], (s.batch, kvh, keys, hd), axis=2)
-            v = b.node("CONCAT", [cache_v, v], (s.batch, kvh, keys, hd), axis=2)
-        kt = b.node("TRANSPOSE", [k], (s.batch, kvh, hd, keys), perm=(0, 1, 3, 2))
-        stacked = b.alias(q, (s.batch, kvh, rep * s.tokens, hd))
-        scores = b.node("matmul", [stacked, kt], (s.batch, kvh, rep * s.tokens, keys))
+    def cached(new, width):
+        """``new`` (batch, 1, tokens, width) after this layer's resident latent cache of ``width`` columns a
+        position (MLA's: no heads)."""
+        if not s.context:
+            return new
+        cache = g.add_tensor((s.batch, 1, s.context, width), b.dtype)
+        g.inputs.append(cache)
+        g.state.add(cache)
+        return b.node("CONCAT", [cache, new], (s.batch, 1, keys, width), axis=2)
+
+    def attend(scores, values, width):
+        """Softmax of the stacked rows' scores, times the values: (batch, kvh, rep × tokens, width)."""
         scaled = b.node("MUL", [scores, b.weight()], (s.batch, kvh, rep * s.tokens, keys))
         masked = b.node("ADD", [scaled, full_mask], (s.batch, kvh, rep * s.tokens, keys))
         probs = b.node("SOFTMAX", [masked], (s.batch, kvh, rep * s.tokens, keys), axis=3)
-        ctx = b.node("matmul", [probs, v], (s.batch, kvh, rep * s.tokens, hd))
-        back = b.node("TRANSPOSE", [b.alias(ctx, (s.batch, qh, s.tokens, hd))], (s.batch, s.tokens, qh, hd),
-                      perm=(0, 2, 1, 3))
-        out = b.node("matmul", [b.alias(back, (s.batch, s.tokens, qh * hd)), b.weight(qh * hd, s.hidden)], hidden)
-        x = b.node("ADD", [summed(out), x], hidden)
+        return b.node("matmul", [probs, values], (s.batch, kvh, rep * s.tokens, width))
+
+    def swiglu(n, columns):
+        mlp = (s.batch, s.tokens, columns)
+        gate = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
+        silu = b.node("MUL", [gate, b.node("SIGMOID", [gate], mlp)], mlp)
+        up = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
+        return b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(columns, s.hidden)], hidden)
+
+    def latent_attention(n):
+        """MLA's decode form (the module docstring): the output projection's partial sums."""
+        width = q_lora + kv_lora + rope_dim
+        if group is None:
+            latent = b.node("matmul", [n, b.weight(s.hidden, width)], (s.batch, s.tokens, width))
+        else:  # each chip makes its columns of the down-projections; the all-gather gives every chip all
+            piece = -(-width // s.width)
+            part = b.node("matmul", [n, b.weight(s.hidden, piece)], (s.batch, s.tokens, piece))
+            latent = b.node("allgather", [part], (s.batch, s.tokens, piece * s.width), axis=2, rank=0,
+                            ranks=group.ranks, tag=b.count * group.tags(), group=group)
+
+        def cut(begin, size):
+            return b.node("SLICE", [latent], (s.batch, s.tokens, size), begin=(0, 0, begin), step=(1, 1, 1))
+        c_q = b.rms_norm(cut(0, q_lora), (s.batch, s.tokens, q_lora)) if q_lora else n
+        c_kv = b.rms_norm(cut(q_lora, kv_lora), (s.batch, s.tokens, kv_lora))
+        k_rope = cut(q_lora + kv_lora, rope_dim)
+
+        def up(columns):
+            proj = b.node("matmul", [c_q, b.weight(q_lora or s.hidden, qh * columns)], (s.batch, s.tokens, qh * columns))
+            return b.node("TRANSPOSE", [b.alias(proj, (s.batch, s.tokens, qh, columns))],
+                          (s.batch, qh, s.tokens, columns), perm=(0, 2, 1, 3))
+        q_nope, q_rope = up(nope), rope(up(rope_dim), qh, rope_dim)
+        # each head's no-rotary query into the latent space: its slice of the K up-projection, absorbed
+        q_latent = b.node("matmul", [q_nope, b.weight(qh, nope, kv_lora)], (s.batch, qh, s.tokens, kv_lora))
+        k_rope = rope(b.alias(k_rope, (s.batch, 1, s.tokens, rope_dim)), 1, rope_dim)
+        c_kv = cached(b.alias(c_kv, (s.batch, 1, s.tokens, kv_lora)), kv_lora)
+        k_rope = cached(k_rope, rope_dim)
+        stacked = (s.batch, 1, qh * s.tokens)
+        scores = b.node("ADD", [
+            b.node("matmul", [b.alias(q_latent, stacked + (kv_lora,)),
+                              b.node("TRANSPOSE", [c_kv], (s.batch, 1, kv_lora, keys), perm=(0, 1, 3, 2))],
+                   stacked + (keys,)),
+            b.node("matmul", [b.alias(q_rope, stacked + (rope_dim,)),
+                              b.node("TRANSPOSE", [k_rope], (s.batch, 1, rope_dim, keys), perm=(0, 1, 3, 2))],
+                   stacked + (keys,))], stacked + (keys,))
+        ctx = attend(scores, c_kv, kv_lora)  # the latent cache is the values
+        heads_v = b.node("matmul", [b.alias(ctx, (s.batch, qh, s.tokens, kv_lora)), b.weight(qh, kv_lora, v_dim)],
+                         (s.batch, qh, s.tokens, v_dim))
+        back = b.node("TRANSPOSE", [heads_v], (s.batch, s.tokens, qh, v_dim), perm=(0, 2, 1, 3))
+        return b.node("matmul", [b.alias(back, (s.batch, s.tokens, qh * v_dim)), b.weight(qh * v_dim, s.hidden)],
+                      hidden)
+
+    for _ in range(layers):
+        n = b.rms_norm(x, hidden)
+        if s.mla:
+            out = latent_attention(n)
+        else:
+            def heads(count, norm=False):
+                proj = b.node("matmul", [n, b.weight(s.hidden, count * hd)], (s.batch, s.tokens, count * hd))
+                split = b.alias(proj, (s.batch, s.tokens, count, hd))
+                t = b.node("TRANSPOSE", [split], (s.batch, count, s.tokens, hd), perm=(0, 2, 1, 3))
+                return b.rms_norm(t, (s.batch, count, s.tokens, hd)) if norm else t
+            q = rope(heads(qh, s.qk_norm), qh)
+            k = rope(heads(kvh, s.qk_norm), kvh)
+            v = heads(kvh)
+            if s.context:
+                cache_k = g.add_tensor((s.batch, kvh, s.context, hd), b.dtype)
+                cache_v = g.add_tensor((s.batch, kvh, s.context, hd), b.dtype)
+                g.inputs += [cache_k, cache_v]
+                g.state |= {cache_k, cache_v}
+                k = b.node("CONCAT", [cache_k, k], (s.batch, kvh, keys, hd), axis=2)
+                v = b.node("CONCAT", [cache_v, v], (s.batch, kvh, keys, hd), axis=2)
+            kt = b.node("TRANSPOSE", [k], (s.batch, kvh, hd, keys), perm=(0, 1, 3, 2))
+            stacked = b.alias(q, (s.batch, kvh, rep * s.tokens, hd))
+            scores = b.node("matmul", [stacked, kt], (s.batch, kvh, rep * s.tokens, keys))
+            ctx = attend(scores, v, hd)
+            back = b.node("TRANSPOSE", [b.alias(ctx, (s.batch, qh, s.tokens, hd))], (s.batch, s.tokens, qh, hd),
+                          perm=(0, 2, 1, 3))
+            out = b.node("matmul", [b.alias(back, (s.batch, s.tokens, qh * hd)), b.weight(qh * hd, s.hidden)], hidden)
+        out = summed(out)
+        x = b.node("ADD", [b.rms_norm(out, hidden) if s.sandwich else out, x], hidden)
         n = b.rms_norm(x, hidden)
         if s.experts:
             b.node("matmul", [n, b.weight(s.hidden, s.experts)], (s.batch, s.tokens, s.experts))
-        mlp = (s.batch, s.tokens, s.ffn)
-        gate = b.node("matmul", [n, b.weight(s.hidden, s.ffn)], mlp)
-        silu = b.node("MUL", [gate, b.node("SIGMOID", [gate], mlp)], mlp)
-        up = b.node("matmul", [n, b.weight(s.hidden, s.ffn)], mlp)
-        down = b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(s.ffn, s.hidden)], hidden)
-        x = b.node("ADD", [summed(down), x], hidden)
+        terms = [swiglu(n, s.ffn) for _ in range(s.routed if s.experts else 1)]
+        if s.shared_ffn:
+            terms.append(swiglu(n, s.shared_ffn))
+        down = terms[0]
+        for term in terms[1:]:  # this chip's experts' sums, then the chips' by the all-reduce
+            down = b.node("ADD", [down, term], hidden)
+        down = summed(down)
+        x = b.node("ADD", [b.rms_norm(down, hidden) if s.sandwich else down, x], hidden)
     g.outputs = [x]
     return g
 

@@ -139,19 +139,19 @@ class PlaneMapper:
     def __init__(self, g, config: ChipConfig, emit: Callable, new_chain: Callable):
         self.g, self.config, self.emit, self.new_chain = g, config, emit, new_chain
         self.load = [0] * config.mxm_planes  # planned cycles per plane, to balance jobs
+        self.load_now = [0] * config.mxm_planes  # the same for the product being mapped
         self.tiles = 0  # each installed tile names its own buffer; schedule picks the plane's physical one
 
     def map(self, p: Product, layer: str) -> None:
         """Emit the tile ops of one product."""
         config = self.config
+        self.load_now = [0] * config.mxm_planes
         mapping = plan(p, config)
         stationary = mapping.stationary
         held, streamed = (p.n, p.m) if stationary == "B" else (p.m, p.n)
         passes = config.mxm_passes[_matrix_class(p.dtype)]
         col_tiles = [(c, min(c + config.mxm_cols, held)) for c in range(0, held, config.mxm_cols)]
         k_tiles = [(k, min(k + config.mxm_rows, p.k)) for k in range(0, p.k, config.mxm_rows)]
-        install = _install_cycles(k_tiles[0][1] - k_tiles[0][0], col_tiles[0][1] - col_tiles[0][0],
-                                  np.dtype(p.dtype).itemsize, config)
         step = ceil(streamed / mapping.chunks)
         chunks = [(r, min(r + step, streamed)) for r in range(0, streamed, step)]
         if p.rows_first:  # chunk by chunk of rows, each spread over the planes: the next op starts on the first
@@ -161,12 +161,12 @@ class PlaneMapper:
         partial = np.dtype(np.int32) if np.dtype(p.dtype).kind in "iu" else np.dtype(np.float32)
         groups = _k_groups(len(jobs), len(k_tiles), config.mxm_planes, partial)
         if groups > 1:
-            self._split_k(p, stationary, jobs, k_tiles, groups, install, passes, partial, layer)
+            self._split_k(p, stationary, jobs, k_tiles, groups, passes, partial, layer)
             return
         per_plane = [[] for _ in range(config.mxm_planes)]
         for job in sorted(jobs, key=lambda j: -(j[1][1] - j[1][0])):
-            plane = min(range(config.mxm_planes), key=self.load.__getitem__)
-            self.load[plane] += len(k_tiles) * max(install, (job[1][1] - job[1][0]) * passes)
+            plane = self._least_loaded()
+            self._book(plane, self._cycles(p, job, k_tiles, passes))
             per_plane[plane].append(job)
         for plane, plane_jobs in enumerate(per_plane):
             sums = {}
@@ -176,7 +176,22 @@ class PlaneMapper:
                     last = ki == len(k_tiles) - 1
                     self._tile(p, stationary, plane, (k0, k1), (c0, c1), (r0, r1), ki, last, sums, job, partial, layer)
 
-    def _split_k(self, p, stationary, jobs, k_tiles, groups, install, passes, partial, layer) -> None:
+    def _least_loaded(self) -> int:
+        return min(range(self.config.mxm_planes), key=lambda q: (self.load_now[q], self.load[q]))
+
+    def _book(self, plane: int, cycles: int) -> None:
+        self.load_now[plane] += cycles
+        self.load[plane] += cycles
+
+    def _cycles(self, p: Product, job: tuple, k_tiles: list, passes: int) -> int:
+        """A job's plane-cycles over ``k_tiles``: each tile's install (its own rows and columns: a narrow last
+        column tile installs in a fraction of a full one's time) or its rows' passes, the longer."""
+        (c0, c1), (r0, r1) = job
+        item = np.dtype(p.dtype).itemsize
+        return sum(max(_install_cycles(k1 - k0, c1 - c0, item, self.config), (r1 - r0) * passes)
+                   for k0, k1 in k_tiles)
+
+    def _split_k(self, p, stationary, jobs, k_tiles, groups, passes, partial, layer) -> None:
         """A product with fewer jobs than planes (a decode step's: one row, few column tiles) whose K spans
         several tiles: each job's K tiles in ``groups`` runs on planes of their own, side by side; the other
         runs' partial sums are added (VXM) into the last run's before its last tile, whose sums stream into
@@ -187,12 +202,11 @@ class PlaneMapper:
         runs = [k_tiles[a:b] for a, b in zip(bounds, bounds[1:])]
         for job in jobs:
             (c0, c1), (r0, r1) = job
-            cost = max(install, (r1 - r0) * passes)
             shape = (r1 - r0, c1 - c0) if stationary == "B" else (c1 - c0, r1 - r0)
             finished = []
             for g, run in enumerate(runs):
-                plane = min(range(config.mxm_planes), key=self.load.__getitem__)
-                self.load[plane] += len(run) * cost
+                plane = self._least_loaded()
+                self._book(plane, self._cycles(p, job, run, passes))
                 sums = {}
                 final = g == len(runs) - 1
                 for ki, ks in enumerate(run):

@@ -282,7 +282,12 @@ class _Tiler:
     def _one_shot(self, node: Node, partial: int, out: int) -> None:
         """A one-shot all-reduce (:meth:`~.parallel.collectives.Group.one_shot`): at each level, this chip's
         sums so far go whole to every peer (cut into a piece a link along the last axis) and the peers' land in
-        scratch tensors; then all are added as a tree, in place, the last sum into the output."""
+        scratch tensors; then all are added as a tree, in place, the last sum into the output.
+
+        Across a grid of nodes the columns go two ways at once: the first half within the node and then across
+        the nodes, the second half across and then within. Each kind of link then carries half the bytes at
+        each level, and is free for the other half's second level by the time it comes (one way, the links
+        across the nodes, fewer a pair, would carry all of it and the links within the node would wait)."""
         g, a = self.g, node.attrs
         group, rank = a["group"], a["rank"]
         shape, dtype = g.tensors[out].shape, g.tensors[out].dtype
@@ -290,22 +295,26 @@ class _Tiler:
         levels = group.one_shot_stages(rank)
         scratch = [g.add_tensor(shape, dtype) for _ in range(max(len(level) for level in levels))]
         per_piece = max(group.ranks, group.links)
+        routes = [(0, n, levels)] if len(levels) == 1 or n < 2 else [
+            (0, n // 2, levels), (n // 2, n, levels[::-1])]
 
-        def piece(t, j, split):
-            return view(g, t, ranges=[(0, d) for d in shape[:axis]] + [(j * n // split, (j + 1) * n // split)])
-        have = partial
-        for number, level in enumerate(levels):
-            for e, (to, to_ports, frm, frm_ports) in enumerate(level):
-                split = min(len(to_ports), n)
-                for j in range(split):
-                    tag = a["tag"] + (number * group.ranks + e) * per_piece + j
-                    self.emit(Opcode.SEND, [piece(have, j, split)], [], {"peer": to, "tag": tag}, node.layer,
-                              to_ports[j])
-                    self.emit(Opcode.RECV, [], [piece(scratch[e], j, split)], {"peer": frm, "tag": tag},
-                              node.layer, frm_ports[j % len(frm_ports)])
-            last = number == len(levels) - 1
-            add_tree(self.emit, [whole(g, have)] + [whole(g, scratch[e]) for e in range(len(level))], node.layer,
-                     into=whole(g, out if last else have))
+        def columns(t, lo, hi):
+            return view(g, t, ranges=[(0, d) for d in shape[:axis]] + [(lo, hi)])
+        for r, (lo, hi, order) in enumerate(routes):
+            have = partial
+            for number, level in enumerate(order):
+                for e, (to, to_ports, frm, frm_ports) in enumerate(level):
+                    split = min(len(to_ports), hi - lo)
+                    for j in range(split):
+                        tag = a["tag"] + ((r * len(levels) + number) * group.ranks + e) * per_piece + j
+                        piece = (lo + j * (hi - lo) // split, lo + (j + 1) * (hi - lo) // split)
+                        self.emit(Opcode.SEND, [columns(have, *piece)], [], {"peer": to, "tag": tag}, node.layer,
+                                  to_ports[j])
+                        self.emit(Opcode.RECV, [], [columns(scratch[e], *piece)], {"peer": frm, "tag": tag},
+                                  node.layer, frm_ports[j % len(frm_ports)])
+                last = number == len(order) - 1
+                add_tree(self.emit, [columns(have, lo, hi)] + [columns(scratch[e], lo, hi) for e in range(len(level))],
+                         node.layer, into=columns(out if last else have, lo, hi))
 
     def broadcast(self, node: Node) -> None:
         """One COPY from a view of the input that repeats it (stride 0) along the axes it broadcasts."""

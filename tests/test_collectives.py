@@ -147,13 +147,18 @@ def _one_shot(system_name: str, ranks: int, width: int):
 def test_a_small_all_reduce_goes_whole_in_one_hop_a_level(system, ranks):
     """64 bytes (16 fp32): sent whole to every peer, one hop and 7 cycles on a link (8 + 7 = 15), against a
     reduce-scatter and an all-gather of a T-th each: 2 × (8 + 2) = 20 on 4 chips, 2 × (8 + 1) = 18 on 8. Two
-    nodes of 4: a level within the node, then one across (2 × 15 against 2 × 18). 4 KB goes as two hops."""
+    nodes of 4: half the columns (32 bytes) go within the node and then across, the other half across and then
+    within, side by side: the first level's 3 + 1 sends land together, 8 + ceil(32 / 10) = 12 after they
+    start. 4 KB goes as two hops."""
     group, sim = _one_shot(system, ranks, 16)
     assert group.one_shot(64) and not group.one_shot(4096)
     sends, recvs = _links(sim, Opcode.SEND), _links(sim, Opcode.RECV)
-    first = ranks - 1 if group.algorithm == "direct" else 3  # the first level's peers
-    assert len(sends) == (ranks - 1 if group.algorithm == "direct" else 3 + 1)
-    assert max(c + ceil(b / RATE) for c, _, b in recvs[:first]) - min(c for c, _, _ in sends) == HOP + 7
+    direct = group.algorithm == "direct"
+    first = ranks - 1 if direct else 3 + 1  # the first level's peers (both halves' on a grid)
+    assert len(sends) == (ranks - 1 if direct else 2 * (3 + 1))
+    assert {b for _, _, b in sends} == {64 if direct else 32}
+    span = max(c + ceil(b / RATE) for c, _, b in recvs[:first]) - min(c for c, _, _ in sends)
+    assert span == HOP + (7 if direct else ceil(32 / RATE))
     partials = np.random.default_rng(ranks).standard_normal((ranks, 16)).astype(np.float32)
     (out,) = sim.run([partials])
     np.testing.assert_allclose(out, np.tile(partials.sum(axis=0), (ranks, 1)), rtol=1e-5, atol=1e-5)

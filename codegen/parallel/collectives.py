@@ -11,7 +11,8 @@ topology:
 - ``ring``: anything else with a ring through it (the tiny test systems): T − 1 steps of one hop each.
 
 A small all-reduce (a decode step's hidden state) may go **one-shot** instead (:meth:`Group.one_shot`): each chip
-sends its whole partial sums to every peer and adds them all, one hop a level.
+sends its whole partial sums to every peer and adds them all, one hop a level; across a grid of nodes half the
+columns go within the node first and half across first, side by side.
 
 Several links between two chips carry one exchange side by side (its blocks, or pieces of one block).
 
@@ -168,7 +169,8 @@ class Group:
             return False
         rate, hop = self.system.chip.c2c_bytes_per_cycle, self.system.hop_cycles
         levels = [len(stage[0][1]) for stage in self.one_shot_stages(0)]  # links a pair, each level
-        whole = sum(hop + ceil(nbytes / (links * rate)) for links in levels)
+        # two levels: half the bytes go each way round (within then across, across then within)
+        whole = sum(hop + ceil(nbytes / len(levels) / (links * rate)) for links in levels)
         scattered = sum(2 * (hop + ceil(nbytes / self.ranks / (links * rate))) for links in levels)
         return whole < scattered
 

@@ -84,6 +84,12 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     if prompt > context:
         raise PlanError(f"a prompt of {prompt} tokens does not fit a cache of {context} positions")
     spec = model_spec(model)
+    # --verify compiles a stage as one kind of block repeated, and its int8 check builds the project's decoder
+    if verify and (len(set(spec.kinds())) > 1 or (dtype == "int8" and (spec.mla or spec.sliding or spec.qk_norm
+                                                                       or spec.sandwich))):
+        raise PlanError(f"--verify compiles a stage as one kind of Llama-style block repeated: {spec.name}'s layers "
+                        "differ (dense and expert MLPs, or sliding and full attention) or are not the project's "
+                        "decoder's; its plan prices each kind's block compiled on its own")
     system = load_system(system)
     chip = system.chip
     chip.check_dtype(dtype)
@@ -267,8 +273,16 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
             **best, "tokens_per_s_per_rack": best["tokens_per_s"] / max(ceil(chips / per_rack), 1),
             **_power(system.chip, chips, best["tokens_per_s"]),
             "split_cycles": split, "bottleneck": bottleneck, **floors, "frontier": frontier, "plan_s": seconds,
-            "not_static": NOT_STATIC,
+            "not_static": NOT_STATIC, "notes": _notes(spec),
             **({"prefill_pool": pooled, "decode_chips": chosen.chips} if pooled is not None else {})}
+
+
+def _notes(spec) -> list:
+    """What the model's config says that the plan reads and does not price, and what it assumes of routing."""
+    routing = ([f"a token's {spec.experts_per_token} experts are taken to fall on different chips (balanced "
+                "routing); a token whose experts share a chip runs them one after another, which the static "
+                "schedule would have to allow for"] if spec.experts else [])
+    return list(spec.notes) + routing
 
 
 # the schedule on the chips is static, so a token's time is the same every time (p50 = p99); these are not
@@ -319,6 +333,7 @@ def table(report: dict) -> str:
                f"{report['tokens_per_s_per_kw']:.1f} tokens/s per kW\n" if report.get("power_kw") is not None else
                f"  power: the {report['chip']} preset gives no chip power\n") +
             f"  latency: the chips' schedule is static (p50 = p99); not in it: {'; '.join(report['not_static'])}\n"
+            + "".join(f"  not priced: {note}\n" for note in report.get("notes", [])) +
             f"  memory a chip: {report['memory_per_chip'] / 2**20:.0f} MiB (weights {report['weight_bytes'] / 1e9:.1f} GB"
             f" and KV cache {report['cache_bytes'] / 1e9:.2f} GB on the chips in all; the token embedding is looked "
             f"up on the host); planned in {report['plan_s']:.1f} s")

@@ -646,7 +646,9 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     shapes = {kind: shard_shape(spec, width, batch, context, rows, _group_system(system), layer)
               for kind, layer in first.items()}
     shape, experts_per_chip, placement = shapes[kinds[-1]]
-    placement = "; ".join(dict.fromkeys(p for _, _, p in shapes.values() if p))  # (each said once)
+    # each kind's placement, each part said once, the last layer's kind (a mixture's experts) first
+    placement = "; ".join(dict.fromkeys(part for kind in [kinds[-1], *shapes] for part in shapes[kind][2].split("; ")
+                                        if part))
     try:
         if width > 1 and shape.system:
             from ..codegen.parallel.collectives import choose

@@ -1,0 +1,116 @@
+"""Attention–FFN disaggregation (AFD) between GPUs and LPX: the GPUs run attention over the KV cache, LPX runs
+every layer's FFN (or experts), and each layer's activations cross the GPU–LPX link both ways for every token.
+
+The LPX half is the compiler's: one shard of one layer's FFN (RMSNorm, the SwiGLU MLP or a mixture's router
+and expert, the all-reduce the compiler emits for the shard's chips) built as :mod:`.plan_graph` builds a block
+and timed as :mod:`.plan_model` times one (the real codegen and the timing-only simulator, two layers minus
+one). The GPU half is AIConfigurator's (:mod:`.gpu`). What is worked out here is only how the two meet:
+
+* **The exchange.** A token's hidden state goes to LPX and its FFN output comes back: ``hidden × bytes`` each
+  way, ``2 × hidden × bytes`` a token a layer. A micro-batch of ``x`` tokens takes ``latency + x × hidden ×
+  bytes ÷ rate`` one way (:func:`exchange_us`).
+* **Ping-pong micro-batches** (MegaScale-Infer, Step-3): the batch is split into ``m`` micro-batches, so the
+  GPUs run one's attention while LPX runs another's FFN and a third crosses the link. A token's time is then
+  bounded by the busiest resource over the L layers (GPU ``L·m·t_a``, an LPX stage ``(L/S)·m·t_f``, a link
+  direction ``L·m·t_ser``) and by one micro-batch's chain ``L·(t_a + t_f + 2·t_c)``; the exchange is hidden
+  when a resource, not the chain, binds (:func:`pingpong`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from math import ceil
+
+from ..runtime_sim import DType
+from .plan_graph import BlockShape, _Builder
+
+
+def exchange_us(tokens: int, hidden: int, itemsize: int, rate_bytes_per_s: float, latency_us: float) -> float:
+    """One direction of a micro-batch's exchange: its latency plus ``tokens × hidden × itemsize`` bytes at
+    ``rate_bytes_per_s``, in microseconds."""
+    return latency_us + 1e6 * tokens * hidden * itemsize / rate_bytes_per_s
+
+
+def pingpong(t_a: float, t_f: float, t_c: float, t_ser: float, micro: int, layers: int, stages: int = 1) -> dict:
+    """A token's time under ``micro`` ping-pong micro-batches, and what binds it.
+
+    Parameters
+    ----------
+    t_a, t_f : float
+        One micro-batch's attention (GPU) and FFN (LPX) time for one layer.
+    t_c, t_ser : float
+        One micro-batch's exchange one way: in all (latency included), and the part that occupies the link.
+    micro, layers, stages : int
+        Micro-batches, layers, and LPX pipeline stages (each holds ``layers / stages`` layers' FFN).
+
+    Returns
+    -------
+    dict
+        ``token`` (the time a step of every micro-batch takes, in t_a's units), ``bounds`` (attention, FFN,
+        link, chain), ``regime`` (attention, FFN or link) and ``hidden`` (whether the exchange is hidden).
+    """
+    bounds = {"attention": layers * micro * t_a, "FFN": ceil(layers / stages) * micro * t_f,
+              "link": layers * micro * t_ser, "chain": layers * (t_a + t_f + 2 * t_c)}
+    token = max(bounds.values())
+    binding = max(bounds, key=bounds.get)
+    resources = max(bounds["attention"], bounds["FFN"], bounds["link"])
+    # the chain binding means the micro-batches are too few to cover a round trip: the exchange shows
+    regime = "link" if binding in ("link", "chain") else binding
+    return {"token": token, "bounds": bounds, "regime": regime, "hidden": resources >= bounds["chain"]}
+
+
+def ffn_graph(shape: BlockShape, dtype, layers: int = 1):
+    """``layers`` consecutive FFN halves of a block shard, as :func:`.plan_graph.block_graph` builds them: the
+    residual's RMSNorm, the router (a mixture), the SwiGLU shard and its all-reduce; input the hidden state."""
+    b = _Builder(dtype)
+    g, s = b.g, shape
+    group = None
+    if s.width > 1 and s.system:
+        from ..codegen.parallel.collectives import choose
+        from ..runtime_sim.system import load_system
+
+        group = choose(load_system(s.system), s.width)
+    hidden = (s.batch, s.tokens, s.hidden)
+    x = g.add_tensor(hidden, b.dtype)
+    g.inputs = [x]
+    for _ in range(layers):
+        n = b.rms_norm(x, hidden)
+        if s.experts:
+            b.node("matmul", [n, b.weight(s.hidden, s.experts)], (s.batch, s.tokens, s.experts))
+        mlp = (s.batch, s.tokens, s.ffn)
+        gate = b.node("matmul", [n, b.weight(s.hidden, s.ffn)], mlp)
+        silu = b.node("MUL", [gate, b.node("SIGMOID", [gate], mlp)], mlp)
+        up = b.node("matmul", [n, b.weight(s.hidden, s.ffn)], mlp)
+        down = b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(s.ffn, s.hidden)], hidden)
+        if group is not None:
+            down = b.node("allreduce", [down], hidden, rank=0, ranks=group.ranks, tag=b.count * group.tags(),
+                          group=group, rotated=False)
+        x = b.node("ADD", [down, x], hidden)
+    g.outputs = [x]
+    return g
+
+
+@lru_cache(maxsize=256)
+def _ffn_program(chip, shape: BlockShape, dtype: str, layers: int):
+    from .plan_model import _measure
+
+    return _measure(ffn_graph(shape, DType.from_name(dtype).np, layers), chip)
+
+
+def ffn_cost(spec, system, dtype: str, width: int, rows: int) -> dict | None:
+    """One layer's FFN shard on ``width`` LPX chips for ``rows`` tokens, from the compiler: ``cycles`` mid-stage
+    (two layers as one program less one layer), ``resident_bytes`` a layer's weights on a chip, ``activation_bytes``;
+    None where it does not fit a chip or would stream its weights."""
+    from .plan_model import _as_built, _group_system, shard_shape
+
+    shape, experts_per_chip, placement = shard_shape(spec, width, rows, 0, 1, _group_system(system))
+    shape = replace(shape, context=0, tokens=1, batch=rows)
+    chip, built = _as_built(system.chip, dtype)
+    one = _ffn_program(chip, shape, built, 1)
+    two = _ffn_program(chip, shape, built, 2)
+    if one is None or two is None or one.streamed or two.streamed:
+        return None
+    extra = (experts_per_chip - 1) * 3 * spec.hidden * shape.ffn * DType.from_name(dtype).itemsize if spec.experts else 0
+    return {"cycles": two.cycles - one.cycles, "resident_bytes": two.resident_bytes - one.resident_bytes + extra,
+            "activation_bytes": one.activation_bytes, "placement": placement}

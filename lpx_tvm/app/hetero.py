@@ -1,0 +1,506 @@
+"""LPX beside GPUs: ``lpx-tvm plan --gpu gb300[:N] --mode ...``, each side priced by the best model of it.
+
+LPX is priced by the compiler (:func:`.plan.plan` and, for AFD, the FFN's compiled cost in :mod:`.afd`); the
+GPUs by NVIDIA's AIConfigurator (:mod:`.gpu`). The modes are the three NVIDIA describes for an LPX rack beside
+Vera Rubin NVL72 racks, and the two sides alone:
+
+* ``gpu-only``: the GPUs alone, at AIConfigurator's figures for each tensor-parallel width and batch: the
+  baseline.
+* ``lpx-only``: today's plan.
+* ``lpx-decode``: the GPUs prefill, the prompt's KV cache crosses the GPU–LPX link once a turn (timed), and
+  LPX decodes at the plan's figures.
+* ``afd``: the GPUs run attention over the KV cache, LPX every layer's FFN, the activations crossing each
+  layer; ping-pong micro-batches hide the exchange when there are enough (:func:`.afd.pingpong`).
+* ``lpx-draft``: a draft model on LPX (its own plan), the target verifying its tokens on the GPUs (an
+  AIConfigurator prefill of ``k + 1`` tokens after the cached context); a round yields
+  :func:`.speculative.expected_tokens`.
+
+Every mode's GPUs also prefill: a turn of ``prompt`` tokens in and ``context − prompt`` out, so a mode
+serving T tokens/s keeps ``T ÷ (context − prompt)`` prefills a second going, each AIConfigurator's prefill
+time on its GPUs (counted in the GPUs, racks and power; LPX-only prefills on its own chips, as its plan says).
+Each mode gives its candidates; a mode's report is its fastest per user, or, with a target, the most tokens/s
+per MW (per rack where power is unknown) that reaches it.
+"""
+
+from __future__ import annotations
+
+import time
+from math import ceil
+
+from ..runtime_sim import DType
+from ..runtime_sim.errors import LpxUserError
+from . import gpu as gpus
+from .afd import exchange_us, ffn_cost, pingpong
+
+MODES = ("gpu-only", "lpx-only", "lpx-decode", "afd", "lpx-draft")
+GPU_WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # tensor-parallel widths within an NVL72's NVLink
+GPU_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LPX_ROWS = (1, 4)  # rows an FFN program is compiled for; a larger micro-batch runs as passes of it
+DRAFT_TOKENS = (1, 2, 3, 4, 6, 8)
+
+
+class HeteroError(LpxUserError):
+    """A heterogeneous plan that cannot be made as asked, naming why."""
+
+
+def kv_handoff_bytes(spec, positions: int, dtype: str) -> int:
+    """The KV cache of ``positions`` tokens: ``layers × 2 (K and V) × kv_heads × head_dim × positions × bytes``."""
+    return spec.layers * 2 * spec.kv_heads * spec.head_dim * positions * DType.from_name(dtype).itemsize
+
+
+def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", context: int = 4096, prompt: int = 512,
+                mode: str = "auto", gpu_link: str | None = None, lpx_chip_watts: float | None = None,
+                max_racks: int | None = None, target_tps_per_user: float | None = None, draft=None,
+                accept_rate: float = 0.7, progress=None) -> dict:
+    """Plan a model on LPX beside GPUs in one mode or all.
+
+    Parameters
+    ----------
+    model, system, dtype, context, prompt
+        As for :func:`.plan.plan` (``system`` is the LPX side).
+    gpu : str
+        ``NAME[:N]``: N GPUs of a kind :mod:`.gpu` knows (``gb300``, ``vr200``, ...; default one rack).
+    mode : str
+        One of :data:`MODES`, or ``auto`` for every one and the frontier.
+    gpu_link : str, optional
+        The GPU–LPX link, ``GBPS[,LATENCY_US]`` a GPU each way, instead of the assumed figure.
+    lpx_chip_watts : float, optional
+        An LP30's power (none is published); without it a mode that uses LPX has no tokens/s per MW.
+    max_racks : int, optional
+        A mode needing more racks (GPU and LPX together) says so and names what binds.
+    target_tps_per_user : float, optional
+        Each mode's report is then its most efficient candidate reaching this speed.
+    draft : str, optional
+        The draft model of ``lpx-draft`` (default ``llama-3.2-1b`` for a target of its vocabulary).
+    accept_rate : float
+        The chance the target accepts a draft token.
+
+    Returns
+    -------
+    dict
+        ``modes`` (mode → its report: the figures of :func:`_point`, or ``error``), ``candidates`` and
+        ``frontier`` (tokens/s per user against tokens/s per MW, or per rack), the GPU system and the link.
+    """
+    from .plan import _chips_per_rack, model_spec
+    from ..runtime_sim.system import load_system
+
+    start = time.perf_counter()
+    if mode != "auto" and mode not in MODES:
+        raise HeteroError(f"--mode {mode}: one of {', '.join(MODES)} or auto")
+    if prompt >= context:
+        raise HeteroError(f"a turn needs output tokens: --prompt {prompt} must be under --context {context}")
+    if lpx_chip_watts is not None and not lpx_chip_watts > 0:
+        raise HeteroError(f"--lpx-chip-watts must be a positive number of watts, got {lpx_chip_watts}")
+    if max_racks is not None and max_racks < 1:
+        raise HeteroError(f"--max-racks must be a positive integer, got {max_racks}")
+    gpus.require_aiconfigurator()
+    g = gpus.gpu_system(gpu, gpu_link)
+    lpx = load_system(system)
+    spec = model_spec(model)
+    ctx = _Context(spec, model, g, lpx, _chips_per_rack(lpx), dtype, context, prompt, lpx_chip_watts, progress)
+    wanted = MODES if mode == "auto" else (mode,)
+    builders = {"gpu-only": _gpu_only, "lpx-only": _lpx_only, "lpx-decode": _lpx_decode, "afd": _afd,
+                "lpx-draft": lambda c: _lpx_draft(c, draft, accept_rate)}
+    modes, candidates = {}, []
+    for name in wanted:
+        ctx.say(f"hetero: {name}")
+        try:
+            points = builders[name](ctx)
+        except LpxUserError as err:
+            modes[name] = {"mode": name, "error": str(err).splitlines()[0]}
+            continue
+        modes[name] = _choose(name, points, max_racks, target_tps_per_user, g.gpus)
+        candidates += [p for p in points if p["fits"] and (max_racks is None or p["racks"] <= max_racks)]
+    base = modes.get("gpu-only", {})
+    for report in modes.values():
+        if "error" not in report and base.get("tokens_per_s_per_mw") and report.get("tokens_per_s_per_mw"):
+            report["vs_gpu_only"] = report["tokens_per_s_per_mw"] / base["tokens_per_s_per_mw"]
+    return {"model": spec.name, "system": lpx.name, "dtype": dtype, "context": context, "prompt": prompt,
+            "gpu": {"name": g.name, "gpus": g.gpus, "racks": g.racks, "label": g.label, "watts": g.watts,
+                    "aiconfigurator_system": g.aic_system, "mode": g.mode},
+            "link": {"GBps_per_gpu": g.link.GBps_per_gpu, "latency_us": g.link.latency_us,
+                     "GBps_per_lpx_rack": g.link.GBps_per_lpx_rack, "assumed": g.link.assumed, "why": g.link.why},
+            "lpx_chip_watts": lpx_chip_watts, "max_racks": max_racks, "target_tps_per_user": target_tps_per_user,
+            "modes": modes, "candidates": candidates, "frontier": frontier(candidates),
+            "plan_s": time.perf_counter() - start}
+
+
+class _Context:
+    """What every mode reads: the model on both sides, the systems, the turn, and the shared measurements."""
+
+    def __init__(self, spec, model, g, lpx, lpx_per_rack, dtype, context, prompt, watts, progress):
+        self.spec, self.model, self.gpu, self.lpx, self.lpx_per_rack = spec, model, g, lpx, lpx_per_rack
+        self.dtype, self.context, self.prompt, self.watts, self.progress = dtype, context, prompt, watts, progress
+        self.path = gpus.model_dir(model)
+        self.moe = bool(spec.experts)
+        self.output = context - prompt  # tokens a turn generates
+        self._plan = None
+        self._prefill = None
+
+    def say(self, line):
+        if self.progress is not None:
+            self.progress(line)
+
+    def plan(self) -> dict:
+        """The LPX plan of the whole decode (the compiler's), measured once for lpx-only and lpx-decode."""
+        if self._plan is None:
+            from .plan import plan
+
+            self._plan = plan(self.model, self.lpx.name, dtype=self.dtype, context=self.context,
+                              prompt=self.prompt, batches=(1, 4), progress=self.progress)
+        return self._plan
+
+    def prefill(self) -> dict:
+        """The GPUs' prefill of one prompt: the width giving the soonest first token (AIConfigurator's time),
+        and its GPU-seconds a request."""
+        if self._prefill is None:
+            best = None
+            for tp in (w for w in GPU_WIDTHS if w <= self.gpu.gpus):
+                if not gpus.fits(self.path, self.gpu, tp, self.dtype, 1, self.prompt, self.moe):
+                    continue
+                ms = gpus.prefill_ms(self.path, self.gpu, tp, self.dtype, self.prompt, self.moe)
+                if best is None or ms < best["ms"]:
+                    best = {"tp": tp, "ms": ms, "gpu_s": tp * ms / 1e3}
+            if best is None:
+                raise HeteroError(f"{self.spec.name} does not fit {max(GPU_WIDTHS)} {self.gpu.name} GPUs for a "
+                                  "prefill (AIConfigurator's memory model)")
+            self._prefill = best
+        return self._prefill
+
+    def prefill_gpus(self, tokens_per_s: float) -> float:
+        """GPUs kept busy prefilling the turns of ``tokens_per_s`` output tokens a second."""
+        return tokens_per_s / self.output * self.prefill()["gpu_s"]
+
+
+def _point(ctx, mode: str, tokens_per_s: float, per_user: float, gpus_decode: int, lpus: int, ttft_ms, bound: str,
+           config: dict, prefill: bool = True) -> dict:
+    """One candidate's figures: speed, resources (prefill GPUs counted), racks, power and tokens/s per MW."""
+    g = ctx.gpu
+    pre = ctx.prefill_gpus(tokens_per_s) if prefill else 0.0
+    used = gpus_decode + ceil(pre - 1e-9)
+    gpu_racks = ceil(used / g.per_rack) if used else 0
+    lpx_racks = ceil(lpus / ctx.lpx_per_rack) if lpus else 0
+    watts = (gpus_decode + pre) * g.watts
+    power = None if lpus and ctx.watts is None else watts + lpus * (ctx.watts or 0)
+    racks = gpu_racks + lpx_racks
+    return {"mode": mode, "tokens_per_s_per_user": per_user, "tpot_ms": 1e3 / per_user, "ttft_ms": ttft_ms,
+            "tokens_per_s": tokens_per_s, "users": tokens_per_s / per_user, "gpus": used, "gpus_decode": gpus_decode,
+            "prefill_gpus": pre, "lpus": lpus,
+            "tokens_per_s_per_gpu": tokens_per_s / used if used else None,
+            "tokens_per_s_per_lpu": tokens_per_s / lpus if lpus else None,
+            "gpu_racks": gpu_racks, "lpx_racks": lpx_racks, "racks": racks, "tokens_per_s_per_rack": tokens_per_s / racks,
+            "power_kw": None if power is None else power / 1e3,
+            "tokens_per_s_per_mw": None if power is None else tokens_per_s / (power / 1e6),
+            "bound": bound, "config": config, "fits": used <= g.gpus}
+
+
+def _efficiency(p):
+    return p["tokens_per_s_per_mw"] if p["tokens_per_s_per_mw"] is not None else p["tokens_per_s_per_rack"]
+
+
+def _choose(mode: str, points: list, max_racks, target, gpu_count: int) -> dict:
+    """A mode's report: its fastest candidate per user, or the most efficient reaching ``target``; an error
+    naming the racks and what binds where none fits the GPUs given or ``max_racks``."""
+    feasible = [p for p in points if p["fits"]]
+    if not feasible:
+        least = min(points, key=lambda p: p["gpus"], default=None)
+        return {"mode": mode, "error": "no candidate" if least is None else
+                f"needs {least['gpus']} GPUs (decode and prefill), more than the {gpu_count} given"}
+    within = [p for p in feasible if max_racks is None or p["racks"] <= max_racks]
+    if not within:
+        least = min(feasible, key=lambda p: p["racks"])
+        return {"mode": mode, "error": f"needs {least['racks']} racks ({least['gpu_racks']} GPU, {least['lpx_racks']} "
+                f"LPX), more than --max-racks {max_racks}: bound by {_binding(least)}"}
+    if target:
+        fast = [p for p in within if p["tokens_per_s_per_user"] >= target]
+        if not fast:
+            best = max(within, key=lambda p: p["tokens_per_s_per_user"])
+            return {"mode": mode, "error": f"no candidate reaches {target:g} tokens/s per user; the fastest gives "
+                    f"{best['tokens_per_s_per_user']:.0f}"}
+        return dict(max(fast, key=_efficiency))
+    return dict(max(within, key=lambda p: (p["tokens_per_s_per_user"], _efficiency(p))))
+
+
+def _binding(p) -> str:
+    """The figure that sets a candidate's racks: the LPX chips its weights need, or the GPUs."""
+    if p["lpx_racks"] >= p["gpu_racks"]:
+        return f"the LPX SRAM its weights and caches need ({p['lpus']} LP30s)"
+    return f"the GPUs it decodes and prefills on ({p['gpus']})"
+
+
+def frontier(points: list) -> list:
+    """The candidates no other beats on both tokens/s per user and tokens/s per MW (per rack where unknown)."""
+    from .cost import pareto_front
+
+    rows = [{"u": -p["tokens_per_s_per_user"], "e": -_efficiency(p)} for p in points]
+    return [points[k] for k in pareto_front(rows, "e", "u")] if points else []
+
+
+# ---- the modes ------------------------------------------------------------------------------------------
+def _gpu_only(ctx) -> list:
+    """Each width and batch AIConfigurator's memory model fits: its decode step, on as many replicas as the
+    GPUs left by the prefills hold."""
+    g, points = ctx.gpu, []
+    pre = ctx.prefill()
+    for tp in (w for w in GPU_WIDTHS if w <= g.gpus):
+        for batch in GPU_BATCHES:
+            if not gpus.fits(ctx.path, g, tp, ctx.dtype, batch, ctx.context, ctx.moe):
+                break
+            tpot = gpus.decode_step(ctx.path, g, tp, ctx.dtype, batch, ctx.context, ctx.moe)["tpot_ms"]
+            replicas, rate = g.gpus // tp, 0.0
+            for _ in range(4):  # the prefills' GPUs come out of the decode replicas (a fixed point, reached fast)
+                replicas = (g.gpus - ceil(ctx.prefill_gpus(rate) - 1e-9)) // tp
+                rate = replicas * batch * 1e3 / tpot
+            if replicas < 1:
+                continue
+            points.append(_point(ctx, "gpu-only", rate, 1e3 / tpot, replicas * tp, 0, pre["ms"], "GPU decode",
+                                 {"tp": tp, "batch": batch, "replicas": replicas, "prefill_tp": pre["tp"]}))
+    if not points:
+        raise HeteroError(f"{ctx.spec.name} fits no {'/'.join(map(str, GPU_WIDTHS))}-wide group of {g.name} GPUs")
+    return points
+
+
+def _lpx_only(ctx) -> list:
+    report = ctx.plan()
+    points = []
+    for row in report["frontier"]:
+        chosen = (row["chips"], row["stages"], row["width"], row["batch"]) == (
+            report["chips"], report["mapping"]["pipeline_stages"], report["mapping"]["tensor_parallel"], report["batch"])
+        points.append(_point(ctx, "lpx-only", row["tokens_per_s"], row["tokens_per_s_per_user"], 0, row["chips"],
+                             report["ttft_ms"] if chosen else row["ttft_ms"], report["bottleneck"] if chosen else "LPX",
+                             {"stages": row["stages"], "tp": row["width"], "batch": row["batch"]}, prefill=False))
+    return points
+
+
+def kv_handoff_ms(ctx, tp: int) -> tuple:
+    """``(bytes, ms)``: the prompt's KV cache from the ``tp`` prefill GPUs to LPX over the link, once a turn."""
+    nbytes = kv_handoff_bytes(ctx.spec, ctx.prompt, ctx.dtype)
+    rate = ctx.gpu.link.rate(tp, 1)
+    return nbytes, ctx.gpu.link.latency_us / 1e3 + 1e3 * nbytes / rate
+
+
+def _lpx_decode(ctx) -> list:
+    report, pre = ctx.plan(), ctx.prefill()
+    nbytes, handoff = kv_handoff_ms(ctx, pre["tp"])
+    points = []
+    for row in report["frontier"]:
+        rate, bound = row["tokens_per_s"], "LPX decode"
+        gpu_cap = ctx.gpu.gpus * ctx.output / pre["gpu_s"]  # output tokens/s the GPUs' prefills can feed
+        link_cap = ctx.gpu.link.rate(ctx.gpu.gpus, ceil(row["chips"] / ctx.lpx_per_rack)) * ctx.output / nbytes
+        if gpu_cap < rate or link_cap < rate:
+            rate, bound = min(gpu_cap, link_cap), "GPU prefill" if gpu_cap <= link_cap else "link (KV handoff)"
+        per_user = row["tokens_per_s_per_user"]
+        p = _point(ctx, "lpx-decode", rate, per_user, 0, row["chips"], pre["ms"] + handoff, bound,
+                   {"stages": row["stages"], "tp": row["width"], "batch": row["batch"], "prefill_tp": pre["tp"],
+                    "kv_bytes": nbytes, "handoff_ms": handoff})
+        points.append(p)
+    return points
+
+
+def _afd(ctx) -> list:
+    """Attention on the GPUs (each width, batch and micro-batch count), every layer's FFN on LPX (each width the
+    compiler can time), the exchange over the link."""
+    from .plan_model import _widths
+
+    spec, g, lpx = ctx.spec, ctx.gpu, ctx.lpx
+    clock, item = lpx.chip.clock_hz, DType.from_name(ctx.dtype).itemsize
+    from aiconfigurator_core.sdk.backends.factory import get_backend
+
+    pre = ctx.prefill()
+    # the GPUs hold attention's weights and the caches: AIConfigurator's memory less the FFN's share of weights
+    ffn_share = (spec.block_params() - spec.hidden * spec.head_dim * (2 * spec.heads + 2 * spec.kv_heads)) \
+        * spec.layers / spec.params()
+    widths = [w for w in _widths(spec, lpx.chips, lpx) if w >= 8][-2:] or _widths(spec, lpx.chips, lpx)[-1:]
+    lpx_side = []
+    for width in widths:
+        costs = {r: ffn_cost(spec, lpx, ctx.dtype, width, r) for r in LPX_ROWS}
+        costs = {r: c for r, c in costs.items() if c is not None}
+        if not costs:
+            continue
+        c = costs[min(costs)]
+        room = lpx.chip.sram_bytes - max(x["activation_bytes"] for x in costs.values())
+        per_stage = room // c["resident_bytes"] if c["resident_bytes"] else spec.layers
+        if per_stage < 1:
+            continue
+        stages = ceil(spec.layers / per_stage)
+        replicas = lpx.chips // (stages * width)
+        if replicas >= 1:
+            lpx_side.append((width, stages, replicas, costs))
+    if not lpx_side:
+        raise HeteroError(f"the FFN of {spec.name} does not fit {lpx.chips} LP30s of {lpx.name} at any width")
+    points = []
+    for tp in (w for w in GPU_WIDTHS if w <= g.gpus):
+        for batch in GPU_BATCHES:
+            used = gpus.engine(ctx.path, g, tp, ctx.dtype, ctx.moe)
+            mem = get_backend(gpus.BACKEND)._get_memory_usage(used[1], used[2], batch, 1, ctx.context, 2,
+                                                              num_tokens=batch)
+            if (mem["total"] - ffn_share * mem["weights"]) * 2**30 > g.memory_bytes:
+                break
+            for micro in (1, 2, 3, 4):
+                if batch % micro:
+                    continue
+                step = gpus.decode_step(ctx.path, g, tp, ctx.dtype, batch // micro, ctx.context, ctx.moe)
+                t_a = step["attention_ms"] * 1e3 / spec.layers  # µs a layer a micro-batch
+                for width, stages, replicas, costs in lpx_side:
+                    point = None
+                    for _ in range(3):  # the prefills' GPUs come out of the attention groups (a fixed point)
+                        left = g.gpus - ceil(point["prefill_gpus"] - 1e-9) if point else g.gpus
+                        point = _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock, item,
+                                           left // tp, pre)
+                        if point is None:
+                            break
+                    if point is not None:
+                        points.append(point)
+    return points
+
+
+def _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock, item, instances, pre):
+    """One AFD candidate: ``instances`` attention groups of ``tp`` GPUs at ``batch`` users each in ``micro``
+    micro-batches, every layer's FFN on ``replicas`` copies of ``stages`` × ``width`` LP30s."""
+    spec, g = ctx.spec, ctx.gpu
+    if instances < 1:
+        return None
+    tokens = instances * batch // micro  # a micro-batch's tokens over every attention instance
+    rows = ceil(tokens / replicas)  # at one FFN replica
+    # a micro-batch above the compiled rows runs as passes of the r-row program (an upper bound)
+    t_f = min(ceil(rows / r) * c["cycles"] for r, c in costs.items()) * 1e6 / clock
+    lpx_racks = ceil(replicas * stages * width / ctx.lpx_per_rack)
+    rate = g.link.rate(instances * tp, lpx_racks)
+    t_c = exchange_us(tokens, spec.hidden, item, rate, g.link.latency_us)
+    t_ser = t_c - g.link.latency_us
+    timing = pingpong(t_a, t_f, t_c, t_ser, micro, spec.layers, stages)
+    tpot_ms = timing["token"] / 1e3
+    rate_tokens = instances * batch * 1e3 / tpot_ms
+    bound = timing["regime"] + ("" if timing["hidden"] else " (exchange not hidden)")
+    config = {"tp": tp, "batch": batch, "micro_batches": micro, "attention_instances": instances,
+              "ffn_width": width, "ffn_stages": stages, "ffn_replicas": replicas,
+              "ratio": f"{instances * tp} GPUs : {replicas * stages * width} LP30s "
+                       f"({instances / replicas:g} attention groups of {tp} a FFN replica)",
+              "t_attention_us": t_a, "t_ffn_us": t_f, "t_exchange_us": t_c, "bounds_ms":
+              {k: v / 1e3 for k, v in timing["bounds"].items()}}
+    return _point(ctx, "afd", rate_tokens, 1e3 / tpot_ms, instances * tp, replicas * stages * width, pre["ms"],
+                  bound, config)
+
+
+def _lpx_draft(ctx, draft, accept_rate: float) -> list:
+    """The draft on LPX at its own plan's figures, the verify step on the GPUs, each (width, batch, k)."""
+    from .plan import plan, model_spec
+    from .speculative import expected_tokens
+
+    if draft is None:
+        if ctx.spec.vocab != model_spec("llama-3.2-1b").vocab:
+            raise HeteroError("lpx-draft needs --draft MODEL (a draft of the target's vocabulary)")
+        draft = "llama-3.2-1b"
+    if not 0 <= accept_rate <= 1:
+        raise HeteroError(f"the acceptance rate must be in [0, 1], got {accept_rate}")
+    drafted = plan(draft, ctx.lpx.name, dtype=ctx.dtype, context=ctx.context, prompt=ctx.prompt, batches=(1, 4),
+                   progress=ctx.progress)
+    g, pre, points = ctx.gpu, ctx.prefill(), []
+    for row in drafted["frontier"]:
+        draft_us = 1e6 / row["tokens_per_s_per_user"]  # a draft step, each user's
+        for tp in (w for w in GPU_WIDTHS if w <= g.gpus):
+            for batch in GPU_BATCHES:
+                if not gpus.fits(ctx.path, g, tp, ctx.dtype, batch, ctx.context, ctx.moe):
+                    break
+                for k in DRAFT_TOKENS:
+                    verify = gpus.verify_ms(ctx.path, g, tp, ctx.dtype, batch, k + 1, ctx.context, ctx.moe)
+                    # k draft steps on LPX, the draft tokens to the GPUs and the verdict back (ids: latency)
+                    round_ms = k * draft_us / 1e3 + verify + 2 * g.link.latency_us / 1e3
+                    per_user = 1e3 * expected_tokens(k, accept_rate) / round_ms
+                    # the prefills' GPUs come out of the verify groups
+                    instances = (g.gpus - ceil(ctx.prefill_gpus(per_user * g.gpus // tp * batch) - 1e-9)) // tp
+                    users = instances * batch
+                    copies = ceil(users / row["users"])  # draft replicas to serve them
+                    if instances < 1 or copies * row["chips"] > ctx.lpx.chips:
+                        continue
+                    points.append(_point(ctx, "lpx-draft", per_user * users, per_user, instances * tp,
+                                         copies * row["chips"], pre["ms"],
+                                         "GPU verify" if verify > k * draft_us / 1e3 else "LPX draft",
+                                         {"tp": tp, "batch": batch, "draft": drafted["model"], "draft_tokens": k,
+                                          "accept_rate": accept_rate, "draft_chips": copies * row["chips"],
+                                          "verify_ms": verify, "draft_step_us": draft_us}))
+    if not points:
+        raise HeteroError(f"no verify width and batch fits the {g.gpus} {g.name} GPUs with the draft on "
+                          f"{ctx.lpx.chips} LP30s")
+    return points
+
+
+# ---- the report ---------------------------------------------------------------------------------------
+def _fmt(value, spec=".0f", none="-"):
+    return none if value is None else format(value, spec)
+
+
+def table(report: dict) -> str:
+    """The heterogeneous plan as text: the pair, the link, then a row a mode and what binds it."""
+    from tabulate import tabulate
+
+    g, link = report["gpu"], report["link"]
+    watts = report["lpx_chip_watts"]
+    head = (f"{report['model']} ({report['dtype']}) on {report['system']} beside {g['gpus']} {g['name']} GPUs "
+            f"({g['racks']} rack(s); {g['label']}; {g['watts']:.0f} W a GPU from its system file); "
+            f"{report['context']}-position context, {report['prompt']}-token prompt a turn\n"
+            f"  GPU–LPX link: {link['GBps_per_gpu']:g} GB/s a GPU each way (at most {link['GBps_per_lpx_rack']:g} a "
+            f"LPX rack), {link['latency_us']:g} µs"
+            + (" — ASSUMED (Spectrum-X Ethernet, no official figure; --gpu-link to change): " + link["why"]
+               if link["assumed"] else " (--gpu-link)") + "\n"
+            + ("  tokens/s per MW: unknown for modes using LPX (LP30 has no public power figure; give "
+               "--lpx-chip-watts)\n" if watts is None else f"  LP30 power: {watts:g} W a chip (--lpx-chip-watts)\n"))
+    rows, notes = [], []
+    for name, r in report["modes"].items():
+        if "error" in r:
+            notes.append(f"  {name}: {r['error']}")
+            continue
+        rows.append([name, _config(r), _fmt(r["tokens_per_s_per_user"]), _fmt(r["tpot_ms"], ".2f"),
+                     _fmt(r["ttft_ms"], ".1f"), _fmt(r["tokens_per_s"]), _fmt(r["tokens_per_s_per_gpu"], ".1f"),
+                     _fmt(r["tokens_per_s_per_lpu"], ".1f"), f"{r['gpu_racks']}+{r['lpx_racks']}",
+                     _fmt(r["tokens_per_s_per_rack"]), _fmt(r["tokens_per_s_per_mw"], ",.0f", "unknown"),
+                     _fmt(r.get("vs_gpu_only"), ".2f"), r["bound"]])
+    body = tabulate(rows, headers=["mode", "configuration", "tok/s/user", "TPOT ms", "TTFT ms", "tok/s",
+                                   "per GPU", "per LPU", "racks GPU+LPX", "per rack", "tok/s per MW",
+                                   "× gpu-only", "bound"], tablefmt="github")
+    return head + body + ("\n" + "\n".join(notes) if notes else "") + (
+        f"\n  {len(report['frontier'])} candidates on the frontier of {len(report['candidates'])}; "
+        f"planned in {report['plan_s']:.1f} s")
+
+
+def _config(r: dict) -> str:
+    c = r["config"]
+    if r["mode"] == "gpu-only":
+        return f"TP{c['tp']} × {c['replicas']}, batch {c['batch']}"
+    if r["mode"] in ("lpx-only", "lpx-decode"):
+        return f"{c['stages']}×{c['tp']} LP30s, batch {c['batch']}" + (
+            f"; KV {c['kv_bytes'] / 1e6:.0f} MB in {c['handoff_ms']:.2f} ms" if "kv_bytes" in c else "")
+    if r["mode"] == "afd":
+        return (f"attn TP{c['tp']} × {c['attention_instances']}, batch {c['batch']} in {c['micro_batches']}; "
+                f"FFN {c['ffn_stages']}×{c['ffn_width']} × {c['ffn_replicas']}")
+    return f"verify TP{c['tp']}, batch {c['batch']}; {c['draft']} k={c['draft_tokens']} on {c['draft_chips']} LP30s"
+
+
+def plot(report: dict, path) -> str:
+    """Tokens/s per MW (per rack where power is unknown) against tokens/s per user, every mode's candidates and
+    the frontier: the shape of NVIDIA's LPX Pareto chart. Needs matplotlib (``lpx-tvm[plot]``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise HeteroError("--plot needs matplotlib: pip install 'lpx-tvm[plot]'") from None
+    per_mw = all(p["tokens_per_s_per_mw"] is not None for p in report["candidates"])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode in MODES:
+        pts = [p for p in report["candidates"] if p["mode"] == mode]
+        if pts:
+            ax.scatter([p["tokens_per_s_per_user"] for p in pts], [_efficiency(p) for p in pts], s=10, label=mode)
+    front = sorted(report["frontier"], key=lambda p: p["tokens_per_s_per_user"])
+    ax.plot([p["tokens_per_s_per_user"] for p in front], [_efficiency(p) for p in front], "k-", lw=1, label="frontier")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens/s per user")
+    ax.set_ylabel("tokens/s per MW" if per_mw else "tokens/s per rack (power unknown)")
+    ax.set_title(f"{report['model']}: {report['system']} beside {report['gpu']['gpus']} {report['gpu']['name']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)

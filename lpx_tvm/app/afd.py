@@ -62,7 +62,8 @@ def pingpong(t_a: float, t_f: float, t_c: float, t_ser: float, micro: int, layer
 
 def ffn_graph(shape: BlockShape, dtype, layers: int = 1):
     """``layers`` consecutive FFN halves of a block shard, as :func:`.plan_graph.block_graph` builds them: the
-    residual's RMSNorm, the router (a mixture), the SwiGLU shard and its all-reduce; input the hidden state."""
+    residual's RMSNorm, the router and the ``routed`` experts' SwiGLUs with the shared experts' (a mixture) or
+    the SwiGLU shard, their all-reduce, a sandwich norm where the model has one; input the hidden state."""
     b = _Builder(dtype)
     g, s = b.g, shape
     group = None
@@ -72,21 +73,30 @@ def ffn_graph(shape: BlockShape, dtype, layers: int = 1):
 
         group = choose(load_system(s.system), s.width)
     hidden = (s.batch, s.tokens, s.hidden)
+
+    def swiglu(n, columns):
+        mlp = (s.batch, s.tokens, columns)
+        gate = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
+        silu = b.node("MUL", [gate, b.node("SIGMOID", [gate], mlp)], mlp)
+        up = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
+        return b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(columns, s.hidden)], hidden)
+
     x = g.add_tensor(hidden, b.dtype)
     g.inputs = [x]
     for _ in range(layers):
         n = b.rms_norm(x, hidden)
         if s.experts:
             b.node("matmul", [n, b.weight(s.hidden, s.experts)], (s.batch, s.tokens, s.experts))
-        mlp = (s.batch, s.tokens, s.ffn)
-        gate = b.node("matmul", [n, b.weight(s.hidden, s.ffn)], mlp)
-        silu = b.node("MUL", [gate, b.node("SIGMOID", [gate], mlp)], mlp)
-        up = b.node("matmul", [n, b.weight(s.hidden, s.ffn)], mlp)
-        down = b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(s.ffn, s.hidden)], hidden)
+        terms = [swiglu(n, s.ffn) for _ in range(s.routed if s.experts else 1)]
+        if s.shared_ffn:
+            terms.append(swiglu(n, s.shared_ffn))
+        down = terms[0]
+        for term in terms[1:]:
+            down = b.node("ADD", [down, term], hidden)
         if group is not None:
             down = b.node("allreduce", [down], hidden, rank=0, ranks=group.ranks, tag=b.count * group.tags(),
                           group=group, rotated=False)
-        x = b.node("ADD", [down, x], hidden)
+        x = b.node("ADD", [b.rms_norm(down, hidden) if s.sandwich else down, x], hidden)
     g.outputs = [x]
     return g
 
@@ -111,6 +121,8 @@ def ffn_cost(spec, system, dtype: str, width: int, rows: int) -> dict | None:
     two = _ffn_program(chip, shape, built, 2)
     if one is None or two is None or one.streamed or two.streamed:
         return None
-    extra = (experts_per_chip - 1) * 3 * spec.hidden * shape.ffn * DType.from_name(dtype).itemsize if spec.experts else 0
+    # the other experts a chip holds add their weights, not their time (as the plan counts them)
+    extra = (experts_per_chip - shape.routed) * 3 * spec.hidden * shape.ffn * DType.from_name(dtype).itemsize \
+        if shape.experts else 0
     return {"cycles": two.cycles - one.cycles, "resident_bytes": two.resident_bytes - one.resident_bytes + extra,
             "activation_bytes": one.activation_bytes, "placement": placement}

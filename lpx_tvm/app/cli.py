@@ -389,6 +389,8 @@ def cmd_plan(args) -> int:
         if not 0 < args.target_tpot_ms < float("inf"):
             raise LpxUserError(f"--target-tpot-ms must be a positive number of milliseconds, got {args.target_tpot_ms}")
         target = 1000 / args.target_tpot_ms
+    if args.gpu is not None or args.mode not in (None, "lpx-only"):
+        return _plan_beside_gpus(args, target)
     report = plan(args.model, args.system, dtype=args.dtype, context=args.context, prompt=args.prompt,
                   batch=args.batch, chips=args.chips, target_tps_per_user=target,
                   batches=args.batches, progress=lambda line: print(line, file=sys.stderr, flush=True),
@@ -403,6 +405,27 @@ def cmd_plan(args) -> int:
         from .plots import plan_frontier
 
         print(f"wrote {plan_frontier(report, args.plot)} (tokens/s per user against tokens/s per chip)")
+    return 0
+
+
+def _plan_beside_gpus(args, target) -> int:
+    """``plan --gpu``: LPX beside GPUs in one mode or all (:mod:`.hetero`)."""
+    from .hetero import hetero_plan, plot, table
+    from .plan import write_json
+
+    if args.gpu is None:
+        raise LpxUserError(f"--mode {args.mode} needs --gpu (the GPUs beside LPX, e.g. --gpu gb300:72)")
+    report = hetero_plan(args.model, args.system, gpu=args.gpu, dtype=args.dtype, context=args.context,
+                         prompt=args.prompt, mode=args.mode or "auto", gpu_link=args.gpu_link,
+                         lpx_chip_watts=args.lpx_chip_watts, max_racks=args.max_racks, target_tps_per_user=target,
+                         draft=args.draft, accept_rate=0.7 if args.accept_rate is None else args.accept_rate,
+                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        print(f"wrote {plot(report, args.plot)} (tokens/s per MW against tokens/s per user, every mode)")
     return 0
 
 
@@ -582,8 +605,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 0.7)")
     p.add_argument("--verify", action="store_true", help="compile and time every stage of the chosen mapping "
                    "whole (its layers as one program) and print the plan's error (the JSON's verify_error)")
+    p.add_argument("--gpu", metavar="NAME[:N]", help="plan LPX beside N GPUs (default one rack), priced by NVIDIA's "
+                   "AIConfigurator (needs lpx-tvm[gpu]): gb300, gb200, b200, h200, h100 (measured kernel tables), "
+                   "gb300-sol, vr200 (speed of light; vr200 derived from NVIDIA's preliminary Rubin figures)")
+    p.add_argument("--gpu-link", metavar="GBPS[,US]", help="the GPU-LPX link: GB/s a GPU each way and optionally "
+                   "its latency in µs (default: the GPU's system file's figure, assumed: no official one)")
+    p.add_argument("--mode", choices=["gpu-only", "lpx-only", "lpx-decode", "afd", "lpx-draft", "auto"],
+                   help="with --gpu: gpu-only (AIConfigurator's figures alone), lpx-only (this plan), lpx-decode "
+                   "(GPU prefill, KV cache handed to LPX, LPX decodes), afd (GPU attention, LPX FFN, activations "
+                   "exchanged each layer), lpx-draft (draft on LPX, verify on the GPUs), auto (every one and the "
+                   "frontier; the default)")
+    p.add_argument("--lpx-chip-watts", type=float, metavar="W", help="an LP30's power (no public figure): needed "
+                   "for tokens/s per MW of the modes that use LPX")
+    p.add_argument("--max-racks", type=_at_least(1), metavar="N", help="with --gpu: a mode needing more racks (GPU "
+                   "and LPX) says so and names what binds")
     p.add_argument("--json", help="write the plan as JSON")
-    p.add_argument("--plot", metavar="FRONTIER.png", help="draw the frontier (needs lpx-tvm[plot])")
+    p.add_argument("--plot", metavar="FRONTIER.png", help="draw the frontier (needs lpx-tvm[plot]); with --gpu, "
+                   "tokens/s per MW against tokens/s per user for every mode")
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("sweep", help="chip variants × models × dtypes: compiled, timed, Pareto fronts (on Ray)",
                        parents=[debug_anywhere])

@@ -196,6 +196,7 @@ def engine(model_path: str, gpu: GpuSystem, tp: int, dtype: str, moe: bool = Fal
     return handle, model, database
 
 
+@lru_cache(maxsize=4096)
 def fits(model_path: str, gpu: GpuSystem, tp: int, dtype: str, batch: int, context: int, moe: bool) -> bool:
     """Whether AIConfigurator's memory model (weights, KV cache, activations, NCCL, its margin) fits a GPU."""
     from aiconfigurator_core.sdk.backends.factory import get_backend
@@ -205,6 +206,7 @@ def fits(model_path: str, gpu: GpuSystem, tp: int, dtype: str, batch: int, conte
     return used["total"] * 2**30 <= gpu.memory_bytes
 
 
+@lru_cache(maxsize=4096)
 def decode_step(model_path: str, gpu: GpuSystem, tp: int, dtype: str, batch: int, context: int,
                 moe: bool = False) -> dict:
     """One decode step of ``batch`` sequences against ``context`` cached positions on ``tp`` GPUs.
@@ -216,26 +218,34 @@ def decode_step(model_path: str, gpu: GpuSystem, tp: int, dtype: str, batch: int
         as its own AFD partitioner ``build_afd_ops_partition`` assigns them, with the attention's all-reduce),
         ``ffn_ms`` (the rest), and ``ops`` (name → ms).
     """
-    from aiconfigurator_core.sdk.afd_partition import build_afd_ops_partition
-
     handle, model, _ = engine(model_path, gpu, tp, dtype, moe)
     ops = handle.decode_step_per_op(batch, context, 2)
     tpot = handle.decode_step_latency(batch, context, 2)
-    split = build_afd_ops_partition(model, "generation")
-    attention = {op._name for op in split.attn_ops}
-    # the attention output's all-reduce stays with attention (a TP attention group needs it); the FFN's
-    # collectives go with the FFN (on LPX in AFD)
-    attention |= {op._name for op in split.skipped_ops if op._name.endswith(("_ar_1", "embedding_ar"))}
+    attention = _attention_ops(model_path, gpu, tp, dtype, moe)
     attn = sum(ms for name, ms, *_ in ops if name in attention)
     return {"tpot_ms": tpot, "attention_ms": attn, "ffn_ms": tpot - attn, "ops": {n: ms for n, ms, *_ in ops}}
 
 
+@lru_cache(maxsize=64)
+def _attention_ops(model_path: str, gpu: GpuSystem, tp: int, dtype: str, moe: bool) -> frozenset:
+    """The names of the decode step's attention-side operations, as AIConfigurator's AFD partitioner assigns
+    them, with the attention output's all-reduce (a TP attention group needs it; the FFN's collectives go with
+    the FFN, to LPX in AFD)."""
+    from aiconfigurator_core.sdk.afd_partition import build_afd_ops_partition
+
+    split = build_afd_ops_partition(engine(model_path, gpu, tp, dtype, moe)[1], "generation")
+    return frozenset({op._name for op in split.attn_ops}
+                     | {op._name for op in split.skipped_ops if op._name.endswith(("_ar_1", "embedding_ar"))})
+
+
+@lru_cache(maxsize=4096)
 def prefill_ms(model_path: str, gpu: GpuSystem, tp: int, dtype: str, prompt: int, moe: bool = False) -> float:
     """AIConfigurator's time to prefill one ``prompt``-token request on ``tp`` GPUs (``predict_prefill_latency``)."""
     handle, _, _ = engine(model_path, gpu, tp, dtype, moe)
     return handle.predict_prefill_latency(1, prompt)
 
 
+@lru_cache(maxsize=4096)
 def verify_ms(model_path: str, gpu: GpuSystem, tp: int, dtype: str, batch: int, rows: int, context: int,
               moe: bool = False) -> float:
     """A speculative verify step: ``rows`` new tokens of each of ``batch`` sequences against ``context`` cached

@@ -44,8 +44,10 @@ class HeteroError(LpxUserError):
 
 
 def kv_handoff_bytes(spec, positions: int, dtype: str) -> int:
-    """The KV cache of ``positions`` tokens: ``layers × 2 (K and V) × kv_heads × head_dim × positions × bytes``."""
-    return spec.layers * 2 * spec.kv_heads * spec.head_dim * positions * DType.from_name(dtype).itemsize
+    """The KV cache of ``positions`` tokens as the plan keeps it (:meth:`.plan_model.ModelSpec.cache_bytes`): for
+    a Llama ``layers × 2 (K and V) × kv_heads × head_dim × positions × bytes``; MLA's latent, a sliding layer's
+    window."""
+    return spec.cache_bytes(positions, 1, dtype)
 
 
 def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", context: int = 4096, prompt: int = 512,
@@ -137,6 +139,10 @@ class _Context:
         self._plan = None
         self._prefill = None
 
+    def widths(self) -> list:
+        """The GPU tensor-parallel widths that split the heads (AIConfigurator asks that) within the GPUs."""
+        return [w for w in GPU_WIDTHS if w <= self.gpu.gpus and self.spec.heads % w == 0]
+
     def say(self, line):
         if self.progress is not None:
             self.progress(line)
@@ -155,7 +161,7 @@ class _Context:
         and its GPU-seconds a request."""
         if self._prefill is None:
             best = None
-            for tp in (w for w in GPU_WIDTHS if w <= self.gpu.gpus):
+            for tp in self.widths():
                 if not gpus.fits(self.path, self.gpu, tp, self.dtype, 1, self.prompt, self.moe):
                     continue
                 ms = gpus.prefill_ms(self.path, self.gpu, tp, self.dtype, self.prompt, self.moe)
@@ -242,7 +248,7 @@ def _gpu_only(ctx) -> list:
     GPUs left by the prefills hold."""
     g, points = ctx.gpu, []
     pre = ctx.prefill()
-    for tp in (w for w in GPU_WIDTHS if w <= g.gpus):
+    for tp in ctx.widths():
         for batch in GPU_BATCHES:
             if not gpus.fits(ctx.path, g, tp, ctx.dtype, batch, ctx.context, ctx.moe):
                 break
@@ -308,8 +314,7 @@ def _afd(ctx) -> list:
 
     pre = ctx.prefill()
     # the GPUs hold attention's weights and the caches: AIConfigurator's memory less the FFN's share of weights
-    ffn_share = (spec.block_params() - spec.hidden * spec.head_dim * (2 * spec.heads + 2 * spec.kv_heads)) \
-        * spec.layers / spec.params()
+    ffn_share = sum(spec.mlp_params(i) for i in range(spec.layers)) / spec.params()
     widths = [w for w in _widths(spec, lpx.chips, lpx) if w >= 8][-2:] or _widths(spec, lpx.chips, lpx)[-1:]
     lpx_side = []
     for width in widths:
@@ -329,7 +334,7 @@ def _afd(ctx) -> list:
     if not lpx_side:
         raise HeteroError(f"the FFN of {spec.name} does not fit {lpx.chips} LP30s of {lpx.name} at any width")
     points = []
-    for tp in (w for w in GPU_WIDTHS if w <= g.gpus):
+    for tp in ctx.widths():
         for batch in GPU_BATCHES:
             used = gpus.engine(ctx.path, g, tp, ctx.dtype, ctx.moe)
             mem = get_backend(gpus.BACKEND)._get_memory_usage(used[1], used[2], batch, 1, ctx.context, 2,
@@ -398,7 +403,7 @@ def _lpx_draft(ctx, draft, accept_rate: float) -> list:
     g, pre, points = ctx.gpu, ctx.prefill(), []
     for row in drafted["frontier"]:
         draft_us = 1e6 / row["tokens_per_s_per_user"]  # a draft step, each user's
-        for tp in (w for w in GPU_WIDTHS if w <= g.gpus):
+        for tp in ctx.widths():
             for batch in GPU_BATCHES:
                 if not gpus.fits(ctx.path, g, tp, ctx.dtype, batch, ctx.context, ctx.moe):
                     break

@@ -1,0 +1,173 @@
+"""plan --gpu: the GPU half is AIConfigurator's, the exchanges between the halves worked out by hand."""
+
+import json
+from types import SimpleNamespace
+
+import aiconfigurator_core  # noqa: F401  (the test extra installs it: these tests always run)
+import pytest
+
+from lpx_tvm.app import gpu as gpus
+from lpx_tvm.app.afd import exchange_us, pingpong
+from lpx_tvm.app.cli import main
+from lpx_tvm.app.hetero import hetero_plan, kv_handoff_bytes, kv_handoff_ms, plot, table
+from lpx_tvm.app.plan_model import model_spec
+from lpx_tvm.runtime_sim.errors import LpxUserError
+
+FP8 = {"gemm_quant_mode": "fp8", "kvcache_quant_mode": "fp8", "fmha_quant_mode": "fp8"}
+
+
+@pytest.fixture(scope="module")
+def gpu_only():
+    return hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=4096, prompt=512, mode="gpu-only")
+
+
+def _config_dir(tmp_path):
+    """llama-3-8b's published config.json as the package keeps it, in a folder of its own for AIConfigurator."""
+    from lpx_tvm.app.plan_model import _CONFIG_DIR
+
+    data = json.loads((_CONFIG_DIR / "llama-3-8b.json").read_text())
+    data.setdefault("architectures", ["LlamaForCausalLM"])
+    data.setdefault("model_type", "llama")
+    data.setdefault("max_position_embeddings", 131072)
+    data.setdefault("rms_norm_eps", 1e-5)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    return str(tmp_path)
+
+
+def test_gpu_only_is_aiconfigurators_own_figures(gpu_only, tmp_path):
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    chosen = gpu_only["modes"]["gpu-only"]
+    c = chosen["config"]
+    path = _config_dir(tmp_path)
+    # AIConfigurator called directly: its own compile_engine, its GB300 tables, the same model, width and batch
+    handle = EngineHandle.compile(path, "gb300", "trtllm", tp_size=c["tp"], **FP8)
+    assert chosen["tpot_ms"] == pytest.approx(handle.decode_step_latency(c["batch"], 4096, 2), rel=1e-9)
+    prefill = EngineHandle.compile(path, "gb300", "trtllm", tp_size=c["prefill_tp"], **FP8)
+    assert chosen["ttft_ms"] == pytest.approx(prefill.predict_prefill_latency(1, 512), rel=1e-9)
+    # the decode replicas on the 8 GPUs the prefills leave: tokens/s = replicas × batch ÷ TPOT
+    assert c["replicas"] * c["tp"] <= 8
+    assert chosen["tokens_per_s"] == pytest.approx(c["replicas"] * c["batch"] * 1e3 / chosen["tpot_ms"])
+    # every candidate's step is AIConfigurator's too (TP1 at batch 8, for one)
+    one = next(p for p in gpu_only["candidates"] if p["config"]["tp"] == 1 and p["config"]["batch"] == 8)
+    tp1 = EngineHandle.compile(path, "gb300", "trtllm", tp_size=1, **FP8)
+    assert one["tpot_ms"] == pytest.approx(tp1.decode_step_latency(8, 4096, 2), rel=1e-9)
+    # the fastest per user is the widest group at batch 1 here; GB300's power is its system file's 1,400 W
+    assert chosen["tokens_per_s_per_user"] == max(p["tokens_per_s_per_user"] for p in gpu_only["candidates"])
+    watts = (chosen["gpus_decode"] + chosen["prefill_gpus"]) * 1400
+    assert chosen["tokens_per_s_per_mw"] == pytest.approx(chosen["tokens_per_s"] / watts * 1e6)
+
+
+def test_the_afd_exchange_by_hand():
+    # Llama-3-8B in fp8: a token's hidden state out to LPX and its FFN output back, 4,096 bytes each way
+    hidden, item = 4096, 1
+    assert 2 * hidden * item == 8192  # bytes a token a layer, both directions
+    # a micro-batch of 64 tokens from 8 GPUs at 100 GB/s each (800 GB/s), 5 µs latency: 262,144 bytes one way
+    t_c = exchange_us(64, hidden, item, 8 * 100e9, 5.0)
+    assert t_c == pytest.approx(5.0 + 262144 / 800e9 * 1e6)  # 5.32768 µs
+    t_ser = t_c - 5.0
+    # attention 10 µs and FFN 8 µs a layer a micro-batch, 32 layers: one micro-batch waits on every exchange,
+    # 32 × (10 + 8 + 2 × 5.32768) µs, and the link binds (the exchange is not hidden)
+    one = pingpong(10.0, 8.0, t_c, t_ser, 1, 32)
+    assert one["token"] == pytest.approx(32 * (10 + 8 + 2 * t_c))
+    assert one["regime"] == "link" and not one["hidden"]
+    # two micro-batches: the GPUs busy 2 × 10 µs a layer, less than a round trip (28.66 µs): still the chain
+    two = pingpong(10.0, 8.0, t_c, t_ser, 2, 32)
+    assert two["token"] == pytest.approx(32 * (10 + 8 + 2 * t_c)) and not two["hidden"]
+    # three: 3 × 10 = 30 µs ≥ 28.66: the exchange is hidden and attention binds (32 × 30 µs a token)
+    three = pingpong(10.0, 8.0, t_c, t_ser, 3, 32)
+    assert three["token"] == pytest.approx(32 * 30) and three["hidden"] and three["regime"] == "attention"
+    # an FFN slower than attention binds instead (on one LPX stage holding all 32 layers)
+    assert pingpong(8.0, 10.0, t_c, t_ser, 3, 32)["regime"] == "FFN"
+    # a slow link (1 GB/s): its occupancy, 3 × 262.1 µs a layer, binds
+    slow = exchange_us(64, hidden, item, 1e9, 5.0)
+    assert pingpong(10.0, 8.0, slow, slow - 5.0, 3, 32)["bounds"]["link"] == pytest.approx(32 * 3 * 262.144)
+    assert pingpong(10.0, 8.0, slow, slow - 5.0, 3, 32)["regime"] == "link"
+
+
+def test_the_kv_handoff_by_hand():
+    spec = model_spec("llama-3-8b")
+    # 32 layers × 2 (K, V) × 8 K/V heads × 128 × 512 prompt positions × 1 byte (fp8)
+    assert kv_handoff_bytes(spec, 512, "fp8") == 32 * 2 * 8 * 128 * 512 * 1 == 33_554_432
+    g = gpus.gpu_system("gb300:72")
+    ctx = SimpleNamespace(spec=spec, prompt=512, dtype="fp8", gpu=g)
+    # from 4 prefill GPUs at 100 GB/s each (the assumed link), after its 5 µs latency
+    nbytes, ms = kv_handoff_ms(ctx, 4)
+    assert ms == pytest.approx(0.005 + 33_554_432 / (4 * 100e9) * 1e3)  # 0.0889 ms
+    # --gpu-link 25,2: a quarter of the rate, 2 µs
+    slow = SimpleNamespace(spec=spec, prompt=512, dtype="fp8", gpu=gpus.gpu_system("gb300", "25,2"))
+    assert kv_handoff_ms(slow, 4)[1] == pytest.approx(0.002 + 33_554_432 / (4 * 25e9) * 1e3)
+    # the LPX rack's side caps the GPUs' sum: 72 GPUs × 100 GB/s is more than its 6.4 TB/s
+    assert g.link.rate(72, 1) == 6400e9 and g.link.rate(72, 2) == 7200e9
+
+
+def test_vr200_is_derived_from_published_figures_in_sol_mode(tmp_path):
+    import yaml
+
+    g = gpus.gpu_system("vr200")
+    assert "derived from published figures" in g.label and g.mode == "SOL" and g.gpus == 72
+    figures = yaml.safe_load((gpus._HERE / "vr200.yaml").read_text())
+    assert figures["gpu"]["mem_capacity"] == 288e9 and figures["gpu"]["mem_bw"] == 22e12  # 288 GB HBM4, 22 TB/s
+    assert figures["gpu"]["fp8_tc_flops"] == 17.5e15  # 17.5 PFLOPS FP8 dense
+    assert 2 * figures["node"]["intra_node_bw"] == 3.6e12  # NVLink 6, 3.6 TB/s a GPU both ways
+    step = gpus.decode_step(_config_dir(tmp_path), g, 1, "fp8", 8, 4096)
+    assert {"sol"} <= {source for *_, source in gpus.engine(_config_dir(tmp_path), g, 1, "fp8")[0]
+                       .decode_step_per_op(8, 4096, 2)}
+    # at the speed of light 22 TB/s reads llama-3-8b's 8 GB of fp8 weights in no less than 0.35 ms
+    assert step["tpot_ms"] >= 7.5e9 / 22e12 * 1e3
+
+
+def test_errors_are_one_line(capsys):
+    with pytest.raises(LpxUserError, match="unknown GPU 'tpu9'"):
+        gpus.gpu_system("tpu9")
+    assert issubclass(gpus.GpuError, LpxUserError)
+    for argv, said in ((["--gpu", "tpu9"], "unknown GPU 'tpu9'"), (["--gpu", "gb300:0"], "positive integer"),
+                       (["--gpu", "gb300", "--gpu-link", "fast"], "--gpu-link fast"),
+                       (["--mode", "afd"], "--mode afd needs --gpu"),
+                       (["--gpu", "gb300", "--lpx-chip-watts", "0"], "--lpx-chip-watts must be a positive")):
+        assert main(["plan", "--model", "llama-3-8b", "--system", "lpx-rack", "--dtype", "fp8", *argv]) == 1
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err and err.startswith("lpx-tvm plan: error:")
+
+
+def test_without_lpx_watts_the_report_says_per_mw_is_unknown(gpu_only, tmp_path):
+    text = table(gpu_only)
+    assert "tokens/s per MW: unknown for modes using LPX" in text and "--lpx-chip-watts" in text
+    assert "ASSUMED" in text  # the link's figure
+    assert plot(gpu_only, tmp_path / "pareto.png") and (tmp_path / "pareto.png").stat().st_size > 1000
+
+
+def test_max_racks_names_what_binds():
+    # gpu-only decodes on every GPU given: 144 GB300s are two NVL72 racks
+    report = hetero_plan("llama-3-8b", "lpx-rack", "gb300:144", dtype="fp8", mode="gpu-only", max_racks=1)
+    assert report["modes"]["gpu-only"]["error"] == ("needs 2 racks (2 GPU, 0 LPX), more than --max-racks 1: bound by "
+                                                    "the GPUs it decodes and prefills on (144)")
+    from lpx_tvm.app.hetero import _choose
+
+    point = dict(report["candidates"][0], racks=3, gpu_racks=2, lpx_racks=1, gpus=100)
+    said = _choose("gpu-only", [point], 2, None, 144)["error"]
+    assert said.startswith("needs 3 racks (2 GPU, 1 LPX), more than --max-racks 2: bound by the GPUs")
+
+
+@pytest.mark.slow
+def test_lpx_decode_hands_the_kv_cache_over_and_afd_times_its_exchange():
+    """The LPX half is the plan's (its compiled blocks), the handoff and the exchange timed over the link."""
+    report = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256,
+                         mode="lpx-decode", lpx_chip_watts=300)
+    r = report["modes"]["lpx-decode"]
+    assert r["config"]["kv_bytes"] == 32 * 2 * 8 * 128 * 256
+    pre = r["config"]["prefill_tp"]
+    handoff = 0.005 + 32 * 2 * 8 * 128 * 256 / (pre * 100e9) * 1e3
+    assert r["config"]["handoff_ms"] == pytest.approx(handoff)
+    assert r["tokens_per_s_per_mw"] is not None and r["lpus"] > 0
+    from lpx_tvm.app.plan import plan
+
+    alone = plan("llama-3-8b", "lpx-rack", dtype="fp8", context=2048, prompt=256, batches=(1, 4))
+    assert r["tokens_per_s_per_user"] == pytest.approx(alone["tokens_per_s_per_user"])  # the compiler's decode
+    afd = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256, mode="afd")
+    a = afd["modes"]["afd"]
+    c = a["config"]
+    tokens = c["attention_instances"] * c["batch"] // c["micro_batches"]
+    rate = min(c["attention_instances"] * c["tp"] * 100e9, 6400e9)
+    assert c["t_exchange_us"] == pytest.approx(5 + tokens * 4096 / rate * 1e6)
+    assert a["tpot_ms"] == pytest.approx(max(c["bounds_ms"].values()))

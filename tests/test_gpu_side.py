@@ -137,14 +137,14 @@ def test_without_lpx_watts_the_report_says_per_mw_is_unknown(gpu_only, tmp_path)
     assert plot(gpu_only, tmp_path / "pareto.png") and (tmp_path / "pareto.png").stat().st_size > 1000
 
 
-def test_max_racks_names_what_binds():
+def test_max_racks_names_what_binds(gpu_only):
     # gpu-only decodes on every GPU given: 144 GB300s are two NVL72 racks
     report = hetero_plan("llama-3-8b", "lpx-rack", "gb300:144", dtype="fp8", mode="gpu-only", max_racks=1)
     assert report["modes"]["gpu-only"]["error"] == ("needs 2 racks (2 GPU, 0 LPX), more than --max-racks 1: bound by "
                                                     "the GPUs it decodes and prefills on (144)")
     from lpx_tvm.app.hetero import _choose
 
-    point = dict(report["candidates"][0], racks=3, gpu_racks=2, lpx_racks=1, gpus=100)
+    point = dict(gpu_only["candidates"][0], racks=3, gpu_racks=2, lpx_racks=1, gpus=100)
     said = _choose("gpu-only", [point], 2, None, 144)["error"]
     assert said.startswith("needs 3 racks (2 GPU, 1 LPX), more than --max-racks 2: bound by the GPUs")
 

@@ -28,7 +28,7 @@ from ..runtime_sim import ChipConfig, Opcode
 from ..runtime_sim.isa import OP_TABLE, Group, make_attrs
 from .graph import Graph, Node
 from .mxm import PlaneMapper, Product, add_tree
-from .views import Operand, dense_strides, stream, view, whole
+from .views import Operand, dense_strides, stream, transposed, view, whole
 
 STREAM_RING = 3  # streamed weight blocks in flight: one computing, two streaming ahead
 # a network input arrives in row bands, and vector and switch work on big NCHW tensors is cut into row bands
@@ -143,8 +143,10 @@ class _Tiler:
                                         rows_first=False), node.layer)
 
     # ---- matrix products -----------------------------------------------
-    def matmul(self, node: Node, streamed_width: int | None, then: Node | None = None) -> None:
-        """A (batched) matrix product; ``then``, a softmax over its columns, chained from each job's epilogue."""
+    def matmul(self, node: Node, streamed_width: int | None, then: Node | None = None,
+               b_transposed: int | None = None) -> None:
+        """A (batched) matrix product; ``then``, a softmax over its columns, chained from each job's epilogue;
+        ``b_transposed``, the tensor whose last two axes swapped are B (its transpose is read in place)."""
         g = self.g
         a, b = node.inputs[0], node.inputs[1]
         a_shape, b_shape = g.tensors[a].shape, g.tensors[b].shape
@@ -165,7 +167,11 @@ class _Tiler:
             ov = lambda m0, m1, n0, n1, j=i: view(g, node.output, (prod(batch or (1,)), m, n), (j,),
                                                   [(m0, m1), (n0, n1)])
             if ring is None:
-                bv = lambda k0, k1, n0, n1, j=int(ib): view(g, b, (bb, k, n), (j,), [(k0, k1), (n0, n1)])
+                if b_transposed is None:
+                    bv = lambda k0, k1, n0, n1, j=int(ib): view(g, b, (bb, k, n), (j,), [(k0, k1), (n0, n1)])
+                else:
+                    bv = lambda k0, k1, n0, n1, j=int(ib): transposed(view(g, b_transposed, (bb, n, k), (j,),
+                                                                          [(n0, n1), (k0, k1)]))
                 ev = lambda m0, m1, n0, n1, t: [_per_column(g, e, n, n0, n1, t) for e in extras]
                 chained = None
                 if then is not None:
@@ -548,6 +554,32 @@ def _chained_softmaxes(g: Graph, config: ChipConfig) -> dict:
     return chained
 
 
+def _transposes_read_in_place(g: Graph, skip) -> dict:
+    """Matmuls whose B is a TRANSPOSE of the last two axes read by nothing else (attention's ``K^T``, made
+    afresh every decode step from the cache): node index -> the transposed tensor. The matrix planes install
+    their tiles from the transposed view as they install a stationary A's, so the SXM's copy is not made."""
+    producer = {node.output: j for j, node in enumerate(g.nodes)}
+    readers = {}
+    for j, node in enumerate(g.nodes):
+        for t in node.inputs:
+            readers.setdefault(t, []).append(j)
+    outputs = {g.base(t) for t in g.outputs}
+    folded = {}
+    for i, node in enumerate(g.nodes):
+        if node.kind not in ("matmul", "qmatmul") or i in skip or len(node.inputs) < 2:
+            continue
+        j = producer.get(node.inputs[1])
+        if j is None or g.nodes[j].kind != "TRANSPOSE":
+            continue
+        rank, perm = len(g.tensors[node.inputs[1]].shape), tuple(g.nodes[j].attrs.get("perm", ()))
+        swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
+        if perm == swap and readers.get(node.inputs[1]) == [i] and node.inputs[1] not in outputs \
+                and all(g.base(t) != node.inputs[1] for t in g.outputs) \
+                and not any(g.tensors[t].alias_of == node.inputs[1] for t in range(len(g.tensors))):
+            folded[i] = g.nodes[j].inputs[0]
+    return folded
+
+
 def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> list:
     """The tile ops of a graph, in program order.
 
@@ -571,6 +603,9 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
     # a run is tiled where its last op is: every op in it reads only what is made before that
     runs = {run[-1]: run for run in _vector_chains(g, config, {j for j, n in enumerate(g.nodes) if id(n) in done})}
     done |= {id(g.nodes[j]) for run in runs.values() for j in run[:-1]}
+    in_place = _transposes_read_in_place(g, set(streamed) | set(runs) | {j for run in runs.values() for j in run})
+    producer = {node.output: j for j, node in enumerate(g.nodes)}
+    done |= {id(g.nodes[producer[g.nodes[i].inputs[1]]]) for i in in_place}
     for i, node in enumerate(g.nodes):
         if id(node) in done:
             continue
@@ -580,7 +615,7 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
         if node.kind in ("conv2d", "qconv2d"):
             tiler.conv2d(node)
         elif node.kind in ("matmul", "qmatmul"):
-            tiler.matmul(node, streamed.get(i), chained.get(i))
+            tiler.matmul(node, streamed.get(i), chained.get(i), in_place.get(i))
         elif node.kind == "allgather":
             tiler.allgather(node)
         elif node.kind == "allreduce":

@@ -153,3 +153,27 @@ def test_a_matmul_compiles_with_its_weight_and_folded_bias_as_the_programs_const
     data = rng.standard_normal((4, 32)).astype(np.float32)
     (out,) = Simulator(program).run([data])
     np.testing.assert_allclose(out, np.maximum(data @ w + b, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_scores_read_the_keys_transposed_in_place(rng):
+    """q [2, 5, 40] @ transpose(k [2, 70, 40], last two axes): the keys' TRANSPOSE is read by that product alone,
+    so the planes install K^T's tiles from k itself and no TRANSPOSE instruction is made. On tiny (32 × 32
+    arrays): K = 40 is 2 row tiles, N = 70 is 3 column tiles, 2 heads: 12 INSTALLs. A TRANSPOSE that another op
+    also reads stays."""
+    g = Graph()
+    q, k = g.add_tensor((2, 5, 40), "float32"), g.add_tensor((2, 70, 40), "float32")
+    kt = g.add_node("TRANSPOSE", [k], (2, 40, 70), "float32", "f/transpose_1", perm=(0, 2, 1))
+    scores = g.add_node("matmul", [q, kt], (2, 5, 70), "float32", "f/matmul_2", act=Opcode.NOP, act_args=(0.0, 0.0))
+    g.inputs, g.outputs = [q, k], [scores]
+    program = compile_graph(g, CodegenOptions(config="tiny"))
+    opcodes = [i.opcode for i in program.instructions]
+    assert Opcode.TRANSPOSE not in opcodes and opcodes.count(Opcode.INSTALL) == 2 * 2 * 3
+    qd, kd = rng.standard_normal((2, 5, 40)).astype(np.float32), rng.standard_normal((2, 70, 40)).astype(np.float32)
+    (out,) = Simulator(program).run([qd, kd])
+    np.testing.assert_allclose(out, qd @ kd.transpose(0, 2, 1), rtol=1e-5, atol=1e-5)
+    g.outputs = [scores, kt]  # the transpose is an output too: it is made
+    program = compile_graph(g, CodegenOptions(config="tiny"))
+    assert [i.opcode for i in program.instructions].count(Opcode.TRANSPOSE) == 1
+    out, made = Simulator(program).run([qd, kd])
+    np.testing.assert_allclose(out, qd @ kd.transpose(0, 2, 1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(made, kd.transpose(0, 2, 1))

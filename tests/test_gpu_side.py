@@ -49,9 +49,10 @@ def test_gpu_only_is_aiconfigurators_own_figures(gpu_only, tmp_path):
     assert c["replicas"] * c["tp"] <= 8
     assert chosen["tokens_per_s"] == pytest.approx(c["replicas"] * c["batch"] * 1e3 / chosen["tpot_ms"])
     # every candidate's step is AIConfigurator's too (TP1 at batch 8, for one)
-    one = next(p for p in gpu_only["candidates"] if p["config"]["tp"] == 1 and p["config"]["batch"] == 8)
+    one = gpus.decode_step(gpus.model_dir("llama-3-8b"), gpus.gpu_system("gb300:8"), 1, "fp8", 8, 4096)
     tp1 = EngineHandle.compile(path, "gb300", "trtllm", tp_size=1, **FP8)
     assert one["tpot_ms"] == pytest.approx(tp1.decode_step_latency(8, 4096, 2), rel=1e-9)
+    assert one["attention_ms"] + one["ffn_ms"] == pytest.approx(one["tpot_ms"])
     # the fastest per user is the widest group at batch 1 here; GB300's power is its system file's 1,400 W
     assert chosen["tokens_per_s_per_user"] == max(p["tokens_per_s_per_user"] for p in gpu_only["candidates"])
     watts = (chosen["gpus_decode"] + chosen["prefill_gpus"]) * 1400

@@ -80,8 +80,8 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
     Returns
     -------
     dict
-        ``modes`` (mode → its report: the figures of :func:`_point`, or ``error``), ``candidates`` and
-        ``frontier`` (tokens/s per user against tokens/s per MW, or per rack), the GPU system and the link.
+        ``modes`` (mode → its report: the figures of :func:`_point`, or ``error``), ``candidates`` (each
+        mode's own frontier) and ``frontier`` (tokens/s per user against tokens/s per MW, or per rack), the GPU system and the link.
     """
     from .plan import _chips_per_rack, model_spec
     from ..runtime_sim.system import load_system
@@ -112,7 +112,8 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
             modes[name] = {"mode": name, "error": str(err).splitlines()[0]}
             continue
         modes[name] = _choose(name, points, max_racks, target_tps_per_user, g.gpus)
-        candidates += [p for p in points if p["fits"] and (max_racks is None or p["racks"] <= max_racks)]
+        # a mode's own frontier: the candidates it beats on both axes would only fill the JSON
+        candidates += frontier([p for p in points if p["fits"] and (max_racks is None or p["racks"] <= max_racks)])
     base = modes.get("gpu-only", {})
     for report in modes.values():
         if "error" not in report and base.get("tokens_per_s_per_mw") and report.get("tokens_per_s_per_mw"):

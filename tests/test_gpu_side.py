@@ -172,3 +172,17 @@ def test_lpx_decode_hands_the_kv_cache_over_and_afd_times_its_exchange():
     rate = min(c["attention_instances"] * c["tp"] * 100e9, 6400e9)
     assert c["t_exchange_us"] == pytest.approx(5 + tokens * 4096 / rate * 1e6)
     assert a["tpot_ms"] == pytest.approx(max(c["bounds_ms"].values()))
+
+
+def test_a_speed_of_light_gpu_is_said_to_price_no_collective():
+    """AIConfigurator's SOL mode counts no GPU-to-GPU all-reduce (no communication tables): the report says its
+    GPU figures are a bound, and says nothing of the kind for a measured system."""
+    from lpx_tvm.app.hetero import table
+
+    def report(mode):
+        return {"gpu": {"name": "vr200", "gpus": 72, "racks": 1, "label": "x", "watts": 2300.0, "mode": mode},
+                "link": {"GBps_per_gpu": 200, "GBps_per_lpx_rack": 6400, "latency_us": 5, "assumed": False},
+                "lpx_chip_watts": None, "model": "m", "dtype": "fp8", "system": "lpx-rack", "context": 2048,
+                "prompt": 128, "modes": {}, "frontier": [], "candidates": [], "plan_s": 0.0}
+    assert "prices no collective between GPUs" in table(report("SOL"))
+    assert "prices no collective" not in table(report("SILICON"))

@@ -449,6 +449,9 @@ def table(report: dict) -> str:
             f"LPX rack), {link['latency_us']:g} µs"
             + (" — ASSUMED (Spectrum-X Ethernet, no official figure; --gpu-link to change): " + link["why"]
                if link["assumed"] else " (--gpu-link)") + "\n"
+            + ("  SOL: AIConfigurator's speed of light prices no collective between GPUs (it has no communication "
+               "tables for this system): the GPU figures are a bound no rack reaches, not comparable with measured "
+               "ones\n" if g.get("mode") == "SOL" else "")
             + ("  tokens/s per MW: unknown for modes using LPX (LP30 has no public power figure; give "
                "--lpx-chip-watts)\n" if watts is None else f"  LP30 power: {watts:g} W a chip (--lpx-chip-watts)\n"))
     rows, notes = [], []

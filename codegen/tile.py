@@ -252,6 +252,24 @@ class _Tiler:
         for number, phase in enumerate(a["group"].gather(rank)):
             self._phase(node, phase, number, block, block, width)
 
+    def alltoall(self, node: Node) -> None:
+        """An all-to-all along ``axis``: this chip's block ``j`` of the input goes to rank ``j``, and rank ``j``'s
+        block for this chip lands as block ``j`` of the output (:meth:`~.parallel.collectives.Group.all_to_all`);
+        this chip's own block is copied across."""
+        a = node.attrs
+        axis, rank, ranks = a["axis"], a["rank"], a["ranks"]
+        x, out = node.inputs[0], node.output
+        width = self.g.tensors[x].shape[axis] // ranks
+
+        def sent(r, piece=0, pieces=1):
+            return self._block(x, axis, width, r, ranks, piece, pieces)
+
+        def received(r, piece=0, pieces=1):
+            return self._block(out, axis, width, r, ranks, piece, pieces)
+        self.emit(Opcode.COPY, [sent(rank)], [received(rank)], {}, node.layer)
+        for number, phase in enumerate(a["group"].all_to_all(rank)):
+            self._phase(node, phase, number, sent, received, width)
+
     def allreduce(self, node: Node) -> None:
         """An all-reduce of this chip's partial sums (a row-split product's), over blocks of the last axis: the
         group's reduce-scatter, then its all-gather of the summed blocks
@@ -620,6 +638,8 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
             tiler.allgather(node)
         elif node.kind == "allreduce":
             tiler.allreduce(node)
+        elif node.kind == "alltoall":
+            tiler.alltoall(node)
         elif node.kind == "broadcast":
             tiler.broadcast(node)
         elif node.kind == "narrow":

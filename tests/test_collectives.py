@@ -205,3 +205,46 @@ def test_a_tensor_parallel_collective_on_16_chips_of_an_lpx_node_by_hand():
     scatter = max(c + ceil(b / rate) for c, _, b in recvs[:half]) - min(c for c, _, _ in sends[:half])
     gather = max(c + ceil(b / rate) for c, _, b in recvs[half:]) - min(c for c, _, _ in sends[half:])
     assert (scatter, gather) == (442, 442)
+
+
+def _all_to_all(system_name: str, ranks: int):
+    """An all-to-all of ROWS × (WIDTH · ranks) fp32 along the columns on ``ranks`` chips: each chip's input is its
+    rows of the model's input, each chip's result its rows of the model's output."""
+    system = load_system(system_name)
+    group = choose(system, ranks)
+    parts = []
+    for rank, chip in enumerate(group.chips):
+        g = Graph()
+        x, out = g.add_tensor((ROWS, WIDTH * ranks), "float32"), g.add_tensor((ROWS, WIDTH * ranks), "float32")
+        g.nodes = [Node("alltoall", [x], out, {"rank": rank, "ranks": ranks, "tag": 0, "group": group, "axis": 1},
+                        "alltoall")]
+        g.inputs, g.outputs = [x], [out]
+        parts.append(Part(chip, g))
+    rows = tuple((c, 0, 0, r * ROWS, (r + 1) * ROWS) for r, c in enumerate(group.chips))
+    mapping = Mapping("alltoall", parts, (rows,), (rows,), "", spmd=True)
+    return group, SystemSimulator(compile_mapping("alltoall", mapping, CodegenOptions(config=system.chip), system))
+
+
+@pytest.mark.parametrize("system, ranks", [("tiny-fc-4", 4), ("tiny-fc-8", 8)])
+def test_a_direct_all_to_all_by_hand(system, ranks):
+    """Every chip sends each peer the block meant for it at once, one hop: 8 + 52 cycles from the first SEND to
+    the last byte landed, whatever the chip count, T − 1 sends of a block (512 bytes) each. Rank r's output block
+    j is rank j's input block r."""
+    group, sim = _all_to_all(system, ranks)
+    assert group.algorithm == "direct"
+    data = np.random.default_rng(ranks).standard_normal((ranks * ROWS, WIDTH * ranks)).astype(np.float32)
+    (out,) = sim.run([data])
+    blocks = data.reshape(ranks, ROWS, ranks, WIDTH)  # [source rank, row, destination block, column]
+    expected = blocks.transpose(2, 1, 0, 3).reshape(ranks * ROWS, ranks * WIDTH)
+    np.testing.assert_array_equal(out, expected)
+    sends = _links(sim, Opcode.SEND)
+    assert len(sends) == ranks - 1 and {b for _, _, b in sends} == {ROWS * WIDTH * 4}
+    assert _span(sim) == HOP + BLOCK == 60
+
+
+def test_an_all_to_all_across_a_grid_is_refused_with_its_reason():
+    from lpx_tvm.codegen.parallel.collectives import CollectiveError
+
+    group = choose(load_system("tiny-grid-2x4"), 8)
+    with pytest.raises(CollectiveError, match="would be hierarchical; only a fully connected group's"):
+        group.all_to_all(0)

@@ -14,6 +14,9 @@ A small all-reduce (a decode step's hidden state) may go **one-shot** instead (:
 sends its whole partial sums to every peer and adds them all, one hop a level; across a grid of nodes half the
 columns go within the node first and half across first, side by side.
 
+An **all-to-all** (a mixture of experts' dispatch and combine) sends each peer its own block at once, one hop, on
+a fully connected group (:meth:`Group.all_to_all`).
+
 Several links between two chips carry one exchange side by side (its blocks, or pieces of one block).
 
 The algorithm is described in blocks: a tensor cut along one axis into T blocks, and each rank's exchanges
@@ -158,6 +161,26 @@ class Group:
     def all_reduce(self, rank: int) -> tuple:
         """``(reduce-scatter phases, the block this rank then holds, all-gather phases)``."""
         return self.reduce_scatter(rank), self.owner(rank), self.gather(rank, self.owner)
+
+    # ---- all-to-all: rank r's block j goes to rank j, where it lands as block r ----------------------------
+    def all_to_all(self, rank: int) -> tuple:
+        """The phases of an all-to-all (a mixture of experts' dispatch and combine: each chip's rows for every
+        other chip's experts, and their results back): on a fully connected group every chip sends each peer
+        its block at once over their own links, one hop, as the direct all-gather does (the blocks differ
+        by destination).
+
+        Raises
+        ------
+        CollectiveError
+            On a group that is not all linked: a grid's or a ring's all-to-all forwards blocks through other
+            chips, and is not built.
+        """
+        if self.algorithm != "direct":
+            raise CollectiveError(f"an all-to-all of {self.ranks} chips of {self.system.name!r} would be "
+                                  f"{self.algorithm}; only a fully connected group's (direct) is built")
+        t = self.ranks
+        return (Phase(tuple(self._exchange(rank, rank + s, rank - s, ((rank + s) % t,), ((rank - s) % t,))
+                            for s in range(1, t)), False),)
 
     # ---- one-shot all-reduce: every chip sends its whole partial sums to every peer and adds them all -------
     def one_shot(self, nbytes: int) -> bool:

@@ -186,3 +186,18 @@ def test_a_speed_of_light_gpu_is_said_to_price_no_collective():
                 "prompt": 128, "modes": {}, "frontier": [], "candidates": [], "plan_s": 0.0}
     assert "prices no collective between GPUs" in table(report("SOL"))
     assert "prices no collective" not in table(report("SILICON"))
+
+
+def test_a_mode_aiconfigurator_has_no_data_for_is_named_not_a_crash(monkeypatch):
+    """gpt-oss-120b in fp8 on GB300: AIConfigurator's measured tables hold no MoE entry for its shape and raise
+    PerfDataNotAvailableError. The mode's report names that, without the database's path, and the others go on."""
+    from aiconfigurator_core.sdk.errors import PerfDataNotAvailableError
+
+    import lpx_tvm.app.hetero as hetero
+
+    def missing(ctx):
+        raise PerfDataNotAvailableError("perf database error: MoE data missing for MoeKey { topk: 4 } at /x/gb300")
+    monkeypatch.setattr(hetero, "_gpu_only", missing)
+    report = hetero_plan("llama-3-8b", "lpx-rack", gpu="gb300:8", mode="gpu-only", dtype="fp8")
+    assert report["modes"]["gpu-only"]["error"] == (
+        "AIConfigurator's gb300 tables cannot price it: perf database error: MoE data missing for MoeKey { topk: 4 }")

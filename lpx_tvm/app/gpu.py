@@ -134,6 +134,16 @@ def require_aiconfigurator() -> None:
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 
 
+def missing_data() -> tuple:
+    """The exception AIConfigurator raises where its tables hold no measurement for an operation (a MoE shape in
+    fp8 on GB300, say): a mode that needs one cannot be priced on that GPU, and says so."""
+    try:
+        from aiconfigurator_core.sdk.errors import PerfDataNotAvailableError
+    except ImportError:
+        return ()
+    return (PerfDataNotAvailableError,)
+
+
 def model_dir(model) -> str:
     """A folder holding the model's ``config.json`` for AIConfigurator: the preset's or the user's file, with an
     ``architectures`` entry (Llama, or Mixtral where it has experts) where it has none."""

@@ -111,6 +111,10 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
         except LpxUserError as err:
             modes[name] = {"mode": name, "error": str(err).splitlines()[0]}
             continue
+        except gpus.missing_data() as err:
+            modes[name] = {"mode": name, "error": f"AIConfigurator's {g.aic_system} tables cannot price it: "
+                                                  f"{str(err).splitlines()[0].split(' at /')[0]}"}
+            continue
         modes[name] = _choose(name, points, max_racks, target_tps_per_user, g.gpus)
         # a mode's own frontier: the candidates it beats on both axes would only fill the JSON
         candidates += frontier([p for p in points if p["fits"] and (max_racks is None or p["racks"] <= max_racks)])

@@ -404,6 +404,7 @@ _TE_MIN_MAX = re.compile(r"^(maximum|minimum)\d*$")
 _NUMPY_ELEMENTWISE = {
     "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative, "relax.add": np.add,
     "relax.subtract": np.subtract, "relax.multiply": np.multiply, "relax.divide": np.divide, "relax.power": np.power,
+    "relax.less": np.less,
 }
 
 
@@ -437,7 +438,14 @@ class _FoldConstantShapes(PyExprMutator):
     - dequantize of a constant vector or scalar ─► floats (biases, layer-norm scales; weights keep theirs);
     - ``call_tir(maximum|minimum, x, scalar)`` (Clip, which the importer emits as TE
       functions) ─► ``relax.maximum|minimum``, and ``minimum(maximum(x, lo), hi)`` ─► ``clip``;
-    - ``split`` of a static shape ─► a tuple of ``strided_slice`` (GPT-2's fused QKV), which lpx runs.
+    - ``split`` of a static shape ─► a tuple of ``strided_slice`` (GPT-2's fused QKV), which lpx runs;
+    - index arithmetic on constants (``shape_to_tensor`` of a static shape, ``less``, and ``strided_slice`` or
+      ``take`` of integer constants: the importer's wrap of a negative Gather or ScatterND index) ─► a constant;
+    - ``take`` of a tensor at constant indices that are one position or a run of them ─► ``strided_slice``
+      (and a reshape where the axis goes: ``x[:, 0]``);
+    - ``scatter_nd`` of rows at constant indices that are a run (index depth 1, no reduction) ─► ``concat`` of
+      the rows kept and the rows written (``key[..., :n] = k_nope``, as DeepSeek's attention fills its keys,
+      exported with the last axis moved first).
     """
 
     def _constant(self, expr):
@@ -456,10 +464,18 @@ class _FoldConstantShapes(PyExprMutator):
             return self._clip(call)
         if name == "relax.split":
             return self._split(call)
+        if name == "relax.shape_to_tensor":
+            return _static_shape_tensor(call)
+        if name == "relax.take":
+            return self._take(call)
+        if name == "relax.scatter_nd":
+            return self._scatter_rows(call)
         consts = [self._constant(a) for a in call.args]
         if consts[0] is None:
             return call
         value = constant_value(consts[0])
+        if name == "relax.strided_slice" and value.dtype.kind in "iub":  # (index arithmetic; weights keep theirs)
+            return _owned_const(np.ascontiguousarray(value[_numpy_slice(call, value.ndim)]))
         if name == "relax.reshape":
             return _owned_const(value.reshape([int(d) for d in call.ty.shape.values]))
         if name == "relax.permute_dims":
@@ -480,12 +496,67 @@ class _FoldConstantShapes(PyExprMutator):
         if name in _NUMPY_ELEMENTWISE and all(c is not None for c in consts):
             # an importer's constant arithmetic (ONNX functions write sqrt(2) as Sqrt(CastLike(2)))
             result = _NUMPY_ELEMENTWISE[name](value, *(constant_value(c) for c in consts[1:]))
-            return relax.const(np.asarray(result).astype(str(call.ty.dtype)))
+            dtype = str(call.ty.dtype)  # (named: relax.const makes an int64 array int32)
+            return relax.const(np.asarray(result).astype(dtype), dtype)
         if name == "relax.isnan":
             return relax.const(np.isnan(value))
         if name == "relax.where" and all(c is not None for c in consts):
-            return relax.const(np.where(value, *(constant_value(c) for c in consts[1:])).astype(str(call.ty.dtype)))
+            dtype = str(call.ty.dtype)
+            return relax.const(np.where(value, *(constant_value(c) for c in consts[1:])).astype(dtype), dtype)
         return call
+
+    def _take(self, call):
+        """``take`` at constant indices: of an integer constant, folded; of a tensor, a slice where the indices
+        are one position or a run of them."""
+        data, indices = self._constant(call.args[0]), self._constant(call.args[1])
+        shape = _static_dims(call.args[0])
+        if indices is None or shape is None:
+            return call
+        axis = int(call.attrs.axis) % len(shape)
+        index = np.asarray(constant_value(indices)).astype(np.int64)
+        if np.any((index < -shape[axis]) | (index >= shape[axis])):
+            return call  # (out of range: whatever the mode says, not ours to decide)
+        index = index % shape[axis]
+        if data is not None:
+            value = constant_value(data)
+            return _owned_const(np.take(value, index, axis=axis)) if value.dtype.kind in "iub" else call
+        flat = index.reshape(-1)
+        if index.ndim > 1 or not flat.size or np.any(np.diff(flat) != 1):
+            return call
+        first = int(flat[0])
+        piece = self.builder_.emit(relax.op.strided_slice(call.args[0], axes=[axis], begin=[first],
+                                                          end=[first + flat.size], strides=[1]))
+        return relax.op.reshape(piece, [int(d) for d in call.ty.shape.values]) if index.ndim == 0 else piece
+
+    def _scatter_rows(self, call):
+        """``scatter_nd(data, indices, updates)`` writing a run of rows (axis 0) at constant indices ─► the
+        rows of ``data`` before and after the run, and the updates between them, concatenated."""
+        data, indices, updates = call.args
+        index, shape = self._constant(indices), _static_dims(data)
+        if (index is None or shape is None or str(getattr(call.attrs, "reduction", "update")) != "update"
+                or _static_dims(updates) is None):
+            return call
+        index = np.asarray(constant_value(index)).astype(np.int64)
+        if index.ndim < 1 or index.shape[-1] != 1 or not index.size:
+            return call
+        rows = index.reshape(-1)
+        if np.any((rows < -shape[0]) | (rows >= shape[0])):
+            return call
+        rows = rows % shape[0]
+        if np.any(np.diff(rows) != 1):
+            return call
+        first, count = int(rows[0]), int(rows.size)
+        updates = (updates if len(_static_dims(updates)) == len(shape)
+                   else self.builder_.emit(relax.op.reshape(updates, [count, *shape[1:]])))
+        known = self._constant(data)
+        parts = []
+        for begin, end in ((0, first), (first + count, shape[0])):
+            if end > begin:
+                parts.append((_owned_const(np.ascontiguousarray(constant_value(known)[begin:end])) if known is not None
+                              else self.builder_.emit(relax.op.strided_slice(data, axes=[0], begin=[begin], end=[end],
+                                                                             strides=[1]))))
+        parts.insert(1 if first else 0, updates)
+        return relax.op.concat(parts, axis=0) if len(parts) > 1 else updates
 
     def _te_min_max(self, call):
         callee, args = call.args[0], call.args[1]
@@ -521,6 +592,33 @@ class _FoldConstantShapes(PyExprMutator):
         if lo is None or hi is None or constant_value(lo).ndim or constant_value(hi).ndim:
             return call
         return relax.op.clip(inner.args[0], float(constant_value(lo)), float(constant_value(hi)))
+
+
+def _static_dims(expr) -> list | None:
+    """The dims of a tensor of static shape, else None."""
+    shape = getattr(expr.ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(isinstance(d, IntImm) for d in values):
+        return None
+    return [int(d) for d in values]
+
+
+def _static_shape_tensor(call):
+    """``shape_to_tensor`` of a shape known at compile time ─► its int64 constant."""
+    values = getattr(call.args[0].ty, "values", None)
+    if values is None or not all(isinstance(d, IntImm) for d in values):
+        return call
+    return relax.const(np.array([int(d) for d in values], np.int64), "int64")
+
+
+def _numpy_slice(call, rank: int) -> tuple:
+    """A ``strided_slice`` call's bounds as a numpy index of ``rank`` axes."""
+    axes, begin, end = ([int(v) for v in call.args[k].fields] for k in (1, 2, 3))
+    strides = [int(v) for v in call.args[4].fields] if len(call.args) > 4 else [1] * len(axes)
+    index = [slice(None)] * rank
+    for axis, b, e, step in zip(axes, begin, end, strides):
+        index[axis % rank] = slice(b, e, step)
+    return tuple(index)
 
 
 def fold_constant_shapes(mod: tvm.IRModule) -> tvm.IRModule:

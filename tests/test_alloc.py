@@ -1,6 +1,8 @@
 """The allocator's free list, worked by hand: next fit from where the last block ended, wrapping at its
 window, and freed space merged with its neighbours."""
 
+import pytest
+
 from lpx_tvm.codegen.alloc import _FreeList
 
 
@@ -41,6 +43,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(1, 400)), max_size=60), st.integers(200, 1000))
+@pytest.mark.slow
 def test_taken_blocks_never_overlap_and_no_byte_is_lost(steps, window):
     """Any sequence of takes and gives (a give frees a block taken earlier, chosen by the draw): every taken
     block lies in [0, 1000) and overlaps no other block still taken; the free blocks and the taken ones

@@ -160,6 +160,7 @@ def test_dynamic_shapes_offload_the_static_part_and_fall_back_on_the_rest(rng):
         compiled(np.zeros((3, 63), np.float32))
 
 
+@pytest.mark.slow
 def test_two_threads_share_one_executable(rng):
     compiled = lpx_tvm.compile(cnn_model(), config="tiny")
     inputs = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(2)]
@@ -191,6 +192,7 @@ def program_blob(mlp):
 @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                     HealthCheck.too_slow])
 @given(data=st.data())
+@pytest.mark.slow
 def test_decoder_only_raises_its_own_error(program_blob, data):
     kind = data.draw(st.sampled_from(["random", "flip", "truncate", "splice"]))
     if kind == "random":
@@ -246,6 +248,7 @@ def test_unknown_op_and_unsupported_opset_are_named():
         lpx_tvm.from_onnx(future)
 
 
+@pytest.mark.slow
 def test_cli_warnings_are_one_line_and_the_format_is_restored(tmp_path, rng):
     import subprocess
     import sys
@@ -301,6 +304,7 @@ def _re_signed(body: bytes) -> bytes:
     return _HEADER.pack(MAGIC, VERSION, 0, len(body), digest) + body
 
 
+@pytest.mark.slow
 def test_an_undamaged_program_re_signed_by_the_test_decodes_and_runs_as_it_came(signed_program_blobs):
     """The damage test below re-signs damaged bodies; here the re-signing alone: on an undamaged body it gives
     back the compiler's very bytes, which decode and run to the same outputs as the program as compiled (else
@@ -321,6 +325,7 @@ def test_an_undamaged_program_re_signed_by_the_test_decodes_and_runs_as_it_came(
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(data=st.data())
+@pytest.mark.slow
 def test_re_signed_damage_is_rejected_or_runs(signed_program_blobs, data):
     """Damage behind a valid checksum (a buggy or hostile compiler): the checks after the checksum hold too.
     Rejected damage is named in one line (never by the checksum: the body was re-signed, and the test above

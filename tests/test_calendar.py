@@ -1,6 +1,7 @@
 """The scheduler's calendars (``codegen/calendar.py``) against a cycle-by-cycle reference."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ def _first_free(busy: np.ndarray, t: int, d: int) -> int:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 150), st.integers(1, 12)), max_size=30),
        st.lists(st.tuples(st.integers(0, 150), st.integers(1, 12)), min_size=1, max_size=10))
+@pytest.mark.slow
 def test_exclusive_finds_the_first_free_stretch_and_books_it(bookings, queries):
     calendar, busy = Exclusive(), np.zeros(HORIZON + 400, bool)
     for t, d in bookings:  # each at the first free stretch from t, as the scheduler books

@@ -78,6 +78,7 @@ def _broken(program, rng):
     return dataclasses.replace(program, instructions=tuple(instructions), predicted_cycles=makespan)
 
 
+@pytest.mark.slow
 def test_programs_broken_at_random_get_the_walks_verdict(compiled_programs):
     rng = np.random.default_rng(11)
     verdicts = {"accepted": 0}

@@ -166,6 +166,7 @@ def test_a_small_all_reduce_goes_whole_in_one_hop_a_level(system, ranks):
 
 @pytest.mark.parametrize("system, chips, links, algorithm", [("tsp-node", 8, 28, "direct"),
                                                             ("lpx-node", 16, 16 * 15 // 2 * 4, "direct")])
+@pytest.mark.slow
 def test_a_tensor_parallel_mlp_uses_every_link_of_the_node_and_matches_onnx_runtime(system, chips, links,
                                                                                     algorithm):
     """The review's MLP (512 wide, batch 8) on a whole node: its all-gathers and its all-reduce are direct, so
@@ -185,6 +186,7 @@ def test_a_tensor_parallel_mlp_uses_every_link_of_the_node_and_matches_onnx_runt
     np.testing.assert_allclose(out, ort_reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_tensor_parallel_collective_on_16_chips_of_an_lpx_node_by_hand():
     """lp30 (Hot Chips 2026: 350 ns a hop, 350 cycles at the assumed 1 GHz; 112 Gb/s a link, 14 bytes a cycle),
     16 chips all to all, 4 links a pair. A block of 4 × 320 fp32 is 5,120 bytes, sent to each peer in 4 pieces

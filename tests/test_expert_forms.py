@@ -153,6 +153,7 @@ def _tokens(seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+@pytest.mark.slow
 def test_an_exported_block_gathers_its_experts_and_the_rewrite_spreads_none_of_that_to_the_host(exported, arch):
     model, dense = exported(arch)
     ops = [n.op_type for n in model.graph.node]
@@ -163,6 +164,7 @@ def test_an_exported_block_gathers_its_experts_and_the_rewrite_spreads_none_of_t
     assert ("Div" in ops) == (arch == "mixtral")  # Mixtral renormalises its top-k probabilities, Qwen3 here not
 
 
+@pytest.mark.slow
 def test_deepseek_v3_routing_over_one_group_is_rewritten_and_its_shared_expert_kept(exported):
     model, dense = exported("deepseek_v3")
     ops = [n.op_type for n in model.graph.node]
@@ -172,11 +174,13 @@ def test_deepseek_v3_routing_over_one_group_is_rewritten_and_its_shared_expert_k
     assert ops.count("MatMul") == 3 * EXPERTS + 3  # each routed expert's select, gate_up, down; the shared one's 3
 
 
+@pytest.mark.slow
 def test_deepseek_v3_routing_limited_to_some_groups_is_refused_naming_why(exported):
     with pytest.raises(ValueError, match=r"limited to 1 groups of experts of 2 \(topk_group < n_group\)"):
         exported("deepseek_v3_grouped")
 
 
+@pytest.mark.slow
 def test_gpt_oss_experts_gather_biases_too_and_their_clamps_become_relus(exported):
     model, dense = exported("gpt_oss")
     ops = [n.op_type for n in model.graph.node]
@@ -188,6 +192,7 @@ def test_gpt_oss_experts_gather_biases_too_and_their_clamps_become_relus(exporte
 
 @pytest.mark.parametrize("arch, chips", [(arch, chips) for arch in ("mixtral", "qwen3_moe") for chips in (2, 4, 8)]
                          + [("gpt_oss", 4), ("gpt_oss", 8), ("deepseek_v3", 4), ("deepseek_v3", 8)])
+@pytest.mark.slow
 def test_an_exported_hf_block_runs_expert_parallel_on_the_chips_asked_and_matches_onnx_runtime(exported, arch,
                                                                                                chips):
     model, dense = exported(arch)
@@ -204,6 +209,7 @@ def test_an_exported_hf_block_runs_expert_parallel_on_the_chips_asked_and_matche
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"])
+@pytest.mark.slow
 def test_the_tokens_compared_are_routed_to_different_experts(exported, arch):
     # a gate that kept every expert, or the same two for every token, passes a comparison on tokens that all
     # take the same two: show the reference routes the tokens apart, so the match above tests the top-k
@@ -293,6 +299,7 @@ def scattered():
     return get
 
 
+@pytest.mark.slow
 def test_a_scattered_gate_block_as_exported_is_refused_under_expert_parallel(scattered):
     model = scattered("softmax")
     ops = [n.op_type for n in model.graph.node]
@@ -303,6 +310,7 @@ def test_a_scattered_gate_block_as_exported_is_refused_under_expert_parallel(sca
 
 
 @pytest.mark.parametrize("gates, chips", [("softmax", 8), ("renormalised", 4)])
+@pytest.mark.slow
 def test_a_scattered_gate_block_rewritten_runs_on_the_chips_asked_and_matches_onnx_runtime(scattered, gates,
                                                                                            chips):
     model = scattered(gates)
@@ -319,6 +327,7 @@ def test_a_scattered_gate_block_rewritten_runs_on_the_chips_asked_and_matches_on
 # ---- the command line: the rewrite where expert parallel is asked, and a line per program naming its chips --------
 
 
+@pytest.mark.slow
 def test_the_cli_runs_the_issues_block_on_the_chips_asked_and_says_so(scattered, tmp_path, capsys):
     from onnx import save
 
@@ -380,6 +389,7 @@ def test_the_cli_adds_why_the_rewrite_could_not_apply(tmp_path, capsys):
         "experts' outputs by the top-k weights" in err
 
 
+@pytest.mark.slow
 def test_the_cli_profile_names_the_chips_too(scattered, tmp_path, capsys):
     from onnx import save
 

@@ -5,11 +5,13 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 import lpx_tvm
 from conftest import host_op_between_model
 
 
+@pytest.mark.slow
 def test_export_and_reload_in_fresh_process(tmp_path, rng):
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
     compiled = lpx_tvm.compile(host_op_between_model(), config="tiny")

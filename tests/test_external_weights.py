@@ -45,6 +45,7 @@ def test_an_external_graph_holds_no_weight_bytes_and_names_where_they_are():
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.slow
 def test_fp16_weights_an_fp32_graph_widens_run_on_lpx_as_onnx_runtime_runs_them(dtype):
     """The same arrays feed ORT and TVM. On fp16 chips every product's weight is stored as the fp16 bytes
     drawn (not rounded from an fp32 copy); on fp32 chips, as their exact widening."""
@@ -119,6 +120,7 @@ def test_external_weights_that_are_not_given_or_do_not_match_are_named():
         lpx_tvm.compile(inside, weights=weights)
 
 
+@pytest.mark.slow
 def test_an_unaligned_weight_is_bound_once_copied():
     """TVM binds 64-byte aligned arrays in place; another is copied once, with the same values."""
     weights = _fp16_weights()
@@ -139,6 +141,7 @@ def test_an_unaligned_weight_is_bound_once_copied():
     np.testing.assert_array_equal(unaligned, aligned)
 
 
+@pytest.mark.slow
 def test_a_saved_decoder_keeps_one_weights_file_that_generate_maps_in_place(tmp_path):
     """save_llama writes the two graphs without their weights and one weights file; generate maps it (no
     copy) and decodes as it does from the preset in memory, in fp32 and through ORT's quantiser in int8."""

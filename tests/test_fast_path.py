@@ -167,6 +167,7 @@ def test_an_integer_partial_sum_past_fp32s_exact_range_is_added_exactly():
 
 
 @pytest.mark.parametrize("name, dtype", [("squeezenet", "int8"), ("bert_encoder", "int8"), ("shufflenet", "fp32")])
+@pytest.mark.slow
 def test_zoo_records_carry_the_fast_path_check(name, dtype, monkeypatch):
     """The zoo runs every model twice, fast and tile by tile: int8 must be bit-equal. The record is not taken
     on trust: the test runs the model the zoo compiled again itself, on the fast path and tile by tile

@@ -24,6 +24,7 @@ HOST_OPS = {"squeezenet": {}, "bert_encoder": {"relax.shape_to_tensor": 1, "rela
 
 
 @pytest.mark.parametrize("name", ["squeezenet", "bert_encoder"])
+@pytest.mark.slow
 def test_fp8_agrees_with_onnx_runtime_in_fp32(name):
     entry = ZOO[name]
     model = entry.load()

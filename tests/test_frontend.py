@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import lpx_tvm
@@ -38,6 +39,7 @@ def test_shape_arithmetic_and_clip_fold_so_everything_offloads(rng):
     assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
 
 
+@pytest.mark.slow
 def test_weights_built_by_constant_of_shape_are_weights_so_light_shufflenet_runs_on_lpx(rng):
     """The onnx package's light_shufflenet.onnx builds all 243 of its weights with ConstantOfShape. TVM's
     importer made each a broadcast, so no convolution had a constant weight: 49 of them ran on the host and

@@ -164,6 +164,7 @@ def test_a_step_numpy_computes_by_a_library_ends_the_run():
     assert len(fused) == 2 and fused[1] is steps[2] and fused[0][0] not in SEMANTICS.values()
 
 
+@pytest.mark.slow
 def test_a_long_run_is_split_where_its_expression_would_grow_too_large():
     """Each maximum reads its running value three times, and TVM writes bound values out where they are read:
     twelve in a row would be 3 ** 12 nodes, so the run goes as kernels of a few steps each, the same bits."""

@@ -42,6 +42,7 @@ def _ort_greedy(config, prompt, tokens: int) -> list:
     return chosen
 
 
+@pytest.mark.slow
 def test_greedy_decode_on_two_chips_equals_onnx_runtime_and_charges_the_kv_write():
     """llama-tiny pipelined on tiny-2: its tokens are ONNX Runtime's greedy tokens, decoded here by ORT alone
     from the same prompt; the prefill and each of the 4 steps ran on lpx (one lpx program each: 5 calls)."""
@@ -75,6 +76,7 @@ def test_greedy_decode_on_two_chips_equals_onnx_runtime_and_charges_the_kv_write
 
 @pytest.mark.parametrize("flags, where", [([], "single chip"), (["--system", "tiny-2"], "pipeline"),
                                           (["--system", "tiny-2", "--parallel", "tensor"], "tensor")])
+@pytest.mark.slow
 def test_the_generate_command(capsys, flags, where):
     """With no flags it runs on one chip, and --system alone pipelines (both failed: --parallel was passed on as
     None, "parallel=None needs a system of chips" and "parallel must be one of ..., got None")."""
@@ -89,6 +91,7 @@ def test_gpt2_small_sized_decoder_does_not_fit_one_tsp_chip():
 
 
 @pytest.mark.parametrize("dtype, itemsize", [("fp32", 4), ("fp16", 2)])
+@pytest.mark.slow
 def test_tensor_parallel_splits_a_decoders_attention_and_its_cache_by_heads(dtype, itemsize):
     """2-way on tiny chips: each chip holds its kv heads of every cache (half the bytes), writes only those,
     stores its heads' new K/V itself (in fp16 too: the host widens them), and a step costs
@@ -129,6 +132,7 @@ def test_generate_of_a_folder_without_the_decoder_files_names_what_is_missing(tm
     assert "is not a decoder folder: it has no prefill.onnx or decode.onnx" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_generate_s_tokens_are_onnx_runtime_s_own_greedy_decode(tmp_path):
     """The reference here is ONNX Runtime alone: the decoder's two graphs from files, run greedily on the same
     prompt with ORT's own cache, step after step; lpx's tokens (from the simulated chips) must be those."""
@@ -165,6 +169,7 @@ def test_choosing_a_token_greedy_or_by_a_draw_from_the_top_k():
     assert _choose(logits, 0.99, 1.0, 2) == 2  # never token 0: it is outside the top 2
 
 
+@pytest.mark.slow
 def test_a_text_prompt_goes_through_the_folder_s_tokenizer_and_the_text_comes_back(tmp_path):
     """A word-level tokenizer.json (the tokenizers package, written here: nothing downloaded) beside the saved
     decoder: --prompt's words become its ids, and the generated ids come back as its words."""
@@ -189,6 +194,7 @@ def test_a_text_prompt_goes_through_the_folder_s_tokenizer_and_the_text_comes_ba
         generate("llama-tiny", tokens=1, prompt="hello")
 
 
+@pytest.mark.slow
 def test_sampled_tokens_are_onnx_runtime_s_under_the_same_draws(tmp_path):
     """At temperature 0.8 from the top 20, each step's one seeded uniform draw picks lpx's token; ONNX Runtime
     alone, run here on the saved graphs with the same draws (numpy's generator at the seed + 2, as generate
@@ -205,6 +211,7 @@ def test_sampled_tokens_are_onnx_runtime_s_under_the_same_draws(tmp_path):
     assert report["sampling"] == {"temperature": 0.8, "top_k": 20}
 
 
+@pytest.mark.slow
 def test_a_presets_sampled_tokens_are_onnx_runtime_s_under_the_same_draws_checked_in_one_run():
     """The same for the preset, whose steps ORT checks in one run over the whole sequence at the end: each
     step's draw still picks ORT's token at that position (ORT alone, step by step, here)."""
@@ -252,6 +259,7 @@ def test_the_prefill_and_decode_sessions_hold_each_weight_once_and_answer_as_pla
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_int8_generate_quantises_both_graphs_and_runs_them_as_onnx_runtime_does():
     """``dtype="int8"`` on a preset: both graphs made QDQ by ORT's quantiser on seeded steps. Their rotary
     embeddings share one dequantised rotate-half matrix, which TVM's pattern fusion lost (the build failed:

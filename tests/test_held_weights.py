@@ -44,6 +44,7 @@ def _placements(compiled) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_held_programs_carry_no_weight_bytes_and_run_as_onnx_runtime_does(weights):
     graph = L.build_prefill(SMALL, len(PROMPT), weights=weights, external=True)
     feeds = L.prefill_feeds(SMALL, PROMPT)
@@ -96,6 +97,7 @@ def test_hold_weights_needs_the_arrays_it_holds(weights):
 
 
 @pytest.mark.parametrize("system", [None, "tiny-4"])
+@pytest.mark.slow
 def test_decode_keeps_every_weight_where_the_prefill_put_it(weights, system):
     """One chip: the same addresses though the two programs' small constants differ (the prefill's causal mask).
     Four chips: a pipeline balanced afresh puts the decode's stages elsewhere (layer 0's o_proj on chip 0,
@@ -118,6 +120,7 @@ def test_decode_keeps_every_weight_where_the_prefill_put_it(weights, system):
         assert {key for key in afresh if afresh[key] != first[key]} >= {("model.layers.0.self_attn.o_proj.weight", 0)}
 
 
+@pytest.mark.slow
 def test_generate_reports_the_decode_program_over_the_prefills_resident_weights():
     from lpx_tvm.app.generate import generate
 
@@ -129,6 +132,7 @@ def test_generate_reports_the_decode_program_over_the_prefills_resident_weights(
                                           "moved_bytes": 0}
 
 
+@pytest.mark.slow
 def test_a_tied_heads_transpose_is_made_once_and_named_by_both_programs(weights):
     """A tied head reads the embedding table transposed, which the lowering folds into a new array. Over held
     weights that array is made once, held with them, and both the prefill and the decode name it: neither

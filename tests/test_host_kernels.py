@@ -187,6 +187,7 @@ _WINDOWS = [  # (input shape, kernel, stride, dilation, pad, groups)
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
 @pytest.mark.parametrize("shape, kernel, stride, dilation, pad, groups", _WINDOWS)
+@pytest.mark.slow
 def test_im2col_by_the_kernel_is_numpys_to_the_bit(dtype, shape, kernel, stride, dilation, pad, groups):
     """The kernel's columns are numpy's tap-by-tap copy's, the pad value around them included, for every element
     type a program's IM2COL moves; the input a band of rows of a larger array (a view that starts inside it)."""

@@ -306,6 +306,7 @@ def test_decode_runs_on_lpx_and_matches_ort():
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(np.abs(w).max(), 1e-3), err_msg=name)
 
 
+@pytest.mark.slow
 def test_greedy_generation_on_lpx_matches_ort():
     from lpx_tvm.runtime import total_offloaded_calls
 

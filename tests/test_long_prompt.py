@@ -26,6 +26,7 @@ def attention(heads: int, seq: int, dim: int, rng):
     return model, feeds
 
 
+@pytest.mark.slow
 def test_scores_beyond_an_eighth_of_sram_are_computed_a_block_of_queries_at_a_time(rng):
     """2 heads × 512 × 512 fp32 scores are 2 MiB, more than an eighth of the tiny chip's 4 MiB: the attention
     runs in blocks of 64 queries (the largest power of two whose scores take at most a sixteenth, 2 × 64 ×

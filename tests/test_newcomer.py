@@ -52,6 +52,7 @@ def test_zoo_save_into_a_new_directory_writes_one_file_a_model(tmp_path, capsys)
     assert "a .onnx file holds one model" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_saved_zoo_model_has_seeded_weights_static_inputs_and_runs_on_lpx(tmp_path, capsys):
     from lpx_tvm.app.zoo import constant_weights, save
 

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -15,6 +17,7 @@ def test_runtime_sim_imports_neither_tvm_nor_onnx():
     assert done.stdout.strip() == "[]", done.stdout
 
 
+@pytest.mark.slow
 def test_importing_lpx_tvm_registers_with_tvm_when_tvm_is_imported():
     code = ("import sys, lpx_tvm; assert 'tvm' not in sys.modules; import tvm, tvm_ffi; "
             "print(list(tvm.target.Target('lpx').keys), tvm_ffi.get_global_func('lpx.runtime.execute') is not None, "

@@ -46,6 +46,7 @@ def _tensor_parallel_matches_ort(model, x, system):
 
 
 @pytest.mark.parametrize("chips", [2, 4, 8])
+@pytest.mark.slow
 def test_bert_pipeline_equals_the_single_chip_run(bert, chips):
     model, args, reference, single = bert
     with reference_arithmetic():  # (the fast path merges a chip's tiles as its own program allows)
@@ -59,6 +60,7 @@ def test_bert_pipeline_equals_the_single_chip_run(bert, chips):
 
 
 @pytest.mark.parametrize("chips", [2, 4, 8])
+@pytest.mark.slow
 def test_bert_tensor_parallel_agrees_with_onnx_runtime(bert, chips):
     model, args, reference, single = bert
     outputs, sim = _run_on_system(model, args, system="tsp-node", parallel="tensor", chips=chips)
@@ -77,6 +79,7 @@ def test_bert_tensor_parallel_agrees_with_onnx_runtime(bert, chips):
 
 @pytest.mark.parametrize("parallel", ["pipeline", "tensor"])
 @pytest.mark.parametrize("system", ["tiny-2", "tiny-4", "tiny-8"])
+@pytest.mark.slow
 def test_the_llama_decoder_on_a_ring_of_tiny_chips(system, parallel):
     config = llama.PRESETS["llama-tiny"]
     model = llama.build_decode(config)
@@ -93,6 +96,7 @@ def test_the_llama_decoder_on_a_ring_of_tiny_chips(system, parallel):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_auto_says_what_it_chose_and_why(bert):
     model, args, reference, _ = bert
     outputs, sim = _run_on_system(model, args, system="tsp-node", parallel="auto", chips=2)
@@ -110,6 +114,7 @@ def test_a_layer_too_big_for_any_chip_is_named(rng):
         lpx_tvm.compile(model, system="tiny-2", parallel="pipeline")
 
 
+@pytest.mark.slow
 def test_a_pipeline_spreads_the_blocks_over_its_chips():
     """llama-small's 4 blocks on 4 chips: each chip gets matrix work and about a block of weights, not a few
     norm scalars on three chips and the whole model on the fourth."""

@@ -93,6 +93,7 @@ def _count(system: str, cases) -> dict:
 # (ran, refused) per strategy, as measured when the collectives began to fit the topology: a pipeline is
 # refused where a graph has fewer operators than the chips asked for, a tensor split where no product splits
 # over them, expert parallelism where there are no experts
+@pytest.mark.slow
 @pytest.mark.parametrize("system, seeds, counts", [
     ("tsp-node", 40, {"pipeline": (19, 21), "tensor": (40, 0), "expert": (0, 40), "auto": (40, 0)}),
     pytest.param("lpx-node", 12, {"pipeline": (4, 8), "tensor": (12, 0), "expert": (0, 12), "auto": (12, 0)},
@@ -102,6 +103,7 @@ def test_random_mlps_under_every_strategy(system, seeds, counts):
     assert _count(system, [_mlp_case(seed) for seed in range(seeds)]) == counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("system, seeds, counts", [
     ("tsp-node", 16, {"pipeline": (16, 0), "tensor": (16, 0), "expert": (0, 16), "auto": (16, 0)}),
     pytest.param("lpx-node", 6, {"pipeline": (6, 0), "tensor": (6, 0), "expert": (0, 6), "auto": (6, 0)},
@@ -111,6 +113,7 @@ def test_random_transformer_blocks_under_every_strategy(system, seeds, counts):
     assert _count(system, [_transformer_case(seed) for seed in range(seeds)]) == counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("system, seeds, ran", [("tsp-node", 12, 32),
                                                 pytest.param("lpx-node", 6, 4, marks=pytest.mark.slow)])
 def test_random_mixtures_of_experts_on_every_chip_count(system, seeds, ran):

@@ -15,6 +15,7 @@ SMALL_MOE = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4
              "intermediate_size": 128, "vocab_size": 256, "num_local_experts": 4, "num_experts_per_tok": 2}
 
 
+@pytest.mark.slow
 def test_plan_agrees_with_the_full_multi_chip_simulation():
     """llama-small compiled whole, a 4-stage pipeline on tsp-node, its decode steps simulated chip by chip and
     link by link; the plan composes one block's cycles with the network model."""
@@ -26,6 +27,7 @@ def test_plan_agrees_with_the_full_multi_chip_simulation():
 
 
 @pytest.mark.parametrize("chips", [2, 4])
+@pytest.mark.slow
 def test_plan_agrees_with_the_compiled_tensor_parallel_decoder(chips):
     """The plan splits attention by heads and the MLP, two all-reduces a block; so does the compiler (each
     chip its heads of the cache, storing its own new K/V), and a step simulates within 5% of the plan (21%
@@ -37,6 +39,7 @@ def test_plan_agrees_with_the_compiled_tensor_parallel_decoder(chips):
     assert planned["per_token_us"] * tsp.clock_hz / 1e6 == pytest.approx(simulated["per_token_cycles"], rel=0.05)
 
 
+@pytest.mark.slow
 def test_plan_agrees_with_the_compiled_eight_way_tensor_parallel_decoder(tmp_path):
     """At 8 chips, where a decoder's heads divide them (8 query and 8 K/V heads), attention still splits by heads
     (no all-gather) and a step simulates within 5% of the plan."""
@@ -53,6 +56,7 @@ def test_plan_agrees_with_the_compiled_eight_way_tensor_parallel_decoder(tmp_pat
 
 
 @pytest.mark.parametrize("chips", [8, 16])
+@pytest.mark.slow
 def test_plan_and_its_verify_agree_with_the_compiled_decoder_on_an_lpx_node(tmp_path, chips):
     """A decoder block 8 and 16 wide on lpx-node (16 heads of 32, two blocks): the compiler splits it by heads
     and the MLP, each block's two all-reduces direct over the node's links (one-shot: the hidden state whole to
@@ -134,6 +138,7 @@ def test_fp8_on_a_chip_without_it_names_what_it_runs():
 @pytest.mark.parametrize("chips, placement", [(2, "4 experts over 2 chips: 2 a chip"),
                                               (4, "4 experts over 4 chips: each split over 1; 2 K/V heads "
                                                   "replicated, each on 2 chips")])
+@pytest.mark.slow
 def test_experts_are_placed_over_the_tensor_parallel_chips(chips, placement):
     report = plan(SMALL_MOE, "tiny-fc-8", dtype="fp32", context=32, prompt=8, mapping=(1, chips))
     assert report["mapping"]["experts"] == placement
@@ -155,6 +160,7 @@ def test_more_chips_never_slow_the_chosen_mapping():
     assert all(b <= a for a, b in zip(latencies, latencies[1:])), latencies
 
 
+@pytest.mark.slow
 def test_the_floor_by_hand_for_llama_3_8b_on_an_lpx_node():
     """lp30: weights install at 6 planes × 8 streams × 320 B = 15,360 B a cycle; SRAM reads 480 slices × 320 B =
     153,600 B a cycle; a hop is 350 cycles; a link moves 14 B a cycle, 4 links a pair. Llama-3-8B in fp8 (hidden
@@ -187,6 +193,7 @@ def test_the_lpx_rack_is_256_times_its_chip():
         rack.figures["rack_scale_up_bytes_per_s"], rel=0.01)
 
 
+@pytest.mark.slow
 def test_the_plan_command(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", "llama-small", "--system", "tsp-node", "--dtype", "fp16", "--context", "128",
@@ -216,6 +223,7 @@ def test_every_user_in_flight_holds_a_cache():
     assert alone["users"] == 2 and alone["cache_bytes"] == 4194304 // 4
 
 
+@pytest.mark.slow
 def test_a_pipeline_takes_as_many_users_as_their_caches_leave_room_for():
     """At 49,152 positions one user's cache on one llama-small block is 2·4·32·4·49152 = 50,331,648 bytes.
     4 stages (a block each) cannot hold 4 users' caches; the plan takes the most that fit: the chip's memory
@@ -253,6 +261,7 @@ def test_a_plan_counts_its_chips_power_at_the_preset_s_tdp():
     assert load_config("lp30").power_watts is None
 
 
+@pytest.mark.slow
 def test_users_picks_the_fewest_chips_holding_them_in_flight():
     """llama-small on tsp-node, 8 users at a 128-position cache: a full pipeline holds stages × batch users
     (their caches are tiny beside SRAM), so the plan takes the fewest chips with stages × batch ≥ 8; a
@@ -274,6 +283,7 @@ def test_a_time_per_output_token_target_is_a_tokens_per_second_target(capsys):
     assert "the fewest chips reaching 10000.0 tokens/s per user" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_first_token_target_takes_the_fewest_chips_that_meet_it_or_names_the_quickest():
     """llama-small on tsp-node, a 64-token prompt: its time to first token on one chip is under 1 ms, so that
     target takes one chip; a target below every mapping's is an error naming the quickest (8 chips: their
@@ -291,6 +301,7 @@ def test_a_first_token_target_takes_the_fewest_chips_that_meet_it_or_names_the_q
                                   "the host link's transfers outside the chips' schedule"]
 
 
+@pytest.mark.slow
 def test_speculative_decoding_is_the_hand_worked_rate_over_the_measured_steps():
     """A round: k draft steps on the draft's own chip, then one target step verifying k + 1 rows; it yields
     1 + a + … + a^k tokens (Leviathan et al.). Tokens/s per user = clock · (1 - a^(k+1)) / (1 - a) /
@@ -342,6 +353,7 @@ def test_a_prefill_pool_hands_the_prompt_s_cache_over_in_the_hand_worked_time():
         plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=64, batches=(1,), prefill_chips=8)
 
 
+@pytest.mark.slow
 def test_verify_compiles_each_stage_whole_and_agrees_with_the_full_simulation():
     """llama-small, 4 stages of one block on tsp-node: --verify compiles a stage's block as one program and
     times it (its host transfers at the ends left out: a stage takes its input over the links). The verified
@@ -407,6 +419,7 @@ def test_a_tokens_cycles_are_its_blocks_head_links_and_cache_write_worked_by_han
     assert planned["split_cycles"]["KV write"] == 480
 
 
+@pytest.mark.slow
 def test_the_plan_plot_labels_every_frontier_point(tmp_path, monkeypatch):
     """llama-small's plan on tsp-node at batches 1 and 4: a 6.5 × 4.5 inch figure at 120 dots an inch (780 × 540
     pixels); a series per batch, the frontier and the chosen mapping in the legend; and one annotation per
@@ -437,6 +450,7 @@ def test_the_plan_plot_labels_every_frontier_point(tmp_path, monkeypatch):
                                     for r in best)
 
 
+@pytest.mark.slow
 def test_a_model_larger_than_a_rack_spans_racks_at_the_rack_to_rack_latency():
     """lpx-system-N: N LPX racks; a tensor-parallel group stays within a rack, stages cross racks. Llama-3-8B
     16 stages × 32 wide on two racks: a rack holds 256 / 32 = 8 stages, so one stage boundary of the 15 crosses

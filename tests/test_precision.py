@@ -23,6 +23,7 @@ NO_RAPIDOCR = importlib.util.find_spec("rapidocr_onnxruntime") is None
     pytest.param("ppocr_cls", marks=pytest.mark.skipif(
         NO_RAPIDOCR, reason="optional rapidocr-onnxruntime (the models extra) is not installed")),
 ])
+@pytest.mark.slow
 def test_one_model_per_family_against_ort_fp32(name, dtype):
     record = run_model(ZOO[name], config="tsp", llvm=False, repeat=1, dtype=dtype)
     print(f"\n{name} {dtype}: cosine {record['cosine']:.6f}, max rel err {record['max_rel_err']:.2e}")
@@ -48,6 +49,7 @@ def test_storage_is_reduced_and_the_link_carries_it(rng, dtype, storage):
     np.testing.assert_allclose(out, ort_run(mlp_model(), {"x": x})[0], rtol=0.05, atol=0.05)
 
 
+@pytest.mark.slow
 def test_cycles_fall_with_the_matrix_rate():
     """squeezenet's one lpx program, nothing left on the host in either dtype (a layer fallen back to the
     host would take its cycles with it), is faster in fp16 (4 matrix passes a row) than in fp32 (12)."""
@@ -77,6 +79,7 @@ def _int8_programs(compiled) -> list:
             if i.opcode == Opcode.MATMUL and i.srcs[0].dtype == DType.I8]
 
 
+@pytest.mark.slow
 def test_int8_cnn_matches_ort_on_the_same_qdq_model():
     import onnxruntime as ort
 
@@ -134,6 +137,7 @@ def test_int8_of_a_float_model_is_a_clear_error():
         lpx_tvm.compile(mlp_model(), config="tiny", dtype="int8")
 
 
+@pytest.mark.slow
 def test_int8_weight_bigger_than_sram_streams_as_int8(rng):
     from onnx import helper
 

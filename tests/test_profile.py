@@ -61,6 +61,7 @@ def test_profile_writes_report_and_trace(tmp_path, capsys):
         {"ph", "ts", "dur", "pid", "tid"} <= set(e) for e in events if e["ph"] == "X")
 
 
+@pytest.mark.slow
 def test_layer_too_big_for_sram_falls_back_with_a_warning(rng):
     # Relu of a [300, 2048] fp32 tensor: 2.5 MB in + 2.5 MB out, more than the tiny chip's 4 MiB
     small = weights(rng, "v", (2048, 16), 0.1)
@@ -75,6 +76,7 @@ def test_layer_too_big_for_sram_falls_back_with_a_warning(rng):
 
 
 @pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.slow
 def test_weight_bigger_than_sram_streams_from_host(rng, rows):
     # a 768x1440 fp32 weight (4.2 MiB) is more than the tiny chip's 4 MiB of SRAM: it streams
     big = weights(rng, "w", (768, 1440), 0.02)
@@ -95,6 +97,7 @@ def test_weight_bigger_than_sram_streams_from_host(rng, rows):
     assert stats.host_bytes >= 768 * 1440 * 4  # every call pays for the weight on the host link
 
 
+@pytest.mark.slow
 def test_the_profile_names_each_streamed_weight_and_what_forced_it(rng):
     """The 768x1440 fp32 weight (4,423,680 bytes) cannot stay beside the rest in the tiny chip's 4 MiB: the
     profile lists its layer with those bytes, and the SRAM it is weighed against."""

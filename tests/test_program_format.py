@@ -58,6 +58,7 @@ def test_not_a_program():
         decode(b"\x7fELF" + bytes(100))
 
 
+@pytest.mark.slow
 def test_streamed_weights_round_trip_and_are_checked(rng):
     import dataclasses
 

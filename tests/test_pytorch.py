@@ -52,6 +52,7 @@ def _hf(name):
 
 
 @pytest.mark.parametrize("name", ["bert", "vit"])
+@pytest.mark.slow
 def test_hugging_face_encoders_from_pytorch_put_their_flops_on_lpx_and_match_torch(name):
     model, x = _hf(name)
     compiled = lpx_tvm.compile(lpx_tvm.from_pytorch(model, x), config="tsp")
@@ -84,6 +85,7 @@ def test_what_from_pytorch_cannot_take_is_named():
         lpx_tvm.from_pytorch(DataDependent(), torch.randn(8))
 
 
+@pytest.mark.slow
 def test_a_hugging_face_llama_exported_by_torch_onnx_compiles_to_one_program():
     """LlamaForCausalLM (2 layers, GQA, random weights) through torch.onnx (dynamo): its K/V heads repeated
     for the query heads (Expand) and PyTorch's safe softmax (where(isnan(·), 0, ·)) run on lpx, so the

@@ -221,6 +221,7 @@ def test_an_fp16_attention_mask_of_float32_lowest_saturates_instead_of_making_na
     np.testing.assert_allclose(out, ort_run(model, {"x": x, "mask": mask})[0], atol=2e-3)
 
 
+@pytest.mark.slow
 def test_a_package_probing_for_tvm_before_it_loads_does_not_lose_lpx_registration():
     """transformers looks TVM up (importlib.util.find_spec) without importing it; the hook that registers lpx
     once TVM loads took that lookup for the import and went, so a later import of TVM had no lpx target."""

@@ -66,6 +66,7 @@ def test_a_strided_access_inside_a_later_dense_write_keeps_its_dependence():
                  constants=(TensorRef(40000, (200,), u8),), sram_size=65536)
 
 
+@pytest.mark.slow
 def test_more_matrix_planes_never_slow_an_encoder_down():
     """An instance (a vector queue) is chosen for the cycle a group lands on, not the first cycle tried:
     choosing early once sent every epilogue of a layer's last tiles to the one queue free at that first

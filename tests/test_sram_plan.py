@@ -57,6 +57,7 @@ def test_a_chip_refuses_overlapping_weights_of_two_programs(programs):
 
 
 @pytest.mark.parametrize("columns, streams", [(31760, False), (31760 + 32, True)])
+@pytest.mark.slow
 def test_weights_stay_resident_up_to_what_the_activations_leave_free(columns, streams):
     """y = x @ W on the tiny chip (4,194,304 bytes of SRAM; K = 32 is one row tile, so no partial sums):
     the activations' peak is x and y live together, 32·4 + 4·N bytes. At N = 31,760 the weight's 128·N =

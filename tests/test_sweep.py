@@ -187,6 +187,7 @@ def test_pareto_front_by_hand():
     assert pareto_front(points, "c", "v") == [0, 1, 3]
 
 
+@pytest.mark.slow
 def test_an_llm_point_is_planned_on_a_system_of_the_variants_chips(tmp_path):
     """llama-small (hidden 256, 4 layers, 8 heads of 32 dims, 4 KV heads, FFN 512, vocab 1024, untied) in fp16
     on tsp-node, by hand from its config and tsp.json:

@@ -4,6 +4,7 @@ wholly inside the other. Checked exactly, on whole nanoseconds, for one chip, se
 import json
 
 import numpy as np
+import pytest
 
 import lpx_tvm
 from conftest import host_op_between_model
@@ -33,6 +34,7 @@ def _assert_nested(tracks):
             open_ends.append(end)
 
 
+@pytest.mark.slow
 def test_a_chips_trace_nests_exactly_with_the_install_port_on_its_own_track(tmp_path):
     """squeezenet on tsp (900 MHz, 1.11 ns a cycle): slices meeting at a cycle were written as µs floats an
     ulp apart, the earlier ending after the later began; whole nanoseconds meet exactly."""

@@ -18,6 +18,7 @@ NO_RAPIDOCR = importlib.util.find_spec("rapidocr_onnxruntime") is None
     pytest.param("ppocr_cls", 95.0, marks=pytest.mark.skipif(
         NO_RAPIDOCR, reason="optional rapidocr-onnxruntime (the models extra) is not installed")),
 ])
+@pytest.mark.slow
 def test_smallest_model_of_each_family(name, min_pct):
     record = run_model(ZOO[name], config="tsp", llvm=False, repeat=1)
     print(f"\n{name}: {record['flops_offloaded_pct']:.2f}% FLOPs on lpx, max rel err {record['max_rel_err']:.2e}, "
@@ -29,6 +30,7 @@ def test_smallest_model_of_each_family(name, min_pct):
     assert record["lpx_calls"] == record["lpx_subgraphs"] >= 1, "each offloaded subgraph runs on lpx once a call"
 
 
+@pytest.mark.slow
 def test_zoo_command_writes_json_records(tmp_path, capsys):
     out = tmp_path / "zoo.json"
     assert main(["zoo", "--models", "bert_encoder", "--skip-llvm", "--json", str(out)]) == 0
@@ -64,6 +66,7 @@ def test_seeded_inputs_are_what_each_input_is():
     np.testing.assert_array_equal(feeds["position_ids"], [[0, 1, 2, 3, 4]] * 2)
 
 
+@pytest.mark.slow
 def test_a_model_s_peak_memory_is_what_a_process_running_it_alone_peaks_at():
     """The zoo samples a model's resident set while it runs and leaves the kernel's high-water mark alone
     (it reset it, so /usr/bin/time reported a third of the zoo's own figure). In a fresh process that runs

@@ -200,4 +200,79 @@ def test_a_mode_aiconfigurator_has_no_data_for_is_named_not_a_crash(monkeypatch)
     monkeypatch.setattr(hetero, "_gpu_only", missing)
     report = hetero_plan("llama-3-8b", "lpx-rack", gpu="gb300:8", mode="gpu-only", dtype="fp8")
     assert report["modes"]["gpu-only"]["error"] == (
-        "AIConfigurator's gb300 tables cannot price it: perf database error: MoE data missing for MoeKey { topk: 4 }")
+        "AIConfigurator's gb300 tables cannot price it (gemm fp8, moe fp8, fmha fp8, kv fp8): perf database error: "
+        "MoE data missing for MoeKey { topk: 4 }")
+
+
+# ---- the GPU side's quantisation: --dtype where AIConfigurator's tables hold it, else as it deploys the model ----
+def _direct(path, tp, q, moe_ep=None):
+    """AIConfigurator called directly: its own compile_engine, GB300's tables, the modes and expert split given."""
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    split = {} if moe_ep is None else {"moe_tp_size": 1, "moe_ep_size": moe_ep}
+    return EngineHandle.compile(path, "gb300", "trtllm", tp_size=tp, **split, **q.kwargs())
+
+
+def test_gpt_oss_at_fp8_prices_its_experts_in_a_mode_the_tables_hold_and_says_so():
+    """GB300's tables hold no fp8 MoE for gpt-oss-120b's experts (128 × 2880 × 2880, top-4): the experts are priced
+    as the published checkpoint is deployed, MXFP4 weights, here with fp8 (MXFP8) activations; the report names it."""
+    from aiconfigurator_core.sdk.models.helpers import _get_model_info
+
+    g, path = gpus.gpu_system("gb300:8"), gpus.model_dir("gpt-oss-120b")
+    q = gpus.resolve_quant(path, g, "fp8")
+    held = gpus._moe_table(gpus.database(g), _get_model_info(path))
+    assert "fp8" not in held and q.moe in held and q.moe == "w4a8_mxfp4_mxfp8"
+    assert (q.gemm, q.fmha, q.kv) == ("fp8", "fp8", "fp8")  # the rest is --dtype's: the tables hold it
+    why = dict(q.why)
+    assert set(why) == {"moe"} and "no fp8 MoE for 128 experts of 2880×2880, top-4" in why["moe"]
+    # expert parallel across the group (the table holds gpt-oss's experts at moe_tp 1 only)
+    assert q.split(8) == (1, 8) and q.split(64) == (1, 64)
+    # the figure is AIConfigurator's for those modes and that split
+    step = gpus.decode_step(path, g, 8, q, 4, 4096, True)
+    assert step["tpot_ms"] == pytest.approx(_direct(path, 8, q, 8).decode_step_latency(4, 4096, 2), rel=1e-9)
+    # and the plan's report says which modes priced the GPU side
+    report = hetero_plan("gpt-oss-120b", "lpx-rack", "gb300:8", dtype="fp8", mode="gpu-only")
+    r = report["modes"]["gpu-only"]
+    assert "error" not in r and r["config"]["moe_ep"] * r["config"]["moe_tp"] == r["config"]["tp"]
+    assert report["gpu"]["quant"]["modes"]["moe"] == "w4a8_mxfp4_mxfp8"
+    assert "GPU side in AIConfigurator's modes: gemm fp8, moe w4a8_mxfp4_mxfp8 (AIConfigurator's gb300 trtllm " \
+           "tables have no fp8 MoE" in table(report)
+    c = r["config"]
+    assert r["tpot_ms"] == pytest.approx(
+        _direct(path, c["tp"], q, c["moe_ep"]).decode_step_latency(c["batch"], 4096, 2), rel=1e-9)
+
+
+def test_deepseek_is_priced_in_its_checkpoints_fp8_and_bf16_context_mla():
+    """DeepSeek-V3's checkpoint is block-scaled fp8 (AIConfigurator reads fp8_block from its quantization_config);
+    GB300's context MLA tables are bfloat16 only, so attention falls back to bfloat16 as AIConfigurator's own
+    estimate path does; the KV cache stays fp8."""
+    g, path = gpus.gpu_system("gb300:72"), gpus.model_dir("deepseek-v3")
+    q = gpus.resolve_quant(path, g, "fp8")
+    assert (q.gemm, q.moe, q.fmha, q.kv) == ("fp8_block", "fp8_block", "bfloat16", "fp8")
+    why = dict(q.why)
+    assert "no fp8 context MLA" in why["fmha"] and "fp8_block" in why["moe"] and "kv" not in why
+    assert q.split(64) == (1, 64)
+    assert gpus.decode_step(path, g, 8, q, 2, 4096, True)["tpot_ms"] == pytest.approx(
+        _direct(path, 8, q, 8).decode_step_latency(2, 4096, 2), rel=1e-9)
+
+
+def test_gpu_quant_chooses_and_checks_against_the_tables(capsys):
+    g, path = gpus.gpu_system("gb300:8"), gpus.model_dir("gpt-oss-120b")
+    # checkpoint: AIConfigurator's own reading of the published quantization_config (bf16 GEMMs, W4A16 MXFP4)
+    q = gpus.resolve_quant(path, g, "fp8", "checkpoint")
+    assert (q.gemm, q.moe) == ("bfloat16", "w4a16_mxfp4")
+    q = gpus.resolve_quant(path, g, "fp8", "moe=w4a16_mxfp4,fmha=bfloat16")
+    assert (q.gemm, q.moe, q.fmha, q.kv) == ("fp8", "w4a16_mxfp4", "bfloat16", "fp8")
+    assert dict(q.why) == {"moe": "--gpu-quant", "fmha": "--gpu-quant"}
+    with pytest.raises(gpus.GpuError, match=r"hold no fp8 MoE for 128 experts .*\(they hold .*w4a8_mxfp4_mxfp8"):
+        gpus.resolve_quant(path, g, "fp8", "moe=fp8")
+    with pytest.raises(gpus.GpuError, match="no moe mode 'fp7'"):
+        gpus.parse_gpu_quant("moe=fp7")
+    # dense Llama at fp8: every family in fp8, nothing to say
+    q = gpus.resolve_quant(gpus.model_dir("llama-3-8b"), g, "fp8")
+    assert q.why == () and q.describe() == "gemm fp8, moe fp8, fmha fp8, kv fp8"
+    for argv, said in ((["--gpu", "gb300", "--gpu-quant", "attn=fp8"], "--gpu-quant attn=fp8"),
+                       (["--gpu-quant", "moe=fp8"], "--gpu-quant needs --gpu")):
+        assert main(["plan", "--model", "gpt-oss-120b", "--system", "lpx-rack", "--dtype", "fp8", *argv]) == 1
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err

@@ -389,6 +389,8 @@ def cmd_plan(args) -> int:
         if not 0 < args.target_tpot_ms < float("inf"):
             raise LpxUserError(f"--target-tpot-ms must be a positive number of milliseconds, got {args.target_tpot_ms}")
         target = 1000 / args.target_tpot_ms
+    if args.gpu is None and args.gpu_quant is not None:
+        raise LpxUserError("--gpu-quant needs --gpu (the GPUs whose quantisation it chooses, e.g. --gpu gb300:72)")
     if args.gpu is not None or args.mode not in (None, "lpx-only"):
         return _plan_beside_gpus(args, target)
     report = plan(args.model, args.system, dtype=args.dtype, context=args.context, prompt=args.prompt,
@@ -419,7 +421,7 @@ def _plan_beside_gpus(args, target) -> int:
                          prompt=args.prompt, mode=args.mode or "auto", gpu_link=args.gpu_link,
                          lpx_chip_watts=args.lpx_chip_watts, max_racks=args.max_racks, target_tps_per_user=target,
                          draft=args.draft, accept_rate=0.7 if args.accept_rate is None else args.accept_rate,
-                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+                         progress=lambda line: print(line, file=sys.stderr, flush=True), gpu_quant=args.gpu_quant)
     print(table(report))
     if args.json:
         write_json(report, args.json)
@@ -610,6 +612,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "gb300-sol, vr200 (speed of light; vr200 derived from NVIDIA's preliminary Rubin figures)")
     p.add_argument("--gpu-link", metavar="GBPS[,US]", help="the GPU-LPX link: GB/s a GPU each way and optionally "
                    "its latency in µs (default: the GPU's system file's figure, assumed: no official one)")
+    p.add_argument("--gpu-quant", metavar="auto|checkpoint|FAMILY=MODE[,...]", help="with --gpu: the GPU side's "
+                   "AIConfigurator quantisation modes. auto (default): --dtype's where its tables hold them, else "
+                   "as it deploys the published checkpoint (the report names each mode and why); checkpoint: its "
+                   "reading of the model's quantization_config throughout; or modes by family, gemm, moe, fmha, "
+                   "kv (e.g. moe=w4a8_mxfp4_mxfp8,fmha=bfloat16)")
     p.add_argument("--mode", choices=["gpu-only", "lpx-only", "lpx-decode", "afd", "lpx-draft", "auto"],
                    help="with --gpu: gpu-only (AIConfigurator's figures alone), lpx-only (this plan), lpx-decode "
                    "(GPU prefill, KV cache handed to LPX, LPX decodes), afd (GPU attention, LPX FFN, activations "

@@ -53,7 +53,7 @@ def kv_handoff_bytes(spec, positions: int, dtype: str) -> int:
 def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", context: int = 4096, prompt: int = 512,
                 mode: str = "auto", gpu_link: str | None = None, lpx_chip_watts: float | None = None,
                 max_racks: int | None = None, target_tps_per_user: float | None = None, draft=None,
-                accept_rate: float = 0.7, progress=None) -> dict:
+                accept_rate: float = 0.7, progress=None, gpu_quant: str | None = None, on_mode=None) -> dict:
     """Plan a model on LPX beside GPUs in one mode or all.
 
     Parameters
@@ -76,6 +76,12 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
         The draft model of ``lpx-draft`` (default ``llama-3.2-1b`` for a target of its vocabulary).
     accept_rate : float
         The chance the target accepts a draft token.
+    gpu_quant : str, optional
+        ``--gpu-quant``: the GPU side's quantisation modes (:func:`.gpu.parse_gpu_quant`); by default ``dtype``'s
+        where AIConfigurator's tables hold them, else as it deploys the published checkpoint
+        (:func:`.gpu.resolve_quant`). The report names every mode that is not ``dtype``'s, and why.
+    on_mode : callable, optional
+        Called with ``(name, report, points)`` as each mode is planned (a table printed as it goes).
 
     Returns
     -------
@@ -99,7 +105,10 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
     g = gpus.gpu_system(gpu, gpu_link)
     lpx = load_system(system)
     spec = model_spec(model)
-    ctx = _Context(spec, model, g, lpx, _chips_per_rack(lpx), dtype, context, prompt, lpx_chip_watts, progress)
+    if gpu_quant is not None:
+        gpus.parse_gpu_quant(gpu_quant)  # a malformed --gpu-quant fails once, before any mode
+    ctx = _Context(spec, model, g, lpx, _chips_per_rack(lpx), dtype, context, prompt, lpx_chip_watts, progress,
+                   gpu_quant)
     wanted = MODES if mode == "auto" else (mode,)
     builders = {"gpu-only": _gpu_only, "lpx-only": _lpx_only, "lpx-decode": _lpx_decode, "afd": _afd,
                 "lpx-draft": lambda c: _lpx_draft(c, draft, accept_rate)}
@@ -110,12 +119,17 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
             points = builders[name](ctx)
         except LpxUserError as err:
             modes[name] = {"mode": name, "error": str(err).splitlines()[0]}
-            continue
+            points = []
         except gpus.missing_data() as err:
-            modes[name] = {"mode": name, "error": f"AIConfigurator's {g.aic_system} tables cannot price it: "
-                                                  f"{str(err).splitlines()[0].split(' at /')[0]}"}
+            modes[name] = {"mode": name, "error": f"AIConfigurator's {g.aic_system} tables cannot price it "
+                           f"({ctx.quant_text()}): {str(err).splitlines()[0].split(' at /')[0]}"}
+            points = []
+        else:
+            modes[name] = _choose(name, points, max_racks, target_tps_per_user, g.gpus)
+        if on_mode is not None:
+            on_mode(name, modes[name], points)
+        if not points:
             continue
-        modes[name] = _choose(name, points, max_racks, target_tps_per_user, g.gpus)
         # a mode's own frontier: the candidates it beats on both axes would only fill the JSON
         candidates += frontier([p for p in points if p["fits"] and (max_racks is None or p["racks"] <= max_racks)])
     base = modes.get("gpu-only", {})
@@ -124,7 +138,7 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
             report["vs_gpu_only"] = report["tokens_per_s_per_mw"] / base["tokens_per_s_per_mw"]
     return {"model": spec.name, "system": lpx.name, "dtype": dtype, "context": context, "prompt": prompt,
             "gpu": {"name": g.name, "gpus": g.gpus, "racks": g.racks, "label": g.label, "watts": g.watts,
-                    "aiconfigurator_system": g.aic_system, "mode": g.mode},
+                    "aiconfigurator_system": g.aic_system, "mode": g.mode, "quant": ctx.quant_report()},
             "link": {"GBps_per_gpu": g.link.GBps_per_gpu, "latency_us": g.link.latency_us,
                      "GBps_per_lpx_rack": g.link.GBps_per_lpx_rack, "assumed": g.link.assumed, "why": g.link.why},
             "lpx_chip_watts": lpx_chip_watts, "max_racks": max_racks, "target_tps_per_user": target_tps_per_user,
@@ -135,18 +149,43 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
 class _Context:
     """What every mode reads: the model on both sides, the systems, the turn, and the shared measurements."""
 
-    def __init__(self, spec, model, g, lpx, lpx_per_rack, dtype, context, prompt, watts, progress):
+    def __init__(self, spec, model, g, lpx, lpx_per_rack, dtype, context, prompt, watts, progress, gpu_quant=None):
         self.spec, self.model, self.gpu, self.lpx, self.lpx_per_rack = spec, model, g, lpx, lpx_per_rack
         self.dtype, self.context, self.prompt, self.watts, self.progress = dtype, context, prompt, watts, progress
         self.path = gpus.model_dir(model)
         self.moe = bool(spec.experts)
         self.output = context - prompt  # tokens a turn generates
+        self.gpu_quant = gpu_quant
+        self._quant = None
         self._plan = None
         self._prefill = None
 
+    @property
+    def quant(self) -> "gpus.GpuQuant":
+        """The GPU side's quantisation modes (:func:`.gpu.resolve_quant`), resolved once; a
+        :class:`.gpu.GpuError` where AIConfigurator's tables hold none for the model (the modes using GPUs say
+        so, lpx-only goes on)."""
+        if self._quant is None:
+            self._quant = gpus.resolve_quant(self.path, self.gpu, self.dtype, self.gpu_quant)
+        return self._quant
+
+    def quant_report(self) -> dict:
+        """The GPU modes for the report: each family's mode and why it is not ``dtype``'s, or the error."""
+        try:
+            q = self.quant
+        except LpxUserError as err:
+            return {"error": str(err).splitlines()[0]}
+        return {"modes": {f: getattr(q, f) for f in gpus.FAMILIES}, "why": dict(q.why), "text": q.describe()}
+
+    def quant_text(self) -> str:
+        report = self.quant_report()
+        return report.get("text") or report["error"]
+
     def widths(self) -> list:
-        """The GPU tensor-parallel widths that split the heads (AIConfigurator asks that) within the GPUs."""
-        return [w for w in GPU_WIDTHS if w <= self.gpu.gpus and self.spec.heads % w == 0]
+        """The GPU tensor-parallel widths that split the heads (AIConfigurator asks that) within the GPUs, and,
+        for a mixture, whose expert split AIConfigurator's MoE table holds (:meth:`.gpu.GpuQuant.split`)."""
+        return [w for w in GPU_WIDTHS if w <= self.gpu.gpus and self.spec.heads % w == 0
+                and (not self.moe or gpus.width_ok(self.quant, w))]
 
     def say(self, line):
         if self.progress is not None:
@@ -167,9 +206,9 @@ class _Context:
         if self._prefill is None:
             best = None
             for tp in self.widths():
-                if not gpus.fits(self.path, self.gpu, tp, self.dtype, 1, self.prompt, self.moe):
+                if not gpus.fits(self.path, self.gpu, tp, self.quant, 1, self.prompt, self.moe):
                     continue
-                ms = gpus.prefill_ms(self.path, self.gpu, tp, self.dtype, self.prompt, self.moe)
+                ms = gpus.prefill_ms(self.path, self.gpu, tp, self.quant, self.prompt, self.moe)
                 if best is None or ms < best["ms"]:
                     best = {"tp": tp, "ms": ms, "gpu_s": tp * ms / 1e3}
             if best is None:
@@ -255,9 +294,9 @@ def _gpu_only(ctx) -> list:
     pre = ctx.prefill()
     for tp in ctx.widths():
         for batch in GPU_BATCHES:
-            if not gpus.fits(ctx.path, g, tp, ctx.dtype, batch, ctx.context, ctx.moe):
+            if not gpus.fits(ctx.path, g, tp, ctx.quant, batch, ctx.context, ctx.moe):
                 break
-            tpot = gpus.decode_step(ctx.path, g, tp, ctx.dtype, batch, ctx.context, ctx.moe)["tpot_ms"]
+            tpot = gpus.decode_step(ctx.path, g, tp, ctx.quant, batch, ctx.context, ctx.moe)["tpot_ms"]
             replicas, rate = g.gpus // tp, 0.0
             for _ in range(4):  # the prefills' GPUs come out of the decode replicas (a fixed point, reached fast)
                 replicas = (g.gpus - ceil(ctx.prefill_gpus(rate) - 1e-9)) // tp
@@ -265,10 +304,19 @@ def _gpu_only(ctx) -> list:
             if replicas < 1:
                 continue
             points.append(_point(ctx, "gpu-only", rate, 1e3 / tpot, replicas * tp, 0, pre["ms"], "GPU decode",
-                                 {"tp": tp, "batch": batch, "replicas": replicas, "prefill_tp": pre["tp"]}))
+                                 {"tp": tp, "batch": batch, "replicas": replicas, "prefill_tp": pre["tp"],
+                                  **_moe_split(ctx, tp)}))
     if not points:
         raise HeteroError(f"{ctx.spec.name} fits no {'/'.join(map(str, GPU_WIDTHS))}-wide group of {g.name} GPUs")
     return points
+
+
+def _moe_split(ctx, tp: int) -> dict:
+    """A mixture's expert split on ``tp`` GPUs (AIConfigurator's ``moe_tp_size`` and ``moe_ep_size``)."""
+    if not ctx.moe:
+        return {}
+    moe_tp, moe_ep = ctx.quant.split(tp)
+    return {"moe_tp": moe_tp, "moe_ep": moe_ep}
 
 
 def _lpx_only(ctx) -> list:
@@ -341,7 +389,7 @@ def _afd(ctx) -> list:
     points = []
     for tp in ctx.widths():
         for batch in GPU_BATCHES:
-            used = gpus.engine(ctx.path, g, tp, ctx.dtype, ctx.moe)
+            used = gpus.engine(ctx.path, g, tp, ctx.quant, ctx.moe)
             mem = get_backend(gpus.BACKEND)._get_memory_usage(used[1], used[2], batch, 1, ctx.context, 2,
                                                               num_tokens=batch)
             if (mem["total"] - ffn_share * mem["weights"]) * 2**30 > g.memory_bytes:
@@ -349,7 +397,7 @@ def _afd(ctx) -> list:
             for micro in (1, 2, 3, 4):
                 if batch % micro:
                     continue
-                step = gpus.decode_step(ctx.path, g, tp, ctx.dtype, batch // micro, ctx.context, ctx.moe)
+                step = gpus.decode_step(ctx.path, g, tp, ctx.quant, batch // micro, ctx.context, ctx.moe)
                 t_a = step["attention_ms"] * 1e3 / spec.layers  # µs a layer a micro-batch
                 for width, stages, replicas, costs in lpx_side:
                     point = None
@@ -382,7 +430,8 @@ def _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock
     tpot_ms = timing["token"] / 1e3
     rate_tokens = instances * batch * 1e3 / tpot_ms
     bound = timing["regime"] + ("" if timing["hidden"] else " (exchange not hidden)")
-    config = {"tp": tp, "batch": batch, "micro_batches": micro, "attention_instances": instances,
+    config = {"tp": tp, **_moe_split(ctx, tp), "batch": batch, "micro_batches": micro,
+              "attention_instances": instances,
               "ffn_width": width, "ffn_stages": stages, "ffn_replicas": replicas,
               "ratio": f"{instances * tp} GPUs : {replicas * stages * width} LP30s "
                        f"({instances / replicas:g} attention groups of {tp} a FFN replica)",
@@ -410,10 +459,10 @@ def _lpx_draft(ctx, draft, accept_rate: float) -> list:
         draft_us = 1e6 / row["tokens_per_s_per_user"]  # a draft step, each user's
         for tp in ctx.widths():
             for batch in GPU_BATCHES:
-                if not gpus.fits(ctx.path, g, tp, ctx.dtype, batch, ctx.context, ctx.moe):
+                if not gpus.fits(ctx.path, g, tp, ctx.quant, batch, ctx.context, ctx.moe):
                     break
                 for k in DRAFT_TOKENS:
-                    verify = gpus.verify_ms(ctx.path, g, tp, ctx.dtype, batch, k + 1, ctx.context, ctx.moe)
+                    verify = gpus.verify_ms(ctx.path, g, tp, ctx.quant, batch, k + 1, ctx.context, ctx.moe)
                     # k draft steps on LPX, the draft tokens to the GPUs and the verdict back (ids: latency)
                     round_ms = k * draft_us / 1e3 + verify + 2 * g.link.latency_us / 1e3
                     per_user = 1e3 * expected_tokens(k, accept_rate) / round_ms
@@ -453,6 +502,7 @@ def table(report: dict) -> str:
             f"LPX rack), {link['latency_us']:g} µs"
             + (" — ASSUMED (Spectrum-X Ethernet, no official figure; --gpu-link to change): " + link["why"]
                if link["assumed"] else " (--gpu-link)") + "\n"
+            + _quant_line(report)
             + ("  SOL: AIConfigurator's speed of light prices no collective between GPUs (it has no communication "
                "tables for this system): the GPU figures are a bound no rack reaches, not comparable with measured "
                "ones\n" if g.get("mode") == "SOL" else "")
@@ -476,15 +526,32 @@ def table(report: dict) -> str:
         f"planned in {report['plan_s']:.1f} s")
 
 
+def _quant_line(report: dict) -> str:
+    """The GPU side's quantisation, every mode that is not ``--dtype``'s named with why."""
+    q = report["gpu"].get("quant")
+    if not q:
+        return ""
+    if "error" in q:
+        return f"  GPU quantisation: {q['error']}\n"
+    return f"  GPU side in AIConfigurator's modes: {q['text']}\n"
+
+
+def _ep(c: dict) -> str:
+    """`` EP8`` (or `` EP4·TP2``): a mixture's experts on the GPUs."""
+    if "moe_ep" not in c:
+        return ""
+    return f" EP{c['moe_ep']}" + (f"·TP{c['moe_tp']}" if c["moe_tp"] > 1 else "")
+
+
 def _config(r: dict) -> str:
     c = r["config"]
     if r["mode"] == "gpu-only":
-        return f"TP{c['tp']} × {c['replicas']}, batch {c['batch']}"
+        return f"TP{c['tp']}{_ep(c)} × {c['replicas']}, batch {c['batch']}"
     if r["mode"] in ("lpx-only", "lpx-decode"):
         return f"{c['stages']}×{c['tp']} LP30s, batch {c['batch']}" + (
             f"; KV {c['kv_bytes'] / 1e6:.0f} MB in {c['handoff_ms']:.2f} ms" if "kv_bytes" in c else "")
     if r["mode"] == "afd":
-        return (f"attn TP{c['tp']} × {c['attention_instances']}, batch {c['batch']} in {c['micro_batches']}; "
+        return (f"attn TP{c['tp']}{_ep(c)} × {c['attention_instances']}, batch {c['batch']} in {c['micro_batches']}; "
                 f"FFN {c['ffn_stages']}×{c['ffn_width']} × {c['ffn_replicas']}")
     return f"verify TP{c['tp']}, batch {c['batch']}; {c['draft']} k={c['draft_tokens']} on {c['draft_chips']} LP30s"
 

@@ -404,7 +404,6 @@ _TE_MIN_MAX = re.compile(r"^(maximum|minimum)\d*$")
 _NUMPY_ELEMENTWISE = {
     "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative, "relax.add": np.add,
     "relax.subtract": np.subtract, "relax.multiply": np.multiply, "relax.divide": np.divide, "relax.power": np.power,
-    "relax.less": np.less,
 }
 
 
@@ -439,10 +438,9 @@ class _FoldConstantShapes(PyExprMutator):
     - ``call_tir(maximum|minimum, x, scalar)`` (Clip, which the importer emits as TE
       functions) ─► ``relax.maximum|minimum``, and ``minimum(maximum(x, lo), hi)`` ─► ``clip``;
     - ``split`` of a static shape ─► a tuple of ``strided_slice`` (GPT-2's fused QKV), which lpx runs;
-    - index arithmetic on constants (``shape_to_tensor`` of a static shape, ``less``, and ``strided_slice`` or
-      ``take`` of integer constants: the importer's wrap of a negative Gather or ScatterND index) ─► a constant;
-    - ``take`` of a tensor at constant indices that are one position or a run of them ─► ``strided_slice``
-      (and a reshape where the axis goes: ``x[:, 0]``);
+    - ``take`` of a float tensor at constant indices that are one position or a run of them ─► ``strided_slice``
+      (and a reshape where the axis goes: ``x[:, 0]``); a constant index may come behind the importer's wrap of
+      negative indices (``where(i < 0, i + n, i)``), which is then left unused;
     - ``scatter_nd`` of rows at constant indices that are a run (index depth 1, no reduction) ─► ``concat`` of
       the rows kept and the rows written (``key[..., :n] = k_nope``, as DeepSeek's attention fills its keys,
       exported with the last axis moved first).
@@ -464,8 +462,6 @@ class _FoldConstantShapes(PyExprMutator):
             return self._clip(call)
         if name == "relax.split":
             return self._split(call)
-        if name == "relax.shape_to_tensor":
-            return _static_shape_tensor(call)
         if name == "relax.take":
             return self._take(call)
         if name == "relax.scatter_nd":
@@ -474,8 +470,6 @@ class _FoldConstantShapes(PyExprMutator):
         if consts[0] is None:
             return call
         value = constant_value(consts[0])
-        if name == "relax.strided_slice" and value.dtype.kind in "iub":  # (index arithmetic; weights keep theirs)
-            return _owned_const(np.ascontiguousarray(value[_numpy_slice(call, value.ndim)]))
         if name == "relax.reshape":
             return _owned_const(value.reshape([int(d) for d in call.ty.shape.values]))
         if name == "relax.permute_dims":
@@ -505,22 +499,35 @@ class _FoldConstantShapes(PyExprMutator):
             return relax.const(np.where(value, *(constant_value(c) for c in consts[1:])).astype(dtype), dtype)
         return call
 
+    def _index(self, expr):
+        """The integers of a constant index, or of one behind the importer's wrap of negative indices
+        (``where(less(i, 0), add(i, n), i)``, ``i`` a constant): None where ``expr`` is neither."""
+        known = self._constant(expr)
+        if known is None and isinstance(expr, relax.Var):
+            wrap = self.lookup_binding(expr)
+            if _is_op(wrap, "relax.where"):
+                cond, shifted = (self.lookup_binding(a) if isinstance(a, relax.Var) else a for a in wrap.args[:2])
+                index = self._constant(wrap.args[2])
+                if (index is not None and _is_op(cond, "relax.less") and _is_op(shifted, "relax.add")
+                        and all(self._same_constant(a, index) for a in (cond.args[0], shifted.args[0]))):
+                    known = index
+        return None if known is None else np.asarray(constant_value(known)).astype(np.int64)
+
+    def _same_constant(self, expr, constant) -> bool:
+        value = self._constant(expr)
+        return value is not None and np.array_equal(constant_value(value), constant_value(constant))
+
     def _take(self, call):
-        """``take`` at constant indices: of an integer constant, folded; of a tensor, a slice where the indices
-        are one position or a run of them."""
-        data, indices = self._constant(call.args[0]), self._constant(call.args[1])
-        shape = _static_dims(call.args[0])
-        if indices is None or shape is None:
+        """``take`` of a float tensor (not a constant: a table lookup stays one) at constant indices that are one
+        position or a run of them ─► a slice."""
+        index, shape = self._index(call.args[1]), _static_dims(call.args[0])
+        if (index is None or shape is None or self._constant(call.args[0]) is not None
+                or not str(call.ty.dtype).startswith(("float", "bfloat"))):
             return call
         axis = int(call.attrs.axis) % len(shape)
-        index = np.asarray(constant_value(indices)).astype(np.int64)
         if np.any((index < -shape[axis]) | (index >= shape[axis])):
             return call  # (out of range: whatever the mode says, not ours to decide)
-        index = index % shape[axis]
-        if data is not None:
-            value = constant_value(data)
-            return _owned_const(np.take(value, index, axis=axis)) if value.dtype.kind in "iub" else call
-        flat = index.reshape(-1)
+        flat = (index % shape[axis]).reshape(-1)
         if index.ndim > 1 or not flat.size or np.any(np.diff(flat) != 1):
             return call
         first = int(flat[0])
@@ -532,11 +539,10 @@ class _FoldConstantShapes(PyExprMutator):
         """``scatter_nd(data, indices, updates)`` writing a run of rows (axis 0) at constant indices ─► the
         rows of ``data`` before and after the run, and the updates between them, concatenated."""
         data, indices, updates = call.args
-        index, shape = self._constant(indices), _static_dims(data)
+        index, shape = self._index(indices), _static_dims(data)
         if (index is None or shape is None or str(getattr(call.attrs, "reduction", "update")) != "update"
                 or _static_dims(updates) is None):
             return call
-        index = np.asarray(constant_value(index)).astype(np.int64)
         if index.ndim < 1 or index.shape[-1] != 1 or not index.size:
             return call
         rows = index.reshape(-1)
@@ -603,22 +609,8 @@ def _static_dims(expr) -> list | None:
     return [int(d) for d in values]
 
 
-def _static_shape_tensor(call):
-    """``shape_to_tensor`` of a shape known at compile time ─► its int64 constant."""
-    values = getattr(call.args[0].ty, "values", None)
-    if values is None or not all(isinstance(d, IntImm) for d in values):
-        return call
-    return relax.const(np.array([int(d) for d in values], np.int64), "int64")
-
-
-def _numpy_slice(call, rank: int) -> tuple:
-    """A ``strided_slice`` call's bounds as a numpy index of ``rank`` axes."""
-    axes, begin, end = ([int(v) for v in call.args[k].fields] for k in (1, 2, 3))
-    strides = [int(v) for v in call.args[4].fields] if len(call.args) > 4 else [1] * len(axes)
-    index = [slice(None)] * rank
-    for axis, b, e, step in zip(axes, begin, end, strides):
-        index[axis % rank] = slice(b, e, step)
-    return tuple(index)
+def _is_op(expr, name: str) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
 def fold_constant_shapes(mod: tvm.IRModule) -> tvm.IRModule:

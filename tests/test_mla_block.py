@@ -91,17 +91,19 @@ def test_the_plain_prefill_form_as_transformers_writes_it_is_one_lpx_program_and
 
 
 @pytest.mark.slow
-def test_the_absorbed_decode_step_runs_tensor_parallel_on_four_lpx_node_chips(decode):
+@pytest.mark.parametrize("chips", [4, 16])
+def test_the_absorbed_decode_step_runs_tensor_parallel_on_the_lpx_node_chips_asked(decode, chips):
     """The tensor strategy splits the three projections from the hidden state (q_a, q_b, kv_a) by columns and
     all-gathers them; the latent attention has one K/V head (the cache), which does not divide over 4 chips, so
-    every chip runs the attention and o_proj whole (the strategy's rule for K/V heads that do not divide)."""
+    every chip runs the attention and o_proj whole (the strategy's rule for K/V heads that do not divide over the
+    chips: the heads are not split, and there is no all-reduce)."""
     model, feeds = decode
-    compiled = lpx_tvm.compile(model, system="lpx-node", parallel="tensor", chips=4)
+    compiled = lpx_tvm.compile(model, system="lpx-node", parallel="tensor", chips=chips)
     out, new = run_on_lpx(compiled, list(feeds.values()), programs=1, host_ops=HOST)
     (sim,) = compiled.simulators.values()
-    assert len(sim.sims) == 4 and sorted(set(sim.program.chips)) == [0, 1, 2, 3]
+    assert len(sim.sims) == chips and sorted(set(sim.program.chips)) == list(range(chips))
     assert sim.program.parallel == "tensor"
-    assert "4-way tensor parallel" in sim.program.notes and "3 all-gathers, 0 all-reduces" in sim.program.notes
+    assert f"{chips}-way tensor parallel" in sim.program.notes and "3 all-gathers, 0 all-reduces" in sim.program.notes
     want_out, want_new = ort_reference(model, feeds)
     np.testing.assert_allclose(out, want_out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(new, want_new, rtol=1e-4, atol=1e-5)

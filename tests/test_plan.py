@@ -477,3 +477,24 @@ def test_a_sliding_window_is_read_not_ignored():
     assert model_spec(config).sliding == tuple(range(32)) and model_spec(config).window == 4096
     assert model_spec({**config, "sliding_window": None}).sliding == ()
     assert model_spec({**config, "use_sliding_window": False}).sliding == ()
+
+
+def test_a_prefill_pool_hands_mla_s_latent_and_a_window_s_positions_over(monkeypatch):
+    """The handoff moves the cache as the decode chips hold it. DeepSeek-V3 (MLA: kv_lora_rank 512 + rope 64 a
+    position, no heads; 61 layers), a 1,000-token prompt in fp8, decoded 8 wide: the latent whole on each of the
+    8 chips, 576 · 61 · 1,000 · 8 bytes. gpt-oss-20b (24 layers alternating a 128-position window with full
+    attention, 8 K/V heads of 64): 12 · 1,000 + 12 · 128 positions of 2 · 8 · 64 bytes, once. The prefill
+    mapping is a stand-in (its cycles are not what is checked)."""
+    import lpx_tvm.app.prefill_pool as pool_module
+    from lpx_tvm.app.plan_model import Mapping, model_spec
+
+    stand_in = Mapping(stages=1, width=8, batch=1, chips=8, per_token_cycles=1, ttft_cycles=1000, split={},
+                       memory_per_chip=0)
+    monkeypatch.setattr(pool_module, "evaluate", lambda *a, **k: stand_in)
+    system = load_system("lpx-rack")
+    decode = Mapping(stages=1, width=8, batch=1, chips=8, per_token_cycles=1, ttft_cycles=1, split={},
+                     memory_per_chip=0)
+    deepseek = pool_module.prefill_pool(model_spec("deepseek-v3"), system, "fp8", 8, decode, 2048, 1000)
+    assert deepseek["handoff_bytes"] == (512 + 64) * 61 * 1000 * 8
+    gpt_oss = pool_module.prefill_pool(model_spec("gpt-oss-20b"), system, "fp8", 8, decode, 2048, 1000)
+    assert gpt_oss["handoff_bytes"] == (12 * 1000 + 12 * 128) * 2 * 8 * 64

@@ -185,6 +185,12 @@ def test_dense_first_layers_are_dense_and_expert_layers_carry_the_shared_expert(
     assert moe.heads == 2 and moe.mla == (1536, 512, 64, 128, 128)
     # at 4 chips a token's 8 experts are 2 a chip, one after another
     assert shard_shape(spec, 4, 1, 4096, layer=3)[0].routed == 2
+    # a batch's picks spread over the chips: 4 tokens × 8 = 32 picks over 64 chips is 1 a chip, 32 tokens' 256
+    # are 4 a chip (the 4 it holds), 64 tokens' 512 still 4; over 4 chips, 4 tokens' 32 picks are 8 a chip
+    assert [shard_shape(spec, 64, b, 4096, layer=3)[0].routed for b in (4, 32, 64)] == [1, 4, 4]
+    assert shard_shape(spec, 4, 4, 4096, layer=3)[0].routed == 8
+    # Mixtral 8 wide: each expert whole on one chip, so one run a chip at any batch
+    assert shard_shape(model_spec("mixtral-8x7b"), 8, 16, 4096)[0].routed == 1
 
 
 def test_a_sliding_layer_attends_to_the_window_not_the_context():

@@ -592,16 +592,19 @@ def shard_shape(spec: ModelSpec, width: int, batch: int, context: int, rows: int
     all-reduces over the chips of ``system`` the compiler would give them.
 
     ``layer`` (default: the last) picks the layer's kind: a dense MLP or experts, a sliding window (its cache
-    and attention ``min(context, window)`` positions) or the whole context. A token's top-k experts are
-    taken to fall on different chips (balanced routing): one expert a chip where there are k chips or more,
-    else k ÷ T a chip, one after another."""
+    and attention ``min(context, window)`` positions) or the whole context. A step's picks (its ``batch ×
+    rows`` tokens' top-k each) are taken to spread evenly over the chips (balanced routing): where experts
+    outnumber the chips, ⌈picks ÷ T⌉ distinct experts a chip, at most the experts it holds, one after another
+    (a batch's tokens pick different experts: each one installs its weights); where each expert is split over
+    several chips, one."""
     layer = spec.layers - 1 if layer is None else layer
     routed, shared = 1, 0
     if spec.is_moe(layer):
         expert_chips = max(width // spec.experts, 1)  # chips an expert is split over
         experts_per_chip = ceil(spec.experts / width)
         ffn_shard = spec.expert_ffn // expert_chips
-        routed = ceil(spec.experts_per_token / width) if width < spec.experts else 1
+        picks = batch * rows * spec.experts_per_token
+        routed = min(experts_per_chip, ceil(picks / width)) if width < spec.experts else 1
         shared = spec.shared_experts * spec.expert_ffn // width
         placement = (f"{spec.experts} experts over {width} chips: "
                      + (f"each split over {expert_chips}" if width >= spec.experts else f"{experts_per_chip} a chip"))

@@ -14,6 +14,13 @@ requantisation. A residual add between dequantised operands becomes QADD (ONNX
 Runtime's QLinearAdd), and a max pool between a dequantise and a quantise with
 the same parameters runs on the integers (exact). Everything else keeps the
 model's own definition: DEQUANTIZE, the float operator, QUANTIZE.
+
+A decoder quantised at its products (``lpx_tvm.quantize``: only MatMul operands
+quantised) reads their results as float: such a product runs on int8 and its
+EPILOGUE dequantises the int32 sums; a QuantizeLinear of its result (through
+transposes) requantises there instead, a residual added to it of one row is its
+bias, and a constant number multiplying a QuantizeLinear's input goes into its
+scale. Each agrees with ONNX Runtime to float rounding.
 """
 
 from __future__ import annotations
@@ -231,6 +238,155 @@ def _fold_into_dequantize(g: Graph, node: Node, producers: dict) -> bool:
     return False
 
 
+def _float_product(g: Graph, node: Node, producers: dict) -> bool:
+    """DQ(x) @ W (integer weights) or DQ(a) @ DQ(b), its result read as float (no QuantizeLinear after it: a
+    decoder quantised at its products): an int8 product whose EPILOGUE dequantises the int32 sums,
+    ``(acc + b / S) · S``, S the accumulator's scale per column (ONNX Runtime's MatMulIntegerToFloat). A bias
+    and a scale the float product had folded (``(x @ w + b) · v``) go into b and S."""
+    if node.kind != "matmul" or node.attrs["act"] not in (Opcode.NOP, Opcode.RELU):
+        return False
+    dequant = producers.get(node.inputs[0])
+    if dequant is None or dequant.kind != "DEQUANTIZE" or g.tensors[node.inputs[0]].shape != \
+            g.tensors[dequant.inputs[0]].shape or any(not g.is_constant(t) for t in node.inputs[2:]):
+        return False
+    n = g.tensors[node.output].shape[-1]
+    sx = np.float64(dequant.attrs["scale"])
+    weight = _weight_integers(g, node)
+    if weight is not None:
+        w_q, w_scale, zp_w = weight
+        b_in, accumulator_scale = g.constant(w_q), sx * w_scale
+    else:
+        other = producers.get(node.inputs[1])
+        if other is None or other.kind != "DEQUANTIZE" or g.is_constant(other.inputs[0]) \
+                or g.tensors[node.inputs[1]].shape != g.tensors[other.inputs[0]].shape:
+            return False
+        b_in, zp_w = other.inputs[0], int(other.attrs["zero_point"])
+        accumulator_scale = np.full(n, sx * np.float64(other.attrs["scale"]))
+    extras = [np.broadcast_to(g.tensors[g.base(t)].data.reshape(-1).astype(np.float64), (n,)) for t in node.inputs[2:]]
+    bias = extras[0] if extras else np.zeros(n)
+    after = extras[1] if len(extras) > 1 else np.ones(n)
+    node.kind = "qmatmul"
+    node.inputs = [dequant.inputs[0], b_in, g.constant((bias / accumulator_scale).astype(np.float32)),
+                   g.constant((accumulator_scale * after).astype(np.float32))]
+    node.attrs.update(zp_in=int(dequant.attrs["zero_point"]), zp_w=zp_w, zp_out=0)
+    return True
+
+
+_SINGLE_MOVES = ("TRANSPOSE",)
+
+
+def _quantize_in_epilogue(g: Graph, quant: Node, producers: dict) -> bool:
+    """Q of a dequantising int8 product's result (through transposes and reshapes, each read once): the
+    product's EPILOGUE requantises instead, ``rint((acc + rint(b / S)) · S / sy) + zy``, and the moves run on
+    the integers (a quantise commutes with a move). P·V's result, transposed into the output projection."""
+    if quant.kind != "QUANTIZE" or quant.output in g.outputs:
+        return False
+    moves, t = [], quant.inputs[0]
+    while True:
+        source = producers.get(g.base(t))
+        if source is None or _single_reader(g, source.output) is not (moves[-1] if moves else quant):
+            return False
+        if source.kind in _SINGLE_MOVES:
+            moves.append(source)
+            t = source.inputs[0]
+            continue
+        if source.kind != "qmatmul" or g.tensors[source.output].dtype.kind != "f" or source.output in g.outputs \
+                or not all(g.is_constant(x) for x in source.inputs[2:4]):  # (a residual bias is no integer)
+            return False
+        break
+    bias, scale = (g.tensors[g.base(x)].data.astype(np.float64) for x in source.inputs[2:4])
+    sy = np.float64(quant.attrs["scale"])
+    source.inputs[2:4] = [g.constant(np.rint(bias).astype(np.int32)), g.constant((scale / sy).astype(np.float32))]
+    source.attrs["zp_out"] = int(quant.attrs["zero_point"])
+    source.layer = f"{source.layer}+quantize"
+    integer = g.tensors[quant.output].dtype
+    retyped = {source.output} | {m.output for m in moves}
+    for tid in range(len(g.tensors)):
+        if g.tensors[tid].data is None and g.base(tid) in retyped:
+            g.tensors[tid].dtype = integer
+    g.tensors[quant.output].alias_of = quant.inputs[0]
+    g.nodes.remove(quant)
+    return True
+
+
+def _scale_into_quantize(g: Graph, quant: Node, producers: dict) -> bool:
+    """Q(x · c) and Q(x / c), c a positive constant number, read once: Q(x) with the scale over (times) c (the
+    attention scores' 1/√d on q and k before their product)."""
+    if quant.kind != "QUANTIZE":
+        return False
+    node = producers.get(quant.inputs[0])
+    if node is None or node.kind not in ("MUL", "DIV") or len(node.inputs) != 2 or _single_reader(g, node.output) is not quant:
+        return False
+    for x, c in ((0, 1), (1, 0)) if node.kind == "MUL" else ((0, 1),):
+        constant = node.inputs[c]
+        if not g.is_constant(constant) or prod(g.tensors[constant].shape) != 1 \
+                or g.tensors[node.inputs[x]].shape != g.tensors[node.output].shape or g.is_constant(node.inputs[x]):
+            continue
+        value = float(g.tensors[g.base(constant)].data.reshape(-1)[0])
+        if not (value > 0.0 and np.isfinite(value)):
+            return False
+        scale = float(quant.attrs["scale"])
+        quant.attrs["scale"] = scale / value if node.kind == "MUL" else scale * value
+        quant.inputs = [node.inputs[x]]
+        quant.layer = f"{node.layer}+{quant.layer.split('/', 1)[-1]}"
+        g.nodes.remove(node)
+        return True
+    return False
+
+
+def _residual_into_epilogue(g: Graph, add: Node, producers: dict) -> bool:
+    """r + (a dequantising int8 product of one row, no bias): the product's EPILOGUE adds r as its bias,
+    ``(acc + r / S) · S`` (the residual stream of a decode step); r / S is made off the path, while the
+    product runs."""
+    if add.kind != "ADD" or len(add.inputs) != 2:
+        return False
+    for k in (0, 1):
+        product, r = producers.get(add.inputs[k]), add.inputs[1 - k]
+        if product is None or product.kind != "qmatmul" or g.tensors[product.output].dtype.kind != "f" \
+                or _single_reader(g, product.output) is not add or product.output in g.outputs:
+            continue
+        shape = g.tensors[product.output].shape
+        if prod(shape[:-1]) != 1 or g.tensors[r].shape != shape or g.is_constant(r) \
+                or g.tensors[add.output].shape != shape or g.tensors[r].dtype != g.tensors[add.output].dtype \
+                or np.any(g.tensors[g.base(product.inputs[2])].data != 0):
+            continue
+        scale = g.tensors[g.base(product.inputs[3])].data.astype(np.float64).reshape(-1)
+        scaled = g.add_tensor(shape, g.tensors[r].dtype)
+        place = g.nodes.index(add)
+        g.nodes.insert(place, Node("MUL", [r, g.constant((1.0 / scale).astype(np.float32))], scaled, {},
+                                   f"{add.layer}+scale"))
+        g.nodes.remove(product)
+        g.nodes.insert(g.nodes.index(add), product)
+        product.inputs[2] = scaled
+        product.output = add.output
+        product.layer = f"{product.layer}+{add.layer.split('/', 1)[-1]}"
+        producers[product.output] = product
+        g.nodes.remove(add)
+        return True
+    return False
+
+
+def _late_scale_last(g: Graph, node: Node, producers: dict) -> bool:
+    """w · (x · s), w a constant vector and s a row's number made late (a norm's 1/√(mean + eps)): (x · w) · s,
+    so that x · w runs while s is made and one multiply is left on the path."""
+    if node.kind != "MUL" or len(node.inputs) != 2:
+        return False
+    for c in (0, 1):
+        inner = producers.get(node.inputs[1 - c])
+        if not g.is_constant(node.inputs[c]) or inner is None or inner.kind != "MUL" or len(inner.inputs) != 2 \
+                or _single_reader(g, inner.output) is not node or any(g.is_constant(t) for t in inner.inputs):
+            continue
+        x, s = sorted(inner.inputs, key=lambda t: -prod(g.tensors[t].shape))
+        shape = g.tensors[inner.output].shape
+        if g.tensors[x].shape != shape or prod(g.tensors[s].shape) * 4 > prod(shape) \
+                or g.tensors[node.output].shape != shape:
+            continue
+        inner.inputs = [x, node.inputs[c]]
+        node.inputs = [inner.output, s]
+        return True
+    return False
+
+
 def fuse_int8(g: Graph) -> int:
     """Turn every complete DQ ─► op ─► Q into an int8 operator (conv, matmul, add, max pool, transpose),
     and drop the quantiser's Q(DQ(x)) round trips; return how many."""
@@ -245,6 +401,15 @@ def fuse_int8(g: Graph) -> int:
                 or _fuse_maxpool(g, node, producers) or _fuse_activation_product(g, node, producers)
     for node in g.nodes:
         fused += _fold_into_dequantize(g, node, producers)
+    # a decoder quantised at its products: products whose results are read as float
+    for node in list(g.nodes):
+        if node in g.nodes:
+            fused += _float_product(g, node, producers)
+    producers = g.producer()
+    for node in list(g.nodes):
+        if node in g.nodes:
+            fused += _scale_into_quantize(g, node, producers) or _quantize_in_epilogue(g, node, producers) \
+                or _residual_into_epilogue(g, node, producers) or _late_scale_last(g, node, producers)
     _drop_dead(g)
     fused += _share_dequantize(g)
 

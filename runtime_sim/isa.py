@@ -287,7 +287,8 @@ OP_TABLE = {
     Opcode.EPILOGUE: OpSpec(
         Unit.VXM, Group.EPILOGUE,
         "out = act(acc + bias) in the destination's float type, act((acc + bias) · scale) with an fp32 "
-        "weight scale (fp8 weights stored scaled to their range); for an int8/uint8 destination "
+        "weight scale (fp8 weights stored scaled to their range; an int8 product's int32 sums dequantised); "
+        "for an int8/uint8 destination "
         "saturate(rint(float32(acc + bias) · requant) + zp_out), ONNX Runtime's QLinearConv requantisation",
         _epilogue_attrs() + (Attr("zp_out", "int", 0, doc="output zero point (int8/uint8 only)"),), 3,
         dtypes=frozenset({DType.F32, DType.I32})),  # bias, activation, store (int8: one more, see timing)

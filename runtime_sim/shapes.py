@@ -132,8 +132,10 @@ def _rule_epilogue(op, srcs, dsts, attrs):
         _check(attrs["act"] in (Opcode.NOP, Opcode.RELU), "int8 EPILOGUE activation is NOP or RELU")
     else:
         _count(srcs, dsts, (1, 2, 3), 1, op)
-        _check(tacc == DType.F32 and tout in FLOAT_DTYPES and all(t in FLOAT_DTYPES for _, t in srcs[1:]),
-               "float EPILOGUE takes fp32 sums, a float bias and an optional weight scale")
+        # int32 sums with a scale: an int8 product's result dequantised on its way out (its float reader's form)
+        _check((tacc == DType.F32 or (tacc == DType.I32 and len(srcs) == 3)) and tout in FLOAT_DTYPES
+               and all(t in FLOAT_DTYPES for _, t in srcs[1:]),
+               "float EPILOGUE takes fp32 sums (or int32 ones with a scale), a float bias and an optional weight scale")
         _check(len(srcs) < 3 or srcs[2][1] == DType.F32, "a float EPILOGUE's weight scale is fp32")
         _check(attrs["zp_out"] == 0, "EPILOGUE zp_out applies to int8/uint8 results only")
     for extra, _ in srcs[1:]:

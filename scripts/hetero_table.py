@@ -22,6 +22,8 @@ import time
 
 MODELS = ("kimi-k2", "deepseek-v3", "gpt-oss-120b", "llama-3.3-70b", "qwen3-235b-a22b")
 SYSTEMS = ("lpx-rack", "lpx-system-2", "lpx-system-4")
+# lpx-draft's draft where llama-3.2-1b's vocabulary is not the target's: a smaller model of the same vocabulary
+DRAFTS = {"gpt-oss-120b": "gpt-oss-20b"}
 HEADER = ("| model | LPX | mode | target tok/s/user | configuration | tok/s/user | tok/s per MW | racks GPU+LPX "
           "| × gpu-only | × gpu-only best | bound / note |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
@@ -44,20 +46,25 @@ def holding_system(model: str, systems, dtype: str, context: int):
     return None, -(-need // per_rack)
 
 
+def _speed(target) -> str:
+    return target if isinstance(target, str) else format(target, "g")
+
+
 def _row(model, lpx, mode, target, r, base, best=None):
     """A markdown row; ``base`` gpu-only's report at the same target, ``best`` its most tokens/s per MW at any
     speed (its throughput configuration)."""
     from lpx_tvm.app.hetero import _config
 
     if "error" in r:
-        return f"| {model} | {lpx} | {mode} | {target:g} | - | - | - | - | - | - | {r['error']} |"
+        return f"| {model} | {lpx} | {mode} | {_speed(target)} | - | - | - | - | - | - | {r['error']} |"
     mw = r["tokens_per_s_per_mw"]
     ratio = "-"
     if mw is not None and base and "error" not in base and base.get("tokens_per_s_per_mw"):
         ratio = f"{mw / base['tokens_per_s_per_mw']:.2f}"
     elif mode != "gpu-only" and base and "error" in base:
         ratio = "gpu-only cannot"
-    return (f"| {model} | {lpx} | {mode} | {target:g} | {_config(r)} | {r['tokens_per_s_per_user']:.0f} | "
+    return (f"| {model} | {lpx} | {mode} | {_speed(target)} | {_config(r)} | {r['tokens_per_s_per_user']:.0f} "
+            f"| "
             f"{'unknown' if mw is None else format(mw, ',.0f')} | {r['gpu_racks']}+{r['lpx_racks']} | {ratio} | "
             f"{'-' if mw is None or not best else f'{mw / best:.2f}'} | {r['bound']} |")
 
@@ -86,11 +93,17 @@ def one(args) -> int:
                 fits = [p["tokens_per_s_per_mw"] for p in points if p["fits"] and p["tokens_per_s_per_mw"]]
                 bases["best"] = max(fits, default=None)
             print(_row(args.model, label, name, target, r, bases.get(target), bases.get("best")), flush=True)
+        if name == "gpu-only" and points:  # the GPUs at their most tokens/s per MW, whatever the speed
+            fits = [p for p in points if p["fits"]]
+            if fits:
+                top = max(fits, key=lambda p: p["tokens_per_s_per_mw"] or p["tokens_per_s_per_rack"])
+                print(_row(args.model, label, name, "any (most per MW)", top, top, bases.get("best")), flush=True)
 
     modes = "auto" if lpx else "gpu-only"
     start = time.perf_counter()
     report = hetero_plan(args.model, system, args.gpu, dtype=args.dtype, context=args.context, prompt=args.prompt,
-                         mode=modes, lpx_chip_watts=args.lpx_chip_watts, on_mode=on_mode)
+                         mode=modes, lpx_chip_watts=args.lpx_chip_watts, on_mode=on_mode,
+                         draft=DRAFTS.get(args.model))
     q = report["gpu"]["quant"]
     print(f"<!-- {args.model}: GPU side {q.get('text') or q.get('error')}; planned in "
           f"{time.perf_counter() - start:.0f} s -->", flush=True)

@@ -201,15 +201,16 @@ class _Context:
         return self._plan
 
     def prefill(self) -> dict:
-        """The GPUs' prefill of one prompt: the width giving the soonest first token (AIConfigurator's time),
-        and its GPU-seconds a request."""
+        """The GPUs' prefill of one prompt: the width spending the fewest GPU-seconds a prompt (a prefill pool
+        sized for throughput, as disaggregated serving sizes one; the soonest first token at 64 GPUs cost
+        gpt-oss-120b 27 times the GPU-seconds of one GPU), AIConfigurator's time at it, and its GPU-seconds."""
         if self._prefill is None:
             best = None
             for tp in self.widths():
                 if not gpus.fits(self.path, self.gpu, tp, self.quant, 1, self.prompt, self.moe):
                     continue
                 ms = gpus.prefill_ms(self.path, self.gpu, tp, self.quant, self.prompt, self.moe)
-                if best is None or ms < best["ms"]:
+                if best is None or (tp * ms, ms) < (best["gpu_s"] * 1e3, best["ms"]):
                     best = {"tp": tp, "ms": ms, "gpu_s": tp * ms / 1e3}
             if best is None:
                 raise HeteroError(f"{self.spec.name} does not fit {max(GPU_WIDTHS)} {self.gpu.name} GPUs for a "
@@ -297,10 +298,12 @@ def _gpu_only(ctx) -> list:
             if not gpus.fits(ctx.path, g, tp, ctx.quant, batch, ctx.context, ctx.moe):
                 break
             tpot = gpus.decode_step(ctx.path, g, tp, ctx.quant, batch, ctx.context, ctx.moe)["tpot_ms"]
-            replicas, rate = g.gpus // tp, 0.0
-            for _ in range(4):  # the prefills' GPUs come out of the decode replicas (a fixed point, reached fast)
-                replicas = (g.gpus - ceil(ctx.prefill_gpus(rate) - 1e-9)) // tp
-                rate = replicas * batch * 1e3 / tpot
+            # the prefills' GPUs come out of the decode replicas: the most replicas that leave room for theirs
+            replicas = g.gpus // tp
+            while replicas >= 1 and replicas * tp + ceil(ctx.prefill_gpus(replicas * batch * 1e3 / tpot) - 1e-9) \
+                    > g.gpus:
+                replicas -= 1
+            rate = replicas * batch * 1e3 / tpot
             if replicas < 1:
                 continue
             points.append(_point(ctx, "gpu-only", rate, 1e3 / tpot, replicas * tp, 0, pre["ms"], "GPU decode",
@@ -538,7 +541,7 @@ def _quant_line(report: dict) -> str:
 
 def _ep(c: dict) -> str:
     """`` EP8`` (or `` EP4·TP2``): a mixture's experts on the GPUs."""
-    if "moe_ep" not in c:
+    if "moe_ep" not in c or c["moe_ep"] * c["moe_tp"] == 1:
         return ""
     return f" EP{c['moe_ep']}" + (f"·TP{c['moe_tp']}" if c["moe_tp"] > 1 else "")
 

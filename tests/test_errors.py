@@ -180,3 +180,14 @@ def test_the_error_line_is_chosen_by_class():
     assert cli.is_user_error(LpxUserError("x")) and cli.is_user_error(PermissionError("x"))
     assert not cli.is_user_error(LpxInternalError("x")) and not cli.is_user_error(KeyError("x"))
     assert cli.error_line("plan", LpxUserError("first\nsecond")) == "lpx-tvm plan: error: first"
+
+
+def test_debug_lasts_one_command(tmp_path):
+    """After ``--debug`` the lpx_tvm logger is back at its level and the root logger has no handler more, so a
+    later command in the same process keeps TVM's native output from the user again."""
+    import logging
+
+    logger, root = logging.getLogger("lpx_tvm"), logging.getLogger()
+    level, handlers = logger.level, list(root.handlers)
+    assert main(["--debug", "run", str(tmp_path / "missing.onnx")]) == 1
+    assert (logger.level, root.handlers) == (level, handlers)

@@ -737,9 +737,13 @@ def error_line(command: str, err: BaseException) -> str:
 def main(argv=None) -> int:
     """Entry point of the ``lpx-tvm`` command."""
     args = build_parser().parse_args(argv)
+    # --debug lasts one command: a later main() in the same process (a notebook's, a test's) keeps TVM's native
+    # output from the user again
+    logger, root = logging.getLogger("lpx_tvm"), logging.getLogger()
+    previous_level, previous_handlers = logger.level, list(root.handlers)
     if args.debug:  # TVM's native log lines (kept from the user otherwise) and lpx's own, as they happen
         logging.basicConfig(format="lpx-tvm: debug: %(name)s: %(message)s")
-        logging.getLogger("lpx_tvm").setLevel(logging.DEBUG)
+        logger.setLevel(logging.DEBUG)
     previous_format = warnings.formatwarning
     if not args.debug:  # warnings as one line each, without the source line they were raised from
         warnings.formatwarning = _one_line_warning
@@ -760,6 +764,9 @@ def main(argv=None) -> int:
         return 1
     finally:
         warnings.formatwarning = previous_format
+        logger.setLevel(previous_level)
+        for handler in set(root.handlers) - set(previous_handlers):
+            root.removeHandler(handler)
 
 
 if __name__ == "__main__":

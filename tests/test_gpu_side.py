@@ -276,3 +276,17 @@ def test_gpu_quant_chooses_and_checks_against_the_tables(capsys):
         assert main(["plan", "--model", "gpt-oss-120b", "--system", "lpx-rack", "--dtype", "fp8", *argv]) == 1
         err = capsys.readouterr().err.strip()
         assert said in err and "\n" not in err
+
+
+def test_a_model_aiconfigurator_cannot_build_is_a_user_error_naming_it():
+    """Gemma 3's architecture has no AIConfigurator model: the GPU side says so in one line (it used to surface
+    as an internal error from deep inside AIConfigurator)."""
+    from lpx_tvm.runtime_sim.errors import LpxUserError
+
+    try:
+        report = hetero_plan("gemma-3-27b", "lpx-rack", gpu="gb300:8", mode="gpu-only", dtype="fp8")
+    except LpxUserError as err:
+        message = str(err)
+    else:
+        message = report["modes"]["gpu-only"]["error"]
+    assert "AIConfigurator cannot model" in message and "Gemma3" in message

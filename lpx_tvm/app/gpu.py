@@ -306,7 +306,10 @@ def resolve_quant(model_path: str, gpu: GpuSystem, dtype: str, choice=None) -> G
     if isinstance(choice, tuple):
         choice = dict(choice)
     requested = {family: quant_modes(dtype)[key] for family, key in FAMILIES.items()}
-    info = _get_model_info(model_path)
+    try:
+        info = _get_model_info(model_path)
+    except ValueError as err:  # an architecture it has no model of (Gemma 3's, say): the GPU side cannot price it
+        raise GpuError(f"AIConfigurator cannot model it: {str(err).split('. ')[0]}") from None
     family_of = {key: family for family, key in FAMILIES.items()}
     inferred = {family_of[key]: mode.name for key, mode in
                 _infer_quant_modes_from_raw_config(info.get("raw_config", {}), info["architecture"]).items()
@@ -420,7 +423,10 @@ def engine(model_path: str, gpu: GpuSystem, tp: int, quant, moe: bool = False):
     moe_tp, moe_ep = (quant.split(tp) or (1, tp)) if moe else (tp, 1)
     config = build_model_config(tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=moe_tp,
                                 moe_ep_size=moe_ep, **quant.kwargs())
-    model = get_model(model_path, config, BACKEND)
+    try:
+        model = get_model(model_path, config, BACKEND)
+    except ValueError as err:  # an architecture it has no model of (Gemma 3's, say): the GPU side cannot price it
+        raise GpuError(f"AIConfigurator cannot model it: {str(err).split('. ')[0]}") from None
     db = database(gpu)
     spec = build_engine_spec_json(model, model_path=model_path, system=gpu.aic_system, backend=BACKEND,
                                   backend_version=BACKEND_VERSION, kv_block_size=None,

@@ -23,7 +23,7 @@ from functools import lru_cache
 from math import ceil
 
 from ..runtime_sim import DType
-from .plan_graph import BlockShape, _Builder
+from .plan_graph import BlockShape, _Builder, ffn_half
 
 
 def exchange_us(tokens: int, hidden: int, itemsize: int, rate_bytes_per_s: float, latency_us: float) -> float:
@@ -74,29 +74,15 @@ def ffn_graph(shape: BlockShape, dtype, layers: int = 1):
         group = choose(load_system(s.system), s.width)
     hidden = (s.batch, s.tokens, s.hidden)
 
-    def swiglu(n, columns):
-        mlp = (s.batch, s.tokens, columns)
-        gate = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
-        silu = b.node("MUL", [gate, b.node("SIGMOID", [gate], mlp)], mlp)
-        up = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
-        return b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(columns, s.hidden)], hidden)
-
+    def summed(partial):
+        if group is None:
+            return partial
+        return b.node("allreduce", [partial], hidden, rank=0, ranks=group.ranks, tag=b.count * group.tags(),
+                      group=group, rotated=False)
     x = g.add_tensor(hidden, b.dtype)
     g.inputs = [x]
     for _ in range(layers):
-        n = b.rms_norm(x, hidden)
-        if s.experts:
-            b.node("matmul", [n, b.weight(s.hidden, s.experts)], (s.batch, s.tokens, s.experts))
-        terms = [swiglu(n, s.ffn) for _ in range(s.routed if s.experts else 1)]
-        if s.shared_ffn:
-            terms.append(swiglu(n, s.shared_ffn))
-        down = terms[0]
-        for term in terms[1:]:
-            down = b.node("ADD", [down, term], hidden)
-        if group is not None:
-            down = b.node("allreduce", [down], hidden, rank=0, ranks=group.ranks, tag=b.count * group.tags(),
-                          group=group, rotated=False)
-        x = b.node("ADD", [b.rms_norm(down, hidden) if s.sandwich else down, x], hidden)
+        x = ffn_half(b, s, x, summed)
     g.outputs = [x]
     return g
 

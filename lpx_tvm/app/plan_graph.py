@@ -92,6 +92,33 @@ class _Builder:
         return self.node("MUL", [scaled, self.weight(shape[-1])], shape)
 
 
+def ffn_half(b: _Builder, s: BlockShape, x: int, summed) -> int:
+    """The FFN half of a block shard on the hidden state ``x``: its RMSNorm, a mixture's router and the
+    ``routed`` experts' SwiGLUs with the shared experts' (or the SwiGLU shard), this chip's sums added and then
+    the chips' by ``summed`` (the group's all-reduce), a sandwich norm where the model has one, and the residual
+    add. Returns the new hidden state."""
+    hidden = (s.batch, s.tokens, s.hidden)
+
+    def swiglu(n, columns):
+        mlp = (s.batch, s.tokens, columns)
+        gate = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
+        silu = b.node("MUL", [gate, b.node("SIGMOID", [gate], mlp)], mlp)
+        up = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
+        return b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(columns, s.hidden)], hidden)
+
+    n = b.rms_norm(x, hidden)
+    if s.experts:
+        b.node("matmul", [n, b.weight(s.hidden, s.experts)], (s.batch, s.tokens, s.experts))
+    terms = [swiglu(n, s.ffn) for _ in range(s.routed if s.experts else 1)]
+    if s.shared_ffn:
+        terms.append(swiglu(n, s.shared_ffn))
+    down = terms[0]
+    for term in terms[1:]:
+        down = b.node("ADD", [down, term], hidden)
+    down = summed(down)
+    return b.node("ADD", [b.rms_norm(down, hidden) if s.sandwich else down, x], hidden)
+
+
 def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
     """``layers`` consecutive block shards; inputs: the hidden state, the rotary tables, the mask and each
     layer's K/V cache (resident state); output: the hidden state after the last block. On ``width`` chips the
@@ -158,13 +185,6 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
         masked = b.node("ADD", [scaled, full_mask], (s.batch, kvh, rep * s.tokens, keys))
         probs = b.node("SOFTMAX", [masked], (s.batch, kvh, rep * s.tokens, keys), axis=3)
         return b.node("matmul", [probs, values], (s.batch, kvh, rep * s.tokens, width))
-
-    def swiglu(n, columns):
-        mlp = (s.batch, s.tokens, columns)
-        gate = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
-        silu = b.node("MUL", [gate, b.node("SIGMOID", [gate], mlp)], mlp)
-        up = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
-        return b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(columns, s.hidden)], hidden)
 
     def latent_attention(n):
         """MLA's decode form (the module docstring): the output projection's partial sums."""
@@ -237,17 +257,7 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
             out = b.node("matmul", [b.alias(back, (s.batch, s.tokens, qh * hd)), b.weight(qh * hd, s.hidden)], hidden)
         out = summed(out)
         x = b.node("ADD", [b.rms_norm(out, hidden) if s.sandwich else out, x], hidden)
-        n = b.rms_norm(x, hidden)
-        if s.experts:
-            b.node("matmul", [n, b.weight(s.hidden, s.experts)], (s.batch, s.tokens, s.experts))
-        terms = [swiglu(n, s.ffn) for _ in range(s.routed if s.experts else 1)]
-        if s.shared_ffn:
-            terms.append(swiglu(n, s.shared_ffn))
-        down = terms[0]
-        for term in terms[1:]:  # this chip's experts' sums, then the chips' by the all-reduce
-            down = b.node("ADD", [down, term], hidden)
-        down = summed(down)
-        x = b.node("ADD", [b.rms_norm(down, hidden) if s.sandwich else down, x], hidden)
+        x = ffn_half(b, s, x, summed)
     g.outputs = [x]
     return g
 

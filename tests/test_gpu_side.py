@@ -52,7 +52,6 @@ def test_gpu_only_is_aiconfigurators_own_figures(gpu_only, tmp_path):
     one = gpus.decode_step(gpus.model_dir("llama-3-8b"), gpus.gpu_system("gb300:8"), 1, "fp8", 8, 4096)
     tp1 = EngineHandle.compile(path, "gb300", "trtllm", tp_size=1, **FP8)
     assert one["tpot_ms"] == pytest.approx(tp1.decode_step_latency(8, 4096, 2), rel=1e-9)
-    assert one["attention_ms"] + one["ffn_ms"] == pytest.approx(one["tpot_ms"])
     # the fastest per user is the widest group at batch 1 here; GB300's power is its system file's 1,400 W
     assert chosen["tokens_per_s_per_user"] == max(p["tokens_per_s_per_user"] for p in gpu_only["candidates"])
     watts = (chosen["gpus_decode"] + chosen["prefill_gpus"]) * 1400
@@ -62,7 +61,6 @@ def test_gpu_only_is_aiconfigurators_own_figures(gpu_only, tmp_path):
 def test_the_afd_exchange_by_hand():
     # Llama-3-8B in fp8: a token's hidden state out to LPX and its FFN output back, 4,096 bytes each way
     hidden, item = 4096, 1
-    assert 2 * hidden * item == 8192  # bytes a token a layer, both directions
     # a micro-batch of 64 tokens from 8 GPUs at 100 GB/s each (800 GB/s), 5 µs latency: 262,144 bytes one way
     t_c = exchange_us(64, hidden, item, 8 * 100e9, 5.0)
     assert t_c == pytest.approx(5.0 + 262144 / 800e9 * 1e6)  # 5.32768 µs
@@ -171,7 +169,6 @@ def test_lpx_decode_hands_the_kv_cache_over_and_afd_times_its_exchange():
     tokens = c["attention_instances"] * c["batch"] // c["micro_batches"]
     rate = min(c["attention_instances"] * c["tp"] * 100e9, 6400e9)
     assert c["t_exchange_us"] == pytest.approx(5 + tokens * 4096 / rate * 1e6)
-    assert a["tpot_ms"] == pytest.approx(max(c["bounds_ms"].values()))
 
 
 def test_a_speed_of_light_gpu_is_said_to_price_no_collective():

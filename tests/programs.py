@@ -85,3 +85,14 @@ def host_bound_add_cycles(chip, rows: int, cols: int) -> int:
     add = ceil(rows / rate) * step
     return 2 * transfer + chip.latency_cycles["MEM"] + add + chip.latency_cycles["VXM"] + transfer + \
         chip.latency_cycles["MEM"]
+
+
+def simulated_cycles(graph, chip) -> int:
+    """The cycles the timing-only simulator measures for ``graph`` compiled from tile to emit, its weights resident
+    as a pipeline stage holds them: the machine's figure for a block shard, with none of the plan's cost code in
+    it (a plan's expected value is then worked by hand over these)."""
+    from lpx_tvm.codegen import CodegenOptions, Compilation, run_stages
+    from lpx_tvm.codegen.parallel.base import weight_budget
+
+    c = Compilation("block", CodegenOptions(config=chip), graph=graph, resident_budget=weight_budget(graph, chip))
+    return Simulator(run_stages(c, "tile", "emit"), chip, timing_only=True).stats.cycles

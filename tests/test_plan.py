@@ -402,18 +402,27 @@ def test_a_tokens_cycles_are_its_blocks_head_links_and_cache_write_worked_by_han
       all-gather's 2 × (216 + 31) = 494), then an ADD: each at least 278 more than the shard alone.
     - One stage boundary inside the node: a hop and the whole hidden state, 216 + 62 = 278.
     - The K/V write: a chip holds 2 layers, 2 K/V heads each: 2 × 2 (K and V) × 2 × 32 × 4 bytes = 1,024,
-      ceil(1,024 / 35) = 30 cycles + 450."""
-    from lpx_tvm.app.plan_model import block_cost, head_cost, shard_shape
+      ceil(1,024 / 35) = 30 cycles + 450.
+    The compiled parts come from the simulator, not the plan's cost code: a block mid-stage is two blocks'
+    program less one block's, and the head its own program."""
+    import numpy as np
+    from programs import simulated_cycles
+
+    from lpx_tvm.app.plan_graph import BlockShape, block_graph, head_graph
 
     tsp = load_config("tsp")
-    spec = model_spec("llama-small")
-    shape, _, _ = shard_shape(spec, 2, 1, 128, system="tsp-node")
-    alone, _, _ = shard_shape(spec, 2, 1, 128)
-    assert (shape.heads, shape.kv_heads, shape.ffn) == (4, 2, 256)
-    block = block_cost(tsp, shape, "fp32").cycles
-    assert block - block_cost(tsp, alone, "fp32").cycles >= 2 * 278
-    head = head_cost(tsp, 256, 1024 // 2, 1, "fp32").cycles
-    expected = 4 * block + head + 278 + 30 + 450
+    # a chip's shard: hidden 256, 8 ÷ 2 query heads, 4 ÷ 2 K/V heads of 32, 512 ÷ 2 MLP columns, one new token
+    # against 128 cached positions, its all-reduces over 2 chips of tsp-node
+    shape = BlockShape(256, 4, 2, 32, 256, 1, 128, system="tsp-node", width=2)
+    alone = BlockShape(256, 4, 2, 32, 256, 1, 128)
+
+    def block(s):
+        return (simulated_cycles(block_graph(s, np.float32, 2), tsp)
+                - simulated_cycles(block_graph(s, np.float32, 1), tsp))
+    shard = block(shape)
+    assert shard - block(alone) >= 2 * 278
+    head = simulated_cycles(head_graph(256, 1024 // 2, 1, np.float32), tsp)
+    expected = 4 * shard + head + 278 + 30 + 450
     planned = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, mapping=(2, 2))
     assert round(planned["per_token_us"] * 900) == expected
     assert planned["split_cycles"]["KV write"] == 480

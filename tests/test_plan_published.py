@@ -194,30 +194,26 @@ def test_dense_first_layers_are_dense_and_expert_layers_carry_the_shared_expert(
 
 
 def test_a_sliding_layer_attends_to_the_window_not_the_context():
-    """A sliding layer's block at a 64-position context is the full-attention block at the 16-position window
-    (the same compiled graph, the same cycles), and cheaper than the full layer's at 64; the plan of the two
-    layers is one of each."""
-    chip = load_config("tiny")
+    """A sliding layer's shard at a 64-position context is the full-attention layer's shard at the 16-position
+    window. A model of sliding layers only then plans the same token time at a 64-position context as at 16
+    (its window), where a model of full layers only does not; mixing one of each lands between the two."""
     spec = model_spec(TINY_SLIDING)
     sliding, _, _ = shard_shape(spec, 1, 1, 64, layer=0)
     full, _, _ = shard_shape(spec, 1, 1, 64, layer=1)
-    at_window, _, _ = shard_shape(spec, 1, 1, 16, layer=1)
-    assert (sliding.context, full.context) == (16, 64)
-    assert block_cost(chip, sliding, "fp32").cycles == block_cost(chip, at_window, "fp32").cycles \
-        < block_cost(chip, full, "fp32").cycles
-    every = plan({**TINY_SLIDING, "layer_types": ["full_attention"] * 2}, "tiny-fc-8", dtype="fp32", context=64,
-                 prompt=8, mapping=(1, 1))
-    windowed = plan(TINY_SLIDING, "tiny-fc-8", dtype="fp32", context=64, prompt=8, mapping=(1, 1))
-    saved = block_cost(chip, full, "fp32").cycles - block_cost(chip, sliding, "fp32").cycles
-    clock = chip.clock_hz
-    assert (every["per_token_us"] - windowed["per_token_us"]) * clock / 1e6 == pytest.approx(saved, abs=1)
+    assert sliding == shard_shape(spec, 1, 1, 16, layer=1)[0] and (sliding.context, full.context) == (16, 64)
+
+    def token_us(layer_types, context):
+        return plan({**TINY_SLIDING, "layer_types": layer_types}, "tiny-fc-8", dtype="fp32", context=context,
+                    prompt=8, mapping=(1, 1))["per_token_us"]
+    slides, fulls = ["sliding_attention"] * 2, ["full_attention"] * 2
+    assert token_us(slides, 64) == token_us(slides, 16) == token_us(fulls, 16)
+    assert token_us(slides, 64) < token_us(["sliding_attention", "full_attention"], 64) < token_us(fulls, 64)
 
 
 def test_an_mla_mixture_with_shared_experts_and_dense_first_layers_plans():
     report = plan(TINY_MLA, "tiny-fc-8", dtype="fp32", context=32, prompt=8, mapping=(1, 2))
     assert report["mapping"]["experts"] == ("4 experts over 2 chips: 2 a chip, 1 shared split over all; the MLA latent "
                                             "cache on each of the 2 chips")
-    assert report["per_token_us"] > 0 and report["ttft_ms"] > 0
     assert any("multi-token-prediction" in note for note in report["notes"])
     assert any("balanced routing" in note for note in report["notes"])
 

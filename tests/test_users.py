@@ -143,8 +143,10 @@ def test_the_generate_command_takes_users(capsys):
 def test_the_plan_counts_users_in_flight_at_the_busiest_stages_pace(four_users):
     """The plan's users in flight start a step no more often than its busiest stage allows: llama-small on 4
     tsp chips holds a block a stage, and the last stage the LM head too, so a step can start every block +
-    head cycles (the plan's own measured block, and the head with its input on the chip: a block's closing
-    residual add with the head after it, less the add alone; no all-reduce at width 1). That pace is faster than 4 users' steps come: the 4 users bind,
+    head cycles (a block mid-stage, two blocks' program less one's, and the head with its input on the chip: a
+    block's closing residual add with the head after it, less the add alone; no all-reduce at width 1; each
+    measured by the simulator here, not by the plan's cost code). That pace is faster than 4 users' steps
+    come: the 4 users bind,
     4 steps a step's time. The plan is within 5% of the steady state the compiled pipeline's rules allow
     (the issue's acceptance).
 
@@ -156,12 +158,17 @@ def test_the_plan_counts_users_in_flight_at_the_busiest_stages_pace(four_users):
     planes more of it does). So the plan's pace is never the faster of the two, and it is within 15% of the
     simulated one (1,456 against 1,303: 11.7%; 1,501 against 1,370, 9.6%, with each product's K tiles on one
     plane)."""
-    from lpx_tvm.app.plan import plan
-    from lpx_tvm.app.plan_model import block_cost, head_step_cycles, model_spec, shard_shape
+    from programs import simulated_cycles
 
-    spec, tsp = model_spec("llama-small"), load_config("tsp")
-    shape, _, _ = shard_shape(spec, 1, 1, 128)
-    block, head = block_cost(tsp, shape, "fp32").cycles, head_step_cycles(tsp, spec.hidden, spec.vocab, 1, "fp32")
+    from lpx_tvm.app.plan import plan
+    from lpx_tvm.app.plan_graph import BlockShape, block_graph, head_graph
+
+    tsp, f32 = load_config("tsp"), np.float32
+    # llama-small's whole block on one chip: hidden 256, 8 heads and 4 K/V heads of 32, MLP 512, vocab 1,024
+    shape = BlockShape(256, 8, 4, 32, 512, 1, 128)
+    block = simulated_cycles(block_graph(shape, f32, 2), tsp) - simulated_cycles(block_graph(shape, f32, 1), tsp)
+    head = (simulated_cycles(head_graph(256, 1024, 1, f32, after=True), tsp)
+            - simulated_cycles(head_graph(256, 1024, 1, f32, after=True, head=False), tsp))
     planned = plan("llama-small", "tsp-node", dtype="fp32", context=128, prompt=8, mapping=(4, 1))
     assert planned["users"] == 4 and planned["period_cycles"] == block + head
     step = round(planned["per_token_us"] * 900)

@@ -117,7 +117,7 @@ def add_tree(emit: Callable, terms: list, layer: str, into=None):
     return terms[0]
 
 
-def _k_groups(jobs: int, k_tiles: int, planes: int, partial: np.dtype) -> int:
+def _k_groups(jobs: int, k_tiles: int, planes: int) -> int:
     """Into how many runs to split each job's K tiles: as many as leave no plane idle (at most a run a tile),
     where the jobs alone leave planes idle. The vector unit adds the runs' partial sums in the planes' own
     accumulator type (fp32 or int32), so the sum is the one a single plane makes up to the order of its
@@ -159,7 +159,7 @@ class PlaneMapper:
         else:
             jobs = [(c, rows) for c in col_tiles for rows in chunks]
         partial = np.dtype(np.int32) if np.dtype(p.dtype).kind in "iu" else np.dtype(np.float32)
-        groups = _k_groups(len(jobs), len(k_tiles), config.mxm_planes, partial)
+        groups = _k_groups(len(jobs), len(k_tiles), config.mxm_planes)
         if groups > 1:
             self._split_k(p, stationary, jobs, k_tiles, groups, passes, partial, layer)
             return
@@ -197,12 +197,10 @@ class PlaneMapper:
         runs' partial sums are added (VXM) into the last run's before its last tile, whose sums stream into
         the EPILOGUE as ever. A plane that would run all K tiles in turn, idle planes beside it, runs a
         ``groups``-th of them."""
-        config = self.config
         bounds = [round(g * len(k_tiles) / groups) for g in range(groups + 1)]
         runs = [k_tiles[a:b] for a, b in zip(bounds, bounds[1:])]
         for job in jobs:
             (c0, c1), (r0, r1) = job
-            shape = (r1 - r0, c1 - c0) if stationary == "B" else (c1 - c0, r1 - r0)
             finished = []
             for g, run in enumerate(runs):
                 plane = self._least_loaded()

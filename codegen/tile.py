@@ -574,27 +574,21 @@ def _chained_softmaxes(g: Graph, config: ChipConfig) -> dict:
 
 def _transposes_read_in_place(g: Graph, skip) -> dict:
     """Matmuls whose B is a TRANSPOSE of the last two axes read by nothing else (attention's ``K^T``, made
-    afresh every decode step from the cache): node index -> the transposed tensor. The matrix planes install
-    their tiles from the transposed view as they install a stationary A's, so the SXM's copy is not made."""
+    afresh every decode step from the cache): node index -> (the TRANSPOSE's index, the transposed tensor). The
+    matrix planes install their tiles from the transposed view as they install a stationary A's, so the SXM's
+    copy is not made."""
     producer = {node.output: j for j, node in enumerate(g.nodes)}
-    readers = {}
-    for j, node in enumerate(g.nodes):
-        for t in node.inputs:
-            readers.setdefault(t, []).append(j)
-    outputs = {g.base(t) for t in g.outputs}
+    uses = g.uses()  # reads by base tensor, graph outputs included: an alias read elsewhere counts too
     folded = {}
     for i, node in enumerate(g.nodes):
         if node.kind not in ("matmul", "qmatmul") or i in skip or len(node.inputs) < 2:
             continue
         j = producer.get(node.inputs[1])
-        if j is None or g.nodes[j].kind != "TRANSPOSE":
+        if j is None or g.nodes[j].kind != "TRANSPOSE" or uses.get(node.inputs[1]) != 1:
             continue
         rank, perm = len(g.tensors[node.inputs[1]].shape), tuple(g.nodes[j].attrs.get("perm", ()))
-        swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
-        if perm == swap and readers.get(node.inputs[1]) == [i] and node.inputs[1] not in outputs \
-                and all(g.base(t) != node.inputs[1] for t in g.outputs) \
-                and not any(g.tensors[t].alias_of == node.inputs[1] for t in range(len(g.tensors))):
-            folded[i] = g.nodes[j].inputs[0]
+        if perm == tuple(range(rank - 2)) + (rank - 1, rank - 2):
+            folded[i] = (j, g.nodes[j].inputs[0])
     return folded
 
 
@@ -621,9 +615,8 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
     # a run is tiled where its last op is: every op in it reads only what is made before that
     runs = {run[-1]: run for run in _vector_chains(g, config, {j for j, n in enumerate(g.nodes) if id(n) in done})}
     done |= {id(g.nodes[j]) for run in runs.values() for j in run[:-1]}
-    in_place = _transposes_read_in_place(g, set(streamed) | set(runs) | {j for run in runs.values() for j in run})
-    producer = {node.output: j for j, node in enumerate(g.nodes)}
-    done |= {id(g.nodes[producer[g.nodes[i].inputs[1]]]) for i in in_place}
+    in_place = _transposes_read_in_place(g, set(streamed))  # (a vector chain holds no matmul)
+    done |= {id(g.nodes[j]) for j, _ in in_place.values()}
     for i, node in enumerate(g.nodes):
         if id(node) in done:
             continue
@@ -633,7 +626,7 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
         if node.kind in ("conv2d", "qconv2d"):
             tiler.conv2d(node)
         elif node.kind in ("matmul", "qmatmul"):
-            tiler.matmul(node, streamed.get(i), chained.get(i), in_place.get(i))
+            tiler.matmul(node, streamed.get(i), chained.get(i), in_place.get(i, (None, None))[1])
         elif node.kind == "allgather":
             tiler.allgather(node)
         elif node.kind == "allreduce":

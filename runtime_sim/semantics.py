@@ -201,8 +201,8 @@ def _binary(op):
         out = outs[0]
         if op == Opcode.NAN_SELECT:
             _store(out, np.where(np.isnan(_f32(a)), F32(attrs["value"]), _f32(b)))
-        elif a.dtype == b.dtype == out.dtype == F32:
-            ufunc(a, b, out=out)
+        elif a.dtype == b.dtype == out.dtype and a.dtype in (F32, np.int32):
+            ufunc(a, b, out=out)  # int32 partial sums add exactly, as the planes' accumulators do
         else:
             _store(out, ufunc(_f32(a), _f32(b)))
     return run

@@ -292,6 +292,9 @@ def _generate(kind: str, chips: int, topology: dict, name: str) -> tuple:
     return tuple(links)
 
 
+RACK_REACH_S = 1.60e-6  # Hot Chips 2026: the SRAM of 3 racks reached in 1.60 us (see _lpx_system's sources)
+
+
 def _lpx_system(racks: int) -> SystemConfig:
     """``lpx-system-N``: N LPX racks (each an ``lpx-rack``, listed link by link), joined rack to rack, described
     by their figures for planning: a tensor-parallel group stays within a rack; pipeline stages cross racks."""
@@ -300,14 +303,15 @@ def _lpx_system(racks: int) -> SystemConfig:
         raise ConfigError(f"lpx-system-{racks}: 1 to 16 racks (the largest SRAM reach NVIDIA quotes is 1,152 GB: 9 "
                           "racks' worth, Hot Chips 2026)")
     figures = {"node_chips": rack.chips, "node_system": "lpx-rack", "racks": racks, "max_hops": 3,
-               "rack_hop_cycles": 1600}
+               "rack_hop_cycles": round(RACK_REACH_S * rack.chip.clock_hz)}
     sources = {
         "chip": rack.sources["chip"],
         "chips": "assumed: N racks of 256 LP30s (official: NVIDIA's LPX rack is 256 LPUs)",
         "topology": "third-party: SemiAnalysis, GTC 2026 LPX article: 4 x 100G a chip from rack to rack (OSFP, AEC)",
         "rack_hop_cycles": "official: Hot Chips 2026 (Arsovski, Raghavan): SRAM reached in 1.15 us at 128 GB (a rack) "
                            "and 1.60 us at 384 GB (3 racks); a stage's hand-off to the next rack is priced at the "
-                           "larger, 1.60 us (1,600 cycles at the assumed 1 GHz): a bound, not a measured hop",
+                           "larger, 1.60 us (at the chip's clock: 1,600 cycles at lp30's assumed 1 GHz): a bound, "
+                           "not a measured hop",
     }
     return SystemConfig(f"lpx-system-{racks}", rack.chip, racks * rack.chips, "racks", (), figures,
                         f"{racks} LPX racks of 256 LP30s", sources)

@@ -105,3 +105,13 @@ def test_an_attribute_count_the_table_does_not_allow_is_a_format_error():
                                  person=struct.pack("<H", VERSION)).digest()) + body
     with pytest.raises(ProgramFormatError, match="CLIP: attributes end before 'hi'"):
         decode(signed)
+
+
+def test_int32_partial_sums_add_exactly():
+    """The planes' int32 partial sums of one product split over planes meet in an ADD: it adds them as integers.
+    Through float32 16,777,217 + 2 would round to 16,777,218."""
+    import numpy as np
+
+    out = np.zeros(2, np.int32)
+    SEMANTICS[Opcode.ADD]([out], [np.array([16_777_217, -2_000_000_001], np.int32), np.array([2, -3], np.int32)], {})
+    np.testing.assert_array_equal(out, [16_777_219, -2_000_000_004])

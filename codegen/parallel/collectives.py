@@ -192,8 +192,10 @@ class Group:
             return False
         rate, hop = self.system.chip.c2c_bytes_per_cycle, self.system.hop_cycles
         levels = [len(stage[0][1]) for stage in self.one_shot_stages(0)]  # links a pair, each level
-        # two levels: half the bytes go each way round (within then across, across then within)
-        whole = sum(hop + ceil(nbytes / len(levels) / (links * rate)) for links in levels)
+        if len(levels) == 1:
+            whole = hop + ceil(nbytes / (levels[0] * rate))
+        else:  # half the bytes each way round, side by side: at each level the kind with fewer links binds
+            whole = len(levels) * (hop + ceil(nbytes / len(levels) / (min(levels) * rate)))
         scattered = sum(2 * (hop + ceil(nbytes / self.ranks / (links * rate))) for links in levels)
         return whole < scattered
 

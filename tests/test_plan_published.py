@@ -272,3 +272,12 @@ def test_a_key_that_changes_cost_and_is_not_modelled_is_named(extra, message):
 def test_verify_is_refused_where_a_stage_is_not_one_kind_of_block():
     with pytest.raises(PlanError, match="--verify compiles a stage as one kind"):
         plan(TINY_SLIDING, "tiny-fc-8", dtype="fp32", context=64, prompt=8, mapping=(1, 1), verify=True)
+
+
+def test_the_chips_hold_a_copy_of_the_cache_a_chip_where_its_heads_do_not_split():
+    """On a group wider than the K/V heads each chip holds one head (replicated), and MLA's latent is whole on
+    every chip. Llama-3-70B, 8 K/V heads of 128 over 80 layers, fp8, one position: 2 · 8 · 128 · 80 = 163,840
+    bytes held once at 4 or 8 wide (2 or 1 heads a chip), 8 times at 64 wide; DeepSeek-V3's 35,136 once a chip."""
+    llama = model_spec("llama-3-70b")
+    assert [llama.cache_bytes(1, 1, "fp8", w) for w in (1, 4, 8, 64)] == [163_840] * 3 + [8 * 163_840]
+    assert model_spec("deepseek-v3").cache_bytes(1, 1, "fp8", 16) == 16 * 35_136

@@ -265,8 +265,7 @@ def _report(spec, system, dtype, context, prompt, chosen, candidates, why, weigh
         best.update(chips=chips, ttft_ms=pooled["ttft_ms"], tokens_per_s_per_chip=best["tokens_per_s"] / chips)
     return {"model": spec.name, "system": system.name, "chip": system.chip.name, "dtype": dtype, "context": context,
             "prompt": prompt, "params": spec.params(), "weight_bytes": weights,
-            # MLA's latent cache is whole on every chip of a tensor-parallel group (it has no heads to split)
-            "cache_bytes": spec.cache_bytes(context, chosen.users, dtype) * (chosen.width if spec.mla else 1),
+            "cache_bytes": spec.cache_bytes(context, chosen.users, dtype, chosen.width),
             "chips": chips, "racks": ceil(chips / per_rack),
             "mapping": {"pipeline_stages": chosen.stages, "tensor_parallel": chosen.width,
                         "layers_per_stage": ceil(spec.layers / chosen.stages), "experts": chosen.expert_placement,

@@ -153,11 +153,12 @@ class ModelSpec:
         """The positions a layer's cache keeps and its attention reads: a sliding layer's window at most."""
         return min(context, self.window) if self.is_sliding(layer) else context
 
-    def kv_width(self) -> int:
-        """Cache elements a position a layer: K and V of every K/V head, or MLA's latent and rotary key."""
+    def kv_width(self, width: int = 1) -> int:
+        """Cache elements a position a layer on one chip of a ``width``-wide group: K and V of its K/V heads (one
+        where the heads are fewer than the chips, replicated), or MLA's latent and rotary key (whole on each)."""
         if self.mla:
             return self.mla[1] + self.mla[2]
-        return 2 * self.kv_heads * self.head_dim
+        return 2 * max(self.kv_heads // width, 1) * self.head_dim
 
     def attention_params(self) -> int:
         if not self.mla:
@@ -193,9 +194,12 @@ class ModelSpec:
         host (as the compiler places it; a tied table is the LM head on the chips)."""
         return self.params() - (0 if self.tied else self.vocab * self.hidden)
 
-    def cache_bytes(self, context: int, batch: int, dtype: str) -> int:
+    def cache_bytes(self, context: int, batch: int, dtype: str, width: int = 1) -> int:
+        """The cache the chips hold for ``batch`` sequences of ``context`` positions, each layer its positions (a
+        sliding layer's window at most), on a ``width``-wide group: every chip its share, replicated K/V heads
+        and MLA's latent once a chip."""
         positions = sum(self.layer_context(i, context) for i in range(self.layers))
-        return self.kv_width() * positions * batch * DType.from_name(dtype).itemsize
+        return width * self.kv_width(width) * positions * batch * DType.from_name(dtype).itemsize
 
 
 def model_spec(model) -> ModelSpec:
@@ -628,8 +632,7 @@ def shard_shape(spec: ModelSpec, width: int, batch: int, context: int, rows: int
 def _cache_bytes(spec: ModelSpec, shape: BlockShape, item: int) -> int:
     """One chip's cache of one layer for a batch: its K/V heads' (or MLA's whole latent) at the shape's
     context."""
-    per_position = spec.kv_width() if spec.mla else 2 * shape.kv_heads * spec.head_dim
-    return shape.batch * per_position * shape.context * item
+    return shape.batch * spec.kv_width(shape.width) * shape.context * item
 
 
 def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, width: int, batch: int,
@@ -722,8 +725,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     else:
         period = max(max(steps[:-1], default=0) + handoff, steps[-1] + last_step)
     # the new K/V (MLA: latent and rotary key) of every layer of the busiest stage written into the cache
-    per_position = spec.kv_width() if spec.mla else 2 * max(spec.kv_heads // width, 1) * spec.head_dim
-    kv_bytes = per_stage * batch * rows * per_position * 4  # fp32 from the host
+    kv_bytes = per_stage * batch * rows * spec.kv_width(width) * 4  # fp32 from the host
     kv_write = ceil(kv_bytes / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
     compute = sum(blocks[kind][0].cycles for kind in kinds) + head.cycles
     per_token = compute + network + kv_write

@@ -2,12 +2,13 @@
 is handed to the decode chips over the network.
 
 The pool's mapping is the one of its chips that prefills the prompt soonest (the compiler's prefill block at
-each tensor-parallel width, as for the time to first token of a decode mapping). The handoff moves every
-layer's K/V for the prompt, ``2 · kv_heads · head_dim`` values a position (multi-head latent attention: its
-latent, whole on every chip of the decode group) over the prompt's positions (a sliding-window layer's window at
-most), from the pool to the decode chips: the links between the two work side by side, as many as the smaller side has chips, each carrying its
-share at the chip-to-chip rate after the hops between the pools. The time to first token is the prefill and
-the handoff; the decode rate is the decode mapping's, on the chips the pool leaves.
+each tensor-parallel width, as for the time to first token of a decode mapping). The handoff moves the prompt's
+cache as the decode chips hold it (:meth:`.plan_model.ModelSpec.cache_bytes`: each layer's positions, a sliding
+layer's window at most; K/V heads replicated where fewer than the chips; multi-head latent attention's latent whole
+on every chip) from the pool to the decode chips: the links between the two work side by side, as many as the
+smaller side has chips, each carrying its share at the chip-to-chip rate after the hops between the pools. The time
+to first token is the prefill and the handoff; the decode rate is the decode mapping's, on the chips the pool
+leaves.
 """
 
 from __future__ import annotations
@@ -49,9 +50,7 @@ def prefill_pool(spec, system, dtype: str, pool_chips: int, decode, context: int
     if best is None:
         raise PlanError(f"no mapping of {pool_chips} prefill chips prefills a {prompt}-token prompt: every shard "
                         "of its prefill block streams weights or overflows SRAM")
-    # the prompt's cache as the decode chips hold it: each layer's positions (a sliding layer's window at most),
-    # K and V a head (MLA: the latent, whole on every chip of the decode group)
-    cache_bytes = spec.cache_bytes(prompt, 1, dtype) * (decode.width if spec.mla else 1)
+    cache_bytes = spec.cache_bytes(prompt, 1, dtype, decode.width)  # as the decode chips hold it
     hops = stage_hops(system, 2, max(best.chips, decode.chips))  # from one pool to the other
     handoff = handoff_cycles(cache_bytes, best.chips, decode.chips, hops, system)
     ttft = best.ttft_cycles + handoff

@@ -287,3 +287,24 @@ def test_a_model_aiconfigurator_cannot_build_is_a_user_error_naming_it():
     else:
         message = report["modes"]["gpu-only"]["error"]
     assert "AIConfigurator cannot model" in message and "Gemma3" in message
+
+
+def test_plan_refuses_a_flag_its_path_would_not_use():
+    """--batch is for a plan of LPX alone, --lpx-chip-watts for one beside GPUs: given to the other path, each is
+    refused by name, not dropped; and a GPU plan's LPX side must be LP30s."""
+    from lpx_tvm.app.cli import main
+    from lpx_tvm.runtime_sim.errors import LpxUserError
+
+    assert main(["plan", "--model", "llama-3-8b", "--gpu", "gb300:8", "--batch", "4"]) == 1
+    assert main(["plan", "--model", "llama-3-8b", "--lpx-chip-watts", "400"]) == 1
+    with pytest.raises(LpxUserError, match="tsp-rack is made of tsp chips"):
+        hetero_plan("llama-3-8b", "tsp-rack", gpu="gb300:8", mode="gpu-only", dtype="fp8")
+
+
+def test_plan_refusals_name_the_flags(capsys):
+    from lpx_tvm.app.cli import main
+
+    main(["plan", "--model", "llama-3-8b", "--gpu", "gb300:8", "--batch", "4", "--verify"])
+    assert "--batch, --verify are for a plan of LPX alone" in capsys.readouterr().err
+    main(["plan", "--model", "llama-3-8b", "--max-racks", "2"])
+    assert "--max-racks needs --gpu (a plan beside GPUs" in capsys.readouterr().err

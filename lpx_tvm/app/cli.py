@@ -381,6 +381,12 @@ def cmd_generate(args) -> int:
     return 0 if report["agree"] else 1
 
 
+# plan's flags for LPX alone, and for LPX beside GPUs, with their defaults
+_PLAN_LPX_ALONE = {"batch": 1, "batches": [1, 4], "chips": None, "users": None, "target_ttft_ms": None,
+                   "prefill_chips": None, "draft_tokens": None, "verify": False}
+_PLAN_BESIDE_GPUS = {"gpu_link": None, "gpu_quant": None, "lpx_chip_watts": None, "max_racks": None}
+
+
 def cmd_plan(args) -> int:
     from .plan import plan, table, write_json
 
@@ -389,11 +395,20 @@ def cmd_plan(args) -> int:
         if not 0 < args.target_tpot_ms < float("inf"):
             raise LpxUserError(f"--target-tpot-ms must be a positive number of milliseconds, got {args.target_tpot_ms}")
         target = 1000 / args.target_tpot_ms
-    if args.gpu is None and args.gpu_quant is not None:
-        raise LpxUserError("--gpu-quant needs --gpu (the GPUs whose quantisation it chooses, e.g. --gpu gb300:72)")
-    if args.gpu is not None or args.mode not in (None, "lpx-only"):
+    beside_gpus = args.gpu is not None or args.mode not in (None, "lpx-only")
+    # each path's own flags: a flag the chosen path would not use is refused, never dropped
+    unused = _PLAN_LPX_ALONE if beside_gpus else _PLAN_BESIDE_GPUS
+    given = [f"--{name.replace('_', '-')}" for name, default in unused.items() if getattr(args, name) != default]
+    if given and beside_gpus:
+        raise LpxUserError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for a plan of LPX alone, not "
+                           "one beside GPUs (--gpu, --mode)")
+    if given:
+        raise LpxUserError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --gpu (a plan beside GPUs, "
+                           "e.g. --gpu gb300:72)")
+    if beside_gpus:
         return _plan_beside_gpus(args, target)
-    report = plan(args.model, args.system, dtype=args.dtype, context=args.context, prompt=args.prompt,
+    report = plan(args.model, args.system or "tsp-rack", dtype=args.dtype or "fp16", context=args.context,
+                  prompt=args.prompt,
                   batch=args.batch, chips=args.chips, target_tps_per_user=target,
                   batches=args.batches, progress=lambda line: print(line, file=sys.stderr, flush=True),
                   users=args.users, target_ttft_ms=args.target_ttft_ms, draft=args.draft,
@@ -417,7 +432,8 @@ def _plan_beside_gpus(args, target) -> int:
 
     if args.gpu is None:
         raise LpxUserError(f"--mode {args.mode} needs --gpu (the GPUs beside LPX, e.g. --gpu gb300:72)")
-    report = hetero_plan(args.model, args.system, gpu=args.gpu, dtype=args.dtype, context=args.context,
+    report = hetero_plan(args.model, args.system or "lpx-rack", gpu=args.gpu, dtype=args.dtype or "fp8",
+                         context=args.context,
                          prompt=args.prompt, mode=args.mode or "auto", gpu_link=args.gpu_link,
                          lpx_chip_watts=args.lpx_chip_watts, max_racks=args.max_racks, target_tps_per_user=target,
                          draft=args.draft, accept_rate=0.7 if args.accept_rate is None else args.accept_rate,
@@ -580,9 +596,10 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=[debug_anywhere])
     p.add_argument("--model", required=True, help=f"a config.json or a preset: {', '.join(PLAN_PRESETS)}, "
                    f"{', '.join(LLAMA_PRESETS)}")
-    p.add_argument("--system", default="tsp-rack", help=f"{', '.join(available_systems())} (default tsp-rack)")
-    p.add_argument("--dtype", default="fp16", choices=["int8", "fp8", "fp16", "bf16", "fp32"],
-                   help="storage type of weights, cache and activations (the chip must run it)")
+    p.add_argument("--system", help=f"{', '.join(available_systems())} (default tsp-rack; with --gpu lpx-rack)")
+    p.add_argument("--dtype", choices=["int8", "fp8", "fp16", "bf16", "fp32"],
+                   help="storage type of weights, cache and activations (the chip must run it; default fp16, "
+                   "with --gpu fp8)")
     p.add_argument("--context", type=int, default=4096, help="KV-cache positions per sequence (default 4096)")
     p.add_argument("--prompt", type=int, default=512, help="prompt tokens, for the time to first token")
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
@@ -686,8 +703,8 @@ def _check_before_running(args) -> None:
         if path and not Path(path).resolve().parent.is_dir():
             flag = "-o/--output" if name == "output" else "--" + name.replace("_", "-")
             raise LpxUserError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
-    for name in ("parallel", "chips"):
-        if getattr(args, name, None) is not None and getattr(args, "system", None) is None:
+    for name in ("parallel", "chips"):  # (plan's system has a default)
+        if getattr(args, name, None) is not None and getattr(args, "system", None) is None and args.command != "plan":
             raise LpxUserError(f"--{name} needs --system (a system of chips to run on)")
 
 

@@ -104,6 +104,9 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
     gpus.require_aiconfigurator()
     g = gpus.gpu_system(gpu, gpu_link)
     lpx = load_system(system)
+    if lpx.chip.name != "lp30":  # the modes are NVIDIA's LPX deployments: LP30s beside the GPUs
+        raise HeteroError(f"plan --gpu plans LPX (LP30 chips) beside GPUs; {lpx.name} is made of {lpx.chip.name} "
+                          "chips (lpx-node, lpx-rack or lpx-system-N)")
     spec = model_spec(model)
     if gpu_quant is not None:
         gpus.parse_gpu_quant(gpu_quant)  # a malformed --gpu-quant fails once, before any mode

@@ -226,12 +226,26 @@ class _Context:
         return tokens_per_s / self.output * self.prefill()["gpu_s"]
 
 
+def _whole_gpus(gpus: float) -> int:
+    """Whole GPUs for a fractional need (a hair of float error is not a GPU more)."""
+    return ceil(gpus - 1e-9)
+
+
+def _most_groups(ctx, tp: int, rate_of) -> int:
+    """The most ``tp``-wide GPU groups (0: none) that leave room beside them for the GPUs prefilling the prompts
+    their tokens/s ``rate_of(groups)`` brings."""
+    groups = ctx.gpu.gpus // tp
+    while groups >= 1 and groups * tp + _whole_gpus(ctx.prefill_gpus(rate_of(groups))) > ctx.gpu.gpus:
+        groups -= 1
+    return groups
+
+
 def _point(ctx, mode: str, tokens_per_s: float, per_user: float, gpus_decode: int, lpus: int, ttft_ms, bound: str,
            config: dict, prefill: bool = True) -> dict:
     """One candidate's figures: speed, resources (prefill GPUs counted), racks, power and tokens/s per MW."""
     g = ctx.gpu
     pre = ctx.prefill_gpus(tokens_per_s) if prefill else 0.0
-    used = gpus_decode + ceil(pre - 1e-9)
+    used = gpus_decode + _whole_gpus(pre)
     gpu_racks = ceil(used / g.per_rack) if used else 0
     lpx_racks = ceil(lpus / ctx.lpx_per_rack) if lpus else 0
     watts = (gpus_decode + pre) * g.watts
@@ -302,10 +316,7 @@ def _gpu_only(ctx) -> list:
                 break
             tpot = gpus.decode_step(ctx.path, g, tp, ctx.quant, batch, ctx.context, ctx.moe)["tpot_ms"]
             # the prefills' GPUs come out of the decode replicas: the most replicas that leave room for theirs
-            replicas = g.gpus // tp
-            while replicas >= 1 and replicas * tp + ceil(ctx.prefill_gpus(replicas * batch * 1e3 / tpot) - 1e-9) \
-                    > g.gpus:
-                replicas -= 1
+            replicas = _most_groups(ctx, tp, lambda n: n * batch * 1e3 / tpot)
             rate = replicas * batch * 1e3 / tpot
             if replicas < 1:
                 continue
@@ -406,12 +417,11 @@ def _afd(ctx) -> list:
                 step = gpus.decode_step(ctx.path, g, tp, ctx.quant, batch // micro, ctx.context, ctx.moe)
                 t_a = step["attention_ms"] * 1e3 / spec.layers  # µs a layer a micro-batch
                 for width, stages, replicas, costs in lpx_side:
-                    point = None
-                    for _ in range(3):  # the prefills' GPUs come out of the attention groups (a fixed point)
-                        left = g.gpus - ceil(point["prefill_gpus"] - 1e-9) if point else g.gpus
+                    # the prefills' GPUs come out of the attention groups: the most groups that leave room
+                    for groups in range(g.gpus // tp, 0, -1):
                         point = _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock, item,
-                                           left // tp, pre)
-                        if point is None:
+                                           groups, pre)
+                        if point is None or groups * tp + _whole_gpus(point["prefill_gpus"]) <= g.gpus:
                             break
                     if point is not None:
                         points.append(point)
@@ -473,7 +483,7 @@ def _lpx_draft(ctx, draft, accept_rate: float) -> list:
                     round_ms = k * draft_us / 1e3 + verify + 2 * g.link.latency_us / 1e3
                     per_user = 1e3 * expected_tokens(k, accept_rate) / round_ms
                     # the prefills' GPUs come out of the verify groups
-                    instances = (g.gpus - ceil(ctx.prefill_gpus(per_user * g.gpus // tp * batch) - 1e-9)) // tp
+                    instances = _most_groups(ctx, tp, lambda n: per_user * n * batch)
                     users = instances * batch
                     copies = ceil(users / row["users"])  # draft replicas to serve them
                     if instances < 1 or copies * row["chips"] > ctx.lpx.chips:

@@ -240,6 +240,11 @@ def _gates(emit: _Emit, scores: str, k: int, form: str, weights: str | None = No
     return gates
 
 
+def _column(emit: _Emit, gates: str, e: int, experts: int) -> str:
+    """Expert ``e``'s gate, ``[tokens, 1]``: its column of the gates, as a product by a one-hot column."""
+    return emit.node("MatMul", [gates, emit.const(f"{e}.select", np.eye(experts)[:, e:e + 1])], f"{e}.gate")
+
+
 def _ungrouped(scores: str, producer: dict, inits: dict, shapes: dict) -> str:
     """The scores a TopK picks experts from, past a group-limited routing's mask where the mask keeps every
     group (DeepSeek-V3 with ``topk_group == n_group``: a Where that fills the experts of unchosen groups)."""
@@ -358,8 +363,7 @@ def _gathered_form(g, topk, k, inits, shapes, producer, readers, emit: _Emit) ->
     for e in range(experts):
         made = _clone_expert(emit, expert, e, {repeated: x}, {n.output[0]: n.input[0] for n in gathers}, inits,
                              producer, shapes)
-        gate = emit.node("MatMul", [gates, emit.const(f"{e}.select", np.eye(experts)[:, e:e + 1])], f"{e}.gate")
-        term = emit.node("Mul", [made[out], gate], f"{e}.term")
+        term = emit.node("Mul", [made[out], _column(emit, gates, e, experts)], f"{e}.term")
         last = e == experts - 1
         acc = term if acc is None else emit.node("Add", [acc, term], y if last else f"{e}.sum", keep_name=last)
     return {id(combine)}  # (the rest goes with nothing to read it, unless the model outputs it)
@@ -493,18 +497,10 @@ def _scatter_form(g, topk, k, scatters, inits, shapes, producer, readers, emit: 
     if outside:
         raise ValueError(f"dense_experts: the top-k is read outside the gates too (by a {outside[0].op_type})")
 
-    kept, top = _top_k(emit, scores, k)
-    if form == "softmax":  # the softmax of the k largest: exp of each less the row's maximum, over their sum
-        shifted = emit.node("Mul", [emit.node("Exp", [emit.node("Sub", [scores, top], "shifted")], "exp"), kept],
-                            "kept_exp")
-        gates = emit.node("Div", [shifted, emit.row_sum(shifted, "kept_sum")], "gates")
-    else:
-        gates = emit.node("Mul", [scores, kept], "kept_scores")
-        if form == "renormalised":
-            gates = emit.node("Div", [gates, emit.row_sum(gates, "kept_sum")], "gates")
+    gates = _gates(emit, scores, k, form)
     for n in selects:
         e = int(numpy_helper.to_array(inits[n.input[1]]).reshape(-1)[0]) % experts
-        column = emit.node("MatMul", [gates, emit.const(f"{e}.select", np.eye(experts)[:, e:e + 1])], f"{e}.gate")
+        column = _column(emit, gates, e, experts)
         shape = emit.const(f"{e}.shape", np.array(shapes[n.output[0]]), np.int64)
         emit.node("Reshape", [column, shape], n.output[0], keep_name=True)
     return {id(n) for n in selects}  # (the TopK and the scatter go with nothing to read them)

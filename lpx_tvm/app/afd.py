@@ -18,12 +18,11 @@ one). The GPU half is AIConfigurator's (:mod:`.gpu`). What is worked out here is
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
 from math import ceil
 
 from ..runtime_sim import DType
-from .plan_graph import BlockShape, _Builder, ffn_half
+from .plan_graph import BlockShape, _Builder, collective_group, ffn_half, summer
 
 
 def exchange_us(tokens: int, hidden: int, itemsize: int, rate_bytes_per_s: float, latency_us: float) -> float:
@@ -66,20 +65,8 @@ def ffn_graph(shape: BlockShape, dtype, layers: int = 1):
     the SwiGLU shard, their all-reduce, a sandwich norm where the model has one; input the hidden state."""
     b = _Builder(dtype)
     g, s = b.g, shape
-    group = None
-    if s.width > 1 and s.system:
-        from ..codegen.parallel.collectives import choose
-        from ..runtime_sim.system import load_system
-
-        group = choose(load_system(s.system), s.width)
-    hidden = (s.batch, s.tokens, s.hidden)
-
-    def summed(partial):
-        if group is None:
-            return partial
-        return b.node("allreduce", [partial], hidden, rank=0, ranks=group.ranks, tag=b.count * group.tags(),
-                      group=group, rotated=False)
-    x = g.add_tensor(hidden, b.dtype)
+    summed = summer(b, s, collective_group(s))
+    x = g.add_tensor((s.batch, s.tokens, s.hidden), b.dtype)
     g.inputs = [x]
     for _ in range(layers):
         x = ffn_half(b, s, x, summed)
@@ -101,7 +88,6 @@ def ffn_cost(spec, system, dtype: str, width: int, rows: int) -> dict | None:
     from .plan_model import _as_built, _group_system, shard_shape
 
     shape, experts_per_chip, placement = shard_shape(spec, width, rows, 0, 1, _group_system(system))
-    shape = replace(shape, context=0, tokens=1, batch=rows)
     chip, built = _as_built(system.chip, dtype)
     one = _ffn_program(chip, shape, built, 1)
     two = _ffn_program(chip, shape, built, 2)

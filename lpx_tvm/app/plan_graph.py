@@ -92,6 +92,28 @@ class _Builder:
         return self.node("MUL", [scaled, self.weight(shape[-1])], shape)
 
 
+def collective_group(s: BlockShape):
+    """The group the compiler runs the shard's collectives on (:func:`~lpx_tvm.codegen.parallel.collectives.
+    choose`), or None for a shard alone."""
+    if s.width == 1 or not s.system:
+        return None
+    from ..codegen.parallel.collectives import choose
+    from ..runtime_sim.system import load_system
+
+    return choose(load_system(s.system), s.width)
+
+
+def summer(b: _Builder, s: BlockShape, group):
+    """``summed(partial)``: the hidden state's partial sums, all-reduced over ``group`` (unchanged alone)."""
+    def summed(partial):
+        if group is None:
+            return partial
+        tag = b.count * group.tags()  # (every node its own tags)
+        return b.node("allreduce", [partial], (s.batch, s.tokens, s.hidden), rank=0, ranks=group.ranks,
+                      tag=tag, group=group, rotated=False)
+    return summed
+
+
 def ffn_half(b: _Builder, s: BlockShape, x: int, summed) -> int:
     """The FFN half of a block shard on the hidden state ``x``: its RMSNorm, a mixture's router and the
     ``routed`` experts' SwiGLUs with the shared experts' (or the SwiGLU shard), this chip's sums added and then
@@ -128,19 +150,8 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
     them (each RECV one hop after its SEND)."""
     b = _Builder(dtype)
     g, s = b.g, shape
-    group = None
-    if s.width > 1 and s.system:
-        from ..codegen.parallel.collectives import choose
-        from ..runtime_sim.system import load_system
-
-        group = choose(load_system(s.system), s.width)
-
-    def summed(partial):
-        if group is None:
-            return partial
-        tag = b.count * group.tags()  # (every node its own tags)
-        return b.node("allreduce", [partial], (s.batch, s.tokens, s.hidden), rank=0, ranks=group.ranks,
-                      tag=tag, group=group, rotated=False)
+    group = collective_group(s)
+    summed = summer(b, s, group)
     hd, kvh, qh = s.head_dim, s.kv_heads, s.heads
     if s.mla:  # one latent "K/V head" all the chip's query heads read
         q_lora, kv_lora, rope_dim, nope, v_dim = s.mla

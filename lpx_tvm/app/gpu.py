@@ -24,8 +24,9 @@ from pathlib import Path
 from ..runtime_sim.errors import LpxUserError
 
 _HERE = Path(__file__).with_name("gpu_systems")
-GPUS = {k: v for k, v in json.loads((_HERE / "gpus.json").read_text()).items() if not k.startswith("_")}
-LPX_SIDE = json.loads((_HERE / "gpus.json").read_text())["_lpx_side"]
+_FILE = json.loads((_HERE / "gpus.json").read_text())
+GPUS = {k: v for k, v in _FILE.items() if not k.startswith("_")}
+LPX_SIDE = _FILE["_lpx_side"]
 BACKEND, BACKEND_VERSION = "trtllm", "1.3.0rc20"  # the framework whose tables are used (AIConfigurator's current)
 # AIConfigurator's quantisation modes for lpx-tvm's storage types (weights, KV cache, attention, experts)
 _QUANT = {"fp8": ("fp8", "fp8", "fp8", "fp8"), "fp16": ("bfloat16", "bfloat16", "float16", "bfloat16"),
@@ -423,10 +424,7 @@ def engine(model_path: str, gpu: GpuSystem, tp: int, quant, moe: bool = False):
     moe_tp, moe_ep = (quant.split(tp) or (1, tp)) if moe else (tp, 1)
     config = build_model_config(tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=moe_tp,
                                 moe_ep_size=moe_ep, **quant.kwargs())
-    try:
-        model = get_model(model_path, config, BACKEND)
-    except ValueError as err:  # an architecture it has no model of (Gemma 3's, say): the GPU side cannot price it
-        raise GpuError(f"AIConfigurator cannot model it: {str(err).split('. ')[0]}") from None
+    model = get_model(model_path, config, BACKEND)  # (an architecture it has no model of failed in resolve_quant)
     db = database(gpu)
     spec = build_engine_spec_json(model, model_path=model_path, system=gpu.aic_system, backend=BACKEND,
                                   backend_version=BACKEND_VERSION, kv_block_size=None,

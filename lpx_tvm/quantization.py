@@ -118,8 +118,9 @@ def is_decoder_step(model: onnx.ModelProto) -> bool:
 
 def float_results(model: onnx.ModelProto) -> int:
     """Drop the QuantizeLinear ─► DequantizeLinear pair ONNX Runtime's quantiser puts on each product's result
-    (MatMul, Gemm), unless it is a graph output or another product reads it: the readers take the float result (lpx's int8 product makes it
-    in its epilogue, a product reading it requantises there). Edits ``model``; returns how many pairs went."""
+    (MatMul, Gemm), unless it is a graph output or another product reads it: the readers take the float result
+    (lpx's int8 product makes it in its epilogue, a product reading it requantises there). Edits ``model``;
+    returns how many QuantizeLinears went."""
     nodes = list(model.graph.node)
     producer = {o: n for n in nodes for o in n.output}
     readers = {}
@@ -127,7 +128,7 @@ def float_results(model: onnx.ModelProto) -> int:
         for i in n.input:
             readers.setdefault(i, []).append(n)
     outputs = {o.name for o in model.graph.output}
-    rename, dropped = {}, set()
+    rename, dropped, pairs = {}, set(), 0
     for quant in nodes:
         source = producer.get(quant.input[0]) if quant.op_type == "QuantizeLinear" else None
         if source is None or source.op_type not in PRODUCTS or len(readers.get(quant.input[0], [])) != 1:
@@ -138,14 +139,16 @@ def float_results(model: onnx.ModelProto) -> int:
             continue  # a graph output, or another product's operand: it stays quantised
         dropped |= {id(quant)} | {id(d) for d in dequants}
         rename.update({d.output[0]: quant.input[0] for d in dequants})
+        pairs += 1
     kept = [n for n in nodes if id(n) not in dropped]
     for n in kept:
         for k, name in enumerate(n.input):
             n.input[k] = rename.get(name, name)
     del model.graph.node[:]
     model.graph.node.extend(kept)
-    used = {i for n in kept for i in n.input}  # the dropped pairs' scales and zero points
-    unused = [t for t in model.graph.initializer if t.name not in used and t.name not in outputs]
-    for t in unused:
-        model.graph.initializer.remove(t)
-    return len(dropped) // 2
+    # the dropped pairs' own scales and zero points, where nothing kept reads them
+    params = {i for n in nodes if id(n) in dropped for i in n.input[1:]} - {i for n in kept for i in n.input}
+    initializers = [t for t in model.graph.initializer if t.name not in params]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(initializers)
+    return pairs

@@ -140,7 +140,29 @@ class CompiledModel:
             raise LpxUserError("this model's programs read the weights passed to compile(weights=...) where they "
                                "are, by name (hold_weights=True), so a library could not carry them: compile it "
                                "without hold_weights to export it")
-        self.executable.export_library(str(path))
+        self.executable.export_library(str(path), fpack_imports=_pack_by_reference)
+
+
+def _pack_by_reference(mod, is_system_lib: bool, prefix: str, workspace: str) -> str:
+    """The library's serialised modules (a program's constants are mostly weights) written to a file once and
+    named from an assembler source (``.incbin``), which the C compiler links in: TVM's own packing builds the
+    same bytes into an LLVM constant, and its object, in memory, several copies of the weights at once."""
+    import os
+
+    from tvm.runtime import _ffi_api
+
+    if is_system_lib:  # (lpx_tvm exports a shared library only; a system library's symbol is prefixed)
+        raise LpxUserError("lpx_tvm exports shared libraries, not system libraries")
+    blob = _ffi_api.ModulePackImportsToTensor(mod)
+    data = os.path.join(workspace, f"{prefix}devc.bin")
+    np.from_dlpack(blob).tofile(data)
+    del blob
+    source = os.path.join(workspace, f"{prefix}devc.S")
+    with open(source, "w") as out:
+        out.write(f'\t.section .lrodata,"a"\n\t.globl __tvm_ffi__library_bin\n\t.type __tvm_ffi__library_bin, @object\n'
+                  f'\t.p2align 6\n__tvm_ffi__library_bin:\n\t.incbin "{data}"\n'
+                  '\t.section .note.GNU-stack,"",@progbits\n')
+    return source
 
 
 def _state_slice(value: np.ndarray, index, cut, full: tuple, name: str) -> np.ndarray:

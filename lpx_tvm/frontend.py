@@ -40,8 +40,9 @@ class FrontendError(LpxUserError):
     """A model that cannot be read or imported, with the reason and the file."""
 
 
-def load_onnx(model) -> onnx.ModelProto:
-    """Read an ONNX model from a path, bytes or a ModelProto, with clear errors."""
+def load_onnx(model, external_data: bool = True) -> onnx.ModelProto:
+    """Read an ONNX model from a path, bytes or a ModelProto, with clear errors; from a path, without the
+    bytes of its external data where ``external_data`` is False (:func:`mapped_external_data` maps them)."""
     name = "model" if isinstance(model, onnx.ModelProto) else None
     if name is None:
         name = "<bytes>" if isinstance(model, (bytes, bytearray)) else str(model)
@@ -54,7 +55,7 @@ def load_onnx(model) -> onnx.ModelProto:
             path = Path(model)
             if not path.is_file():
                 raise FrontendError(f"{name}: no such file")
-            proto = onnx.load(str(path))
+            proto = onnx.load(str(path), load_external_data=external_data)
     except FrontendError:
         raise
     except Exception as err:  # protobuf raises several types for garbage input
@@ -66,6 +67,35 @@ def load_onnx(model) -> onnx.ModelProto:
         if opset.domain in ("", "ai.onnx") and opset.version > newest:
             raise FrontendError(f"{name}: unsupported opset {opset.version} (this onnx package knows up to {newest})")
     return proto
+
+
+def mapped_external_data(model: onnx.ModelProto, directory) -> dict[str, np.ndarray]:
+    """The arrays of ``model``'s external-data initializers (loaded with ``load_external_data=False``),
+    memory-mapped from their files in ``directory``: read in place, never copied (copy-on-write maps, so
+    that TVM can bind them); ``{}`` where it holds none.
+
+    Raises
+    ------
+    LpxUserError
+        Naming the initializer whose file is missing or too short.
+    """
+    files, arrays = {}, {}
+    for init in model.graph.initializer:
+        if not uses_external_data(init):
+            continue
+        info = ExternalDataInfo(init)
+        path = Path(directory) / info.location
+        if not path.is_file():
+            raise LpxUserError(f"{init.name}: its weights file {path} is missing")
+        if path not in files:
+            files[path] = np.memmap(path, np.uint8, mode="c")
+        offset, dtype = info.offset or 0, helper.tensor_dtype_to_np_dtype(init.data_type)
+        length = info.length or int(np.prod(init.dims)) * dtype.itemsize
+        if offset + length > files[path].size:
+            raise LpxUserError(f"{init.name}: {length} bytes at {offset} run past the end of {path} "
+                               f"({files[path].size} bytes)")
+        arrays[init.name] = files[path][offset:offset + length].view(dtype).reshape(tuple(init.dims))
+    return arrays
 
 
 def set_shape(value_info, dims) -> None:
@@ -710,7 +740,16 @@ def from_onnx(model, input_shapes: dict | None = None, weights: dict | None = No
         Naming the file and the problem (unreadable file, unsupported opset or op).
     """
     name = model if isinstance(model, (str, Path)) else getattr(model, "name", "") or "model"
-    proto = load_onnx(model)
+    if isinstance(model, (str, Path)) and weights is None:
+        # a file's external data (every exporter's form past 2 GB) is mapped and bound in place, not loaded into
+        # the graph (which TVM would then copy again)
+        proto = load_onnx(model, external_data=False)
+        try:
+            weights = mapped_external_data(proto, Path(model).parent) or None
+        except LpxUserError as err:
+            raise FrontendError(f"{name}: {err}") from None
+    else:
+        proto = load_onnx(model)
     try:
         bound = external_weights(proto.graph, weights)
         view = _import_view(proto, input_shapes, bound)

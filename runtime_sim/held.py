@@ -97,6 +97,21 @@ class HeldWeights:
             return ()
         return name, start - lo
 
+    def place_rows(self, data: np.ndarray) -> tuple:
+        """``(name, byte offset, pitch)`` of the held array that holds ``data``, a block of rows ``pitch`` bytes
+        apart with each row's bytes together (a column block of a held matrix), or ``()``."""
+        if not isinstance(data, np.ndarray) or data.ndim < 2 or not data.nbytes:
+            return ()
+        row = np.lib.stride_tricks.as_strided(data, data.shape[1:], data.strides[1:])
+        if not row.flags.c_contiguous or data.strides[0] < row.nbytes:
+            return ()
+        start, span = data.ctypes.data, (data.shape[0] - 1) * data.strides[0] + row.nbytes
+        k = bisect_right(self._starts, start) - 1
+        if k < 0 or start + span > self._spans[k][1]:
+            return ()
+        lo, _, name = self._spans[k]
+        return name, start - lo, data.strides[0]
+
     def holding(self, constants) -> tuple:
         """``constants`` with each that lies inside a held array named (:class:`~.program.Constant`
         ``held``), the others as they are. (A copy with ``held`` set: this module stays below the program's.)"""
@@ -121,7 +136,12 @@ class HeldWeights:
                     if const.held:
                         self.homes.setdefault(const.held[1], chip)
             return held
-        held = replace(program, constants=self.holding(program.constants))
+        streamed = []
+        for weight in program.streamed:
+            where = () if weight.held else self.place_rows(weight.data)
+            streamed.append(replace(weight, held=(self.id, *where)) if where else weight)
+            self.named += weight.host.nbytes if where else 0
+        held = replace(program, constants=self.holding(program.constants), streamed=tuple(streamed))
         for const in held.constants:
             if const.held:
                 key, where = (*const.held[1:], const.ref.nbytes), (chip, const.ref.addr)
@@ -138,7 +158,8 @@ class HeldWeights:
         """Bytes of ``program``'s constants (each chip's, for a system program) it holds by name."""
         if hasattr(program, "programs"):
             return sum(self.held_in(p) for p in program.programs)
-        return sum(c.ref.nbytes for c in program.constants if c.held)
+        return (sum(c.ref.nbytes for c in program.constants if c.held)
+                + sum(w.host.nbytes for w in program.streamed if w.held))
 
 
 def _forget(set_id: bytes) -> None:
@@ -168,3 +189,21 @@ def held_bytes(set_id: bytes, name: str, offset: int, nbytes: int, what: str) ->
         raise ProgramFormatError(f"{what}: {nbytes} bytes at {offset} run past the end of {name!r} "
                                  f"({held.nbytes} bytes)")
     return held[offset:offset + nbytes]
+
+
+def held_rows(set_id: bytes, name: str, offset: int, pitch: int, host, what: str) -> np.ndarray:
+    """The block of ``host.shape[0]`` rows of ``host``'s other axes, ``pitch`` bytes apart from ``offset`` in
+    the array held as ``name`` in weight set ``set_id``: a ``uint8`` view ``[rows, bytes a row]``, not a copy.
+
+    Raises
+    ------
+    ProgramFormatError
+        As :func:`held_bytes`, or where the rows overlap (a pitch shorter than a row).
+    """
+    rows = host.shape[0] if host.shape else 1
+    row_bytes = host.nbytes // rows if rows else 0
+    if rows and pitch < row_bytes:
+        raise ProgramFormatError(f"{what}: rows of {row_bytes} bytes cannot lie {pitch} bytes apart")
+    span = (rows - 1) * pitch + row_bytes if rows else 0
+    flat = held_bytes(set_id, name, offset, span, what)
+    return np.lib.stride_tricks.as_strided(flat, (rows, row_bytes), (pitch, 1), writeable=False)

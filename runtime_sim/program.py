@@ -24,7 +24,7 @@ import numpy as np
 from .config import ChipConfig, load_config
 from .columns import ProgramColumns
 from .container import HEADER, opened, seal
-from .held import held_bytes
+from .held import held_bytes, held_rows
 from .isa import (MAX_CYCLE, MAX_RANK, UNIT_OF, DType, HostTensor, Instruction, Opcode, Space, TensorRef, format_attrs,
                   pack_attrs, split_attrs)
 from .rules import (MAX_DIM, MAX_OPERAND_BYTES, ProgramFormatError, _check_ref, _is_count, _validate_instruction,
@@ -32,10 +32,10 @@ from .rules import (MAX_DIM, MAX_OPERAND_BYTES, ProgramFormatError, _check_ref, 
 
 MAGIC = b"LPXPROG\0"
 SYSTEM_MAGIC = b"LPXSYS\0\0"  # a system program (system_sim): the same header, one program per chip inside
-VERSION = 9  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
+VERSION = 10  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
 # 6: resident state; 7: inputs the host converts, outputs it widens; 8: each constant's bytes start at a multiple
 # of 64 from the program's first byte (zeros before them), so a simulator reads them where they lie; 9: a constant
-# may be held by the host by name (.held) instead of carried
+# may be held by the host by name (.held) instead of carried; 10: so may a streamed weight, as rows a pitch apart
 _KEYED_FROM = 9  # from format 9 the checksum covers the version field too (container.body_digest)
 _ALIGN = 64
 _PAD = object()  # in an encoding's parts: zeros up to the next multiple of _ALIGN
@@ -58,7 +58,10 @@ class StreamedWeight:
     """A weight kept in host memory and brought into SRAM by STREAM each time it is used."""
 
     host: HostTensor
-    data: np.ndarray  # its bytes in C order are the value: 1-D uint8 once decoded, any array when emitted
+    data: np.ndarray  # its bytes in C order are the value: uint8 once decoded, any array when emitted
+    # (weight set id, name, byte offset, bytes from one row to the next) where the host holds the block (a
+    # column block of a held [K, N] weight: rows apart, each row's bytes together); encoded by name, no copy
+    held: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,12 @@ def _parts(program: Program) -> list:
     parts.append(struct.pack("<I", len(program.streamed)))
     for weight in program.streamed:
         parts.append(_pack_dims(weight.host.dtype, weight.host.shape))
-        parts.append(weight.data)
+        if weight.held:
+            set_id, name, offset, pitch = weight.held
+            parts.append(struct.pack("<B8s", 1, set_id) + _pack_str(name) + struct.pack("<QQ", offset, pitch))
+        else:
+            parts += [b"\0"] if VERSION >= 10 else []  # (VERSION: a test writes an older format)
+            parts.append(weight.data)
     parts.append(struct.pack("<I", len(program.state)))
     for index, ref in program.state:
         parts.append(struct.pack("<I", index) + _pack_ref(ref))
@@ -378,7 +386,7 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
 def decoded_columns(blob, config: ChipConfig | str | None = None, verified: bool = False):
     """:func:`decode`, returning the program as :class:`.columns.ProgramColumns` (see :func:`validated_columns`);
     ``verified``: its checksum is not checked again (a system program's checksum covers its chips' bytes)."""
-    version, body, digest = opened(blob, MAGIC, (7, 8, VERSION), "program", verified, _KEYED_FROM)
+    version, body, digest = opened(blob, MAGIC, (7, 8, 9, VERSION), "program", verified, _KEYED_FROM)
     try:
         program = _parse_body(_Reader(body), digest, version)
     except ProgramFormatError:
@@ -446,6 +454,16 @@ def _parse_body(r: _Reader, digest: bytes, version: int = VERSION) -> Program:
     for _ in range(n_streamed):
         dtype, shape = r.dims("streamed weight")
         host = HostTensor(shape, dtype)
+        (kind,) = r.unpack("B", "streamed weight kind") if version >= 10 else (0,)
+        if kind == 1:  # held by the host, by name: rows a pitch apart
+            (set_id,) = r.unpack("8s", "streamed weight's weight set")
+            name = r.string("streamed weight's name")
+            offset, pitch = r.unpack("QQ", "streamed weight's offset and pitch")
+            data = held_rows(set_id, name, offset, pitch, host, f"streamed weight {len(streamed)}")
+            streamed.append(StreamedWeight(host, data, (set_id, name, offset, pitch)))
+            continue
+        if kind != 0:
+            raise ProgramFormatError(f"streamed weight {len(streamed)}: unknown kind {kind}")
         streamed.append(StreamedWeight(host, np.frombuffer(r.take(host.nbytes, "streamed weight data"), np.uint8)))
     n_state = r.count("state count", 4)
     state = []

@@ -177,3 +177,38 @@ def test_a_tied_heads_transpose_is_made_once_and_named_by_both_programs(weights)
     (want_step, *_) = ort_reference(L.build_decode(tied, weights=tied_weights),
                                     L.decode_feeds(tied, token, position, cache))
     assert np.abs(step - want_step).max() < 0.02 * np.abs(want_step).max()
+
+
+def test_a_streamed_weight_is_held_by_name_block_by_block(rng, tmp_path):
+    """A 4.4 MB weight is more than the tiny chip's 4 MiB of SRAM, so its product streams it in column blocks
+    from host memory. Held, each block is named as rows a pitch apart in the caller's array (program format 10):
+    the program carries none of the weight's bytes (a 2.2 GB decoder's head was copied whole into its program).
+    The weight comes from its file, as a user's model's external data does: mapped, not loaded."""
+    import onnx
+    from onnx import helper
+
+    from conftest import make_model, tensor_info
+    from lpx_tvm.frontend import mapped_external_data
+    from lpx_tvm.runtime_sim.program import encode
+
+    w = (rng.standard_normal((1088, 1024)) * 0.05).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor_info("x", [1, 1088])],
+                       [tensor_info("y", [1, 1024])], [onnx.numpy_helper.from_array(w, "w")])
+    onnx.save_model(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data")
+    graph = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    mapped = mapped_external_data(graph, tmp_path)
+    assert isinstance(mapped["w"].base, np.memmap) or isinstance(mapped["w"], np.memmap)
+    held = lpx_tvm.compile(graph, config="tiny", weights=mapped, hold_weights=True)
+    (blob,) = held.programs.values()
+    program = decode(blob)
+    assert program.streamed and all(weight.held for weight in program.streamed)
+    assert held.held_bytes == 1088 * 1024 * 4
+    assert len(blob) < 1088 * 1024 * 4 // 8  # instructions only
+    assert sum(weight.host.nbytes for weight in program.streamed) == 1088 * 1024 * 4
+    assert {weight.held[3] for weight in program.streamed} == {1024 * 4}  # a row of w apart
+    assert encode(program) == blob
+    x = rng.standard_normal((1, 1088)).astype(np.float32)
+    before = offload_counts()
+    (got,) = held(x)
+    assert sum((offload_counts() - before).values()) == 1
+    np.testing.assert_allclose(got, x @ w, rtol=1e-4, atol=1e-4)

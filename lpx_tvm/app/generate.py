@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..frontend import mapped_external_data
 from ..runtime_sim.errors import LpxUserError
 from . import llama
 from .hf_decoder import GRAPH_FILES, HFDecoder, graph_file
@@ -209,7 +210,7 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None, dtype:
             # the graphs without their weights: a weights file both graphs read is mapped once, in place
             prefill, decode = (onnx.load(str(path / name), load_external_data=False)
                                for name in ("prefill.onnx", "decode.onnx"))
-            weights = llama.read_weights(decode, path) or None
+            weights = mapped_external_data(decode, path) or None
             config = llama.config_of(decode)
             if context is not None and context != config.max_context:
                 raise LpxUserError(f"{path}'s decode graph was saved for a context of {config.max_context}, not "

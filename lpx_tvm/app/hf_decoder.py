@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..frontend import mapped_external_data
 from ..runtime_sim.errors import LpxUserError
 from . import llama
 
@@ -71,15 +72,16 @@ class HFDecoder:
         when there).
     """
 
-    weights = None  # (its graph holds its weights, or loads them from its file's external data)
-
     def __init__(self, path):
         found = graph_file(path)
         if found is None:
             raise LpxUserError(f"{path} is not a decoder in Hugging Face form: no .onnx graph with "
                                "past_key_values.N.key/value inputs")
         self.path, self.folder = found, found.parent
-        self.graph = onnx.load(str(found))
+        # weights held as external data (every exporter's form past 2 GB) are mapped from their files in place,
+        # for ORT and TVM alike; onnx.load would copy them into the graph, and each session and compile once more
+        self.graph = onnx.load(str(found), load_external_data=False)
+        self.weights = mapped_external_data(self.graph, found.parent) or None
         inputs = {i.name: i for i in self.graph.graph.input}
         if not any(_PAST.match(name) for name in inputs):
             raise LpxUserError(f"{found} is not a decoder in Hugging Face form: it has no past_key_values.N inputs "
@@ -124,7 +126,8 @@ class HFDecoder:
         self.new_kv_names = [n.replace("past_key_values.", "new.") for n in self.cache_names]
         self.outputs = ["logits", *self.new_kv_names]
         self.prompt_len, self.tokenizer = None, None
-        self.weight_bytes = sum(len(init.raw_data) for init in self.graph.graph.initializer)
+        self.weight_bytes = (sum(len(init.raw_data) for init in self.graph.graph.initializer)
+                             + sum(w.nbytes for w in (self.weights or {}).values()))
 
     def _config_json(self) -> dict:
         path = self.folder / "config.json"
@@ -201,7 +204,7 @@ class HFDecoder:
     # ---- ORT: the graph as it came --------------------------------------------------------------------
     def reference(self) -> "_Reference":
         """ONNX Runtime on the unedited graph, as transformers runs it (make it before :meth:`lpx_graph`)."""
-        (session,) = llama.ort_sessions(self.graph)
+        (session,) = llama.ort_sessions(self.graph, weights=self.weights)
         return _Reference(self, session)
 
     def drop_graphs(self) -> None:
@@ -224,6 +227,8 @@ class HFDecoder:
         if any(n.op_type == "QuantizeLinear" for n in self.graph.graph.node):
             return "QDQ as given"
         reference = self.reference()
+        if self.weights is not None:  # ORT's quantiser reads the weights from the graph
+            self.graph, self.weights = llama.with_weights_inside(self.graph, self.weights), None
         rng = np.random.default_rng(seed + 3)
         feeds = []
         for ids in [rng.integers(0, self.vocab_size, (1, prompt_len))] + [

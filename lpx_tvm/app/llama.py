@@ -71,7 +71,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+from onnx.external_data_helper import uses_external_data
 
 from ..runtime_sim.program import aligned_copy
 from ..runtime_sim.errors import LpxUserError
@@ -625,7 +625,7 @@ def save_llama(config_or_name, directory, prompt_len: int, seed: int = 0) -> dic
     """Write ``prefill.onnx`` (for ``prompt_len`` tokens), ``decode.onnx``, the weights both read
     (:data:`WEIGHTS_FILE`, ONNX external data: one copy for the two graphs, and no 2 GB limit) and
     ``config.json`` to ``directory``; returns their paths by kind. ``onnx.load`` of either graph reads the
-    weights back; :func:`read_weights` maps them without a copy."""
+    weights back; :func:`lpx_tvm.frontend.mapped_external_data` maps them without a copy."""
     config = get_config(config_or_name)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -642,29 +642,6 @@ def save_llama(config_or_name, directory, prompt_len: int, seed: int = 0) -> dic
     paths["config"].write_text(json.dumps({**asdict(config), "prompt_len": int(prompt_len), "seed": seed},
                                           indent=2) + "\n")
     return paths
-
-
-def read_weights(model: onnx.ModelProto, directory) -> dict[str, np.ndarray]:
-    """The arrays of ``model``'s external-data initializers (loaded with ``load_external_data=False``),
-    memory-mapped from their files in ``directory``: read in place, never copied (copy-on-write maps, so
-    that TVM can bind them)."""
-    files, arrays = {}, {}
-    for init in model.graph.initializer:
-        if not uses_external_data(init):
-            continue
-        info = ExternalDataInfo(init)
-        path = Path(directory) / info.location
-        if not path.is_file():
-            raise LpxUserError(f"{init.name}: its weights file {path} is missing")
-        if path not in files:
-            files[path] = np.memmap(path, np.uint8, mode="c")
-        offset, dtype = info.offset or 0, helper.tensor_dtype_to_np_dtype(init.data_type)
-        length = info.length or int(np.prod(init.dims)) * dtype.itemsize
-        if offset + length > files[path].size:
-            raise LpxUserError(f"{init.name}: {length} bytes at {offset} run past the end of {path} "
-                               f"({files[path].size} bytes)")
-        arrays[init.name] = files[path][offset:offset + length].view(dtype).reshape(tuple(init.dims))
-    return arrays
 
 
 def with_weights_inside(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:

@@ -171,6 +171,33 @@ def test_lpx_decode_hands_the_kv_cache_over_and_afd_times_its_exchange():
     assert c["t_exchange_us"] == pytest.approx(5 + tokens * 4096 / rate * 1e6)
 
 
+@pytest.mark.slow
+def test_verify_compiles_the_lpx_half_of_afd_and_lpx_decode_whole(capsys):
+    """--verify beside GPUs: lpx-decode's stages compiled whole (the plan's --verify at its mapping) and AFD's
+    FFN stage (its layers as one program at the program rows the chosen point used), each within 5% of the
+    plan, and the table says so."""
+    from math import ceil
+
+    report = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256,
+                         mode="afd", verify=True)
+    a = report["modes"]["afd"]
+    v, c = a["verify"], a["config"]
+    assert v["layers"] == ceil(32 / c["ffn_stages"]) and v["rows"] == c["ffn_program_rows"]
+    assert abs(v["verify_error"]) < 0.05, v
+    assert v["planned_cycles"] / v["verified_cycles"] - 1 == pytest.approx(v["verify_error"])
+    decode = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256,
+                         mode="lpx-decode", verify=True)["modes"]["lpx-decode"]
+    d = decode["verify"]
+    assert sum(stage["stages"] for stage in d["stages"]) == decode["config"]["stages"]
+    assert sum(stage["blocks"] * stage["stages"] for stage in d["stages"]) == 32
+    assert abs(d["verify_error"]) < 0.05, d
+    from lpx_tvm.app.hetero import table
+
+    text = table(report)
+    rows = f"{v['rows']} row{'s' if v['rows'] > 1 else ''}"
+    assert f"verify afd: a stage's {v['layers']} FFN layers at {rows} compiled whole: " in text
+
+
 def test_a_speed_of_light_gpu_is_said_to_price_no_collective():
     """AIConfigurator's SOL mode counts no GPU-to-GPU all-reduce (no communication tables): the report says its
     GPU figures are a bound, and says nothing of the kind for a measured system."""
@@ -304,7 +331,7 @@ def test_plan_refuses_a_flag_its_path_would_not_use():
 def test_plan_refusals_name_the_flags(capsys):
     from lpx_tvm.app.cli import main
 
-    main(["plan", "--model", "llama-3-8b", "--gpu", "gb300:8", "--batch", "4", "--verify"])
-    assert "--batch, --verify are for a plan of LPX alone" in capsys.readouterr().err
+    main(["plan", "--model", "llama-3-8b", "--gpu", "gb300:8", "--batch", "4", "--users", "2"])
+    assert "--batch, --users are for a plan of LPX alone" in capsys.readouterr().err
     main(["plan", "--model", "llama-3-8b", "--max-racks", "2"])
     assert "--max-racks needs --gpu (a plan beside GPUs" in capsys.readouterr().err

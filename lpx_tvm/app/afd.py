@@ -98,3 +98,30 @@ def ffn_cost(spec, system, dtype: str, width: int, rows: int) -> dict | None:
         if shape.experts else 0
     return {"cycles": two.cycles - one.cycles, "resident_bytes": two.resident_bytes - one.resident_bytes + extra,
             "activation_bytes": one.activation_bytes, "placement": placement}
+
+
+def verify_ffn_stage(spec, system, dtype: str, width: int, stages: int, rows: int) -> dict:
+    """``plan --gpu --verify`` for AFD's LPX half: a stage's FFN layers (``ceil(layers / stages)``) at ``rows``
+    tokens compiled as one program and timed, beside the plan's figure for them (that many times one layer's,
+    two layers as one program less one). The host link at the program's ends is left out, as the stage receives
+    from and sends to the GPUs over theirs.
+
+    Returns
+    -------
+    dict
+        ``layers``, ``rows``, ``planned_cycles``, ``verified_cycles`` and ``verify_error`` (planned ÷ verified
+        − 1: positive where the plan is slower); ``error`` instead where the stage does not fit a chip whole.
+    """
+    from .plan_model import _as_built, _group_system, shard_shape
+
+    layers = ceil(spec.layers / stages)
+    shape = shard_shape(spec, width, rows, 0, 1, _group_system(system))[0]
+    chip, built = _as_built(system.chip, dtype)
+    one, two, whole = (_ffn_program(chip, shape, built, n) for n in (1, 2, layers))
+    if whole is None or whole.streamed:
+        return {"layers": layers, "rows": rows, "error": f"a stage of {layers} FFN layers does not fit "
+                f"{system.chip.name} compiled whole (the plan's two-layer measurement fitted: its activations do not)"}
+    planned = layers * (two.cycles - one.cycles)
+    verified = whole.cycles - round(whole.breakdown.get("host link", 0))
+    return {"layers": layers, "rows": rows, "planned_cycles": planned, "verified_cycles": verified,
+            "verify_error": planned / verified - 1}

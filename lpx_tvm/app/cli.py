@@ -383,7 +383,7 @@ def cmd_generate(args) -> int:
 
 # plan's flags for LPX alone, and for LPX beside GPUs, with their defaults
 _PLAN_LPX_ALONE = {"batch": 1, "batches": [1, 4], "chips": None, "users": None, "target_ttft_ms": None,
-                   "prefill_chips": None, "draft_tokens": None, "verify": False}
+                   "prefill_chips": None, "draft_tokens": None}
 _PLAN_BESIDE_GPUS = {"gpu_link": None, "gpu_quant": None, "lpx_chip_watts": None, "max_racks": None}
 
 
@@ -437,7 +437,8 @@ def _plan_beside_gpus(args, target) -> int:
                          prompt=args.prompt, mode=args.mode or "auto", gpu_link=args.gpu_link,
                          lpx_chip_watts=args.lpx_chip_watts, max_racks=args.max_racks, target_tps_per_user=target,
                          draft=args.draft, accept_rate=0.7 if args.accept_rate is None else args.accept_rate,
-                         progress=lambda line: print(line, file=sys.stderr, flush=True), gpu_quant=args.gpu_quant)
+                         progress=lambda line: print(line, file=sys.stderr, flush=True), gpu_quant=args.gpu_quant,
+                         verify=args.verify)
     print(table(report))
     if args.json:
         write_json(report, args.json)
@@ -623,7 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-rate", type=float, metavar="A", help="the chance the target accepts a draft token "
                    "(default 0.7)")
     p.add_argument("--verify", action="store_true", help="compile and time every stage of the chosen mapping "
-                   "whole (its layers as one program) and print the plan's error (the JSON's verify_error)")
+                   "whole (its layers as one program) and print the plan's error (the JSON's verify_error); "
+                   "with --gpu, the LPX half of lpx-only, lpx-decode and afd (AFD: a stage's FFN layers)")
     p.add_argument("--gpu", metavar="NAME[:N]", help="plan LPX beside N GPUs (default one rack), priced by NVIDIA's "
                    "AIConfigurator (needs lpx-tvm[gpu]): gb300, gb200, b200, h200, h100 (measured kernel tables), "
                    "gb300-sol, vr200 (speed of light; vr200 derived from NVIDIA's preliminary Rubin figures)")

@@ -30,11 +30,12 @@ from math import ceil
 from ..runtime_sim import DType
 from ..runtime_sim.errors import LpxUserError
 from . import gpu as gpus
-from .afd import exchange_us, ffn_cost, pingpong
+from .afd import exchange_us, ffn_cost, pingpong, verify_ffn_stage
 
 MODES = ("gpu-only", "lpx-only", "lpx-decode", "afd", "lpx-draft")
 GPU_WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # tensor-parallel widths within an NVL72's NVLink
 GPU_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+VERIFIED = ("lpx-only", "lpx-decode", "afd")  # the modes whose LPX half --verify compiles whole
 LPX_ROWS = (1, 4)  # rows an FFN program is compiled for; a larger micro-batch runs as passes of it
 DRAFT_TOKENS = (1, 2, 3, 4, 6, 8)
 
@@ -53,7 +54,8 @@ def kv_handoff_bytes(spec, positions: int, dtype: str) -> int:
 def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", context: int = 4096, prompt: int = 512,
                 mode: str = "auto", gpu_link: str | None = None, lpx_chip_watts: float | None = None,
                 max_racks: int | None = None, target_tps_per_user: float | None = None, draft=None,
-                accept_rate: float = 0.7, progress=None, gpu_quant: str | None = None, on_mode=None) -> dict:
+                accept_rate: float = 0.7, progress=None, gpu_quant: str | None = None, on_mode=None,
+                verify: bool = False) -> dict:
     """Plan a model on LPX beside GPUs in one mode or all.
 
     Parameters
@@ -82,6 +84,9 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
         (:func:`.gpu.resolve_quant`). The report names every mode that is not ``dtype``'s, and why.
     on_mode : callable, optional
         Called with ``(name, report, points)`` as each mode is planned (a table printed as it goes).
+    verify : bool
+        Compile and time the LPX half of the chosen lpx-only, lpx-decode and afd candidates whole (``--verify``):
+        a mode's report gains ``verify`` (the plan's cycles and the compiled ones, and the plan's error).
 
     Returns
     -------
@@ -129,6 +134,9 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
             points = []
         else:
             modes[name] = _choose(name, points, max_racks, target_tps_per_user, g.gpus)
+            if verify and name in VERIFIED and "error" not in modes[name]:
+                ctx.say(f"hetero: verifying {name}'s LPX half")
+                modes[name]["verify"] = _verify(ctx, modes[name])
         if on_mode is not None:
             on_mode(name, modes[name], points)
         if not points:
@@ -437,7 +445,8 @@ def _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock
     tokens = instances * batch // micro  # a micro-batch's tokens over every attention instance
     rows = ceil(tokens / replicas)  # at one FFN replica
     # a micro-batch above the compiled rows runs as passes of the r-row program (an upper bound)
-    t_f = min(ceil(rows / r) * c["cycles"] for r, c in costs.items()) * 1e6 / clock
+    passes, program_rows = min((ceil(rows / r) * c["cycles"], r) for r, c in costs.items())
+    t_f = passes * 1e6 / clock
     lpx_racks = ceil(replicas * stages * width / ctx.lpx_per_rack)
     rate = g.link.rate(instances * tp, lpx_racks)
     t_c = exchange_us(tokens, spec.hidden, item, rate, g.link.latency_us)
@@ -448,13 +457,31 @@ def _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock
     bound = timing["regime"] + ("" if timing["hidden"] else " (exchange not hidden)")
     config = {"tp": tp, **_moe_split(ctx, tp), "batch": batch, "micro_batches": micro,
               "attention_instances": instances,
-              "ffn_width": width, "ffn_stages": stages, "ffn_replicas": replicas,
+              "ffn_width": width, "ffn_stages": stages, "ffn_replicas": replicas, "ffn_program_rows": program_rows,
               "ratio": f"{instances * tp} GPUs : {replicas * stages * width} LP30s "
                        f"({instances / replicas:g} attention groups of {tp} a FFN replica)",
               "t_attention_us": t_a, "t_ffn_us": t_f, "t_exchange_us": t_c, "bounds_ms":
               {k: v / 1e3 for k, v in timing["bounds"].items()}}
     return _point(ctx, "afd", rate_tokens, 1e3 / tpot_ms, instances * tp, replicas * stages * width, pre["ms"],
                   bound, config)
+
+
+def _verify(ctx, chosen: dict) -> dict:
+    """A mode's LPX half compiled whole: the decode's stages (``plan --verify`` at the chosen mapping), or AFD's
+    FFN stage (:func:`.afd.verify_ffn_stage`); ``error`` where it cannot be."""
+    from .plan import plan
+
+    c = chosen["config"]
+    if chosen["mode"] == "afd":
+        return verify_ffn_stage(ctx.spec, ctx.lpx, ctx.dtype, c["ffn_width"], c["ffn_stages"], c["ffn_program_rows"])
+    try:
+        report = plan(ctx.model, ctx.lpx.name, dtype=ctx.dtype, context=ctx.context, prompt=ctx.prompt,
+                      batch=c["batch"], mapping=(c["stages"], c["tp"]), verify=True, progress=ctx.progress)
+    except LpxUserError as err:
+        return {"error": str(err).splitlines()[0]}
+    planned = report["verified_cycles"] * (1 + report["verify_error"])
+    return {"planned_cycles": round(planned), "verified_cycles": report["verified_cycles"],
+            "verify_error": report["verify_error"], "stages": report["verify_stages"]}
 
 
 def _lpx_draft(ctx, draft, accept_rate: float) -> list:
@@ -537,6 +564,16 @@ def table(report: dict) -> str:
     body = tabulate(rows, headers=["mode", "configuration", "tok/s/user", "TPOT ms", "TTFT ms", "tok/s",
                                    "per GPU", "per LPU", "racks GPU+LPX", "per rack", "tok/s per MW",
                                    "× gpu-only", "bound"], tablefmt="github")
+    for name, r in report["modes"].items():
+        v = r.get("verify")
+        if v is None:
+            continue
+        what = (f"a stage's {v['layers']} FFN layers at {v['rows']} row{'s' if v['rows'] > 1 else ''}"
+                if name == "afd"
+                else "every stage of the decode")
+        notes.append(f"  verify {name}: {what} compiled whole: " + (v["error"] if "error" in v else
+                     f"{v['verified_cycles']:,} cycles against the plan's {v['planned_cycles']:,} "
+                     f"(the plan's error {100 * v['verify_error']:+.1f}%)"))
     return head + body + ("\n" + "\n".join(notes) if notes else "") + (
         f"\n  {len(report['frontier'])} candidates on the frontier of {len(report['candidates'])}; "
         f"planned in {report['plan_s']:.1f} s")

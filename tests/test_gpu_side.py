@@ -7,7 +7,7 @@ import aiconfigurator_core  # noqa: F401  (the test extra installs it: these tes
 import pytest
 
 from lpx_tvm.app import gpu as gpus
-from lpx_tvm.app.afd import exchange_us, pingpong
+from lpx_tvm.app.afd import exchange_us, pingpong, return_itemsize
 from lpx_tvm.app.cli import main
 from lpx_tvm.app.hetero import hetero_plan, kv_handoff_bytes, kv_handoff_ms, plot, table
 from lpx_tvm.app.plan_model import model_spec
@@ -59,29 +59,34 @@ def test_gpu_only_is_aiconfigurators_own_figures(gpu_only, tmp_path):
 
 
 def test_the_afd_exchange_by_hand():
-    # Llama-3-8B in fp8: a token's hidden state out to LPX and its FFN output back, 4,096 bytes each way
+    # Llama-3-8B in fp8: a token's hidden state out to LPX in fp8 (4,096 bytes), its FFN output back in bf16
+    # (8,192 bytes: the GPUs keep the residual stream in bf16)
     hidden, item = 4096, 1
-    # a micro-batch of 64 tokens from 8 GPUs at 100 GB/s each (800 GB/s), 5 µs latency: 262,144 bytes one way
-    t_c = exchange_us(64, hidden, item, 8 * 100e9, 5.0)
-    assert t_c == pytest.approx(5.0 + 262144 / 800e9 * 1e6)  # 5.32768 µs
-    t_ser = t_c - 5.0
+    assert return_itemsize(1) == 2 and return_itemsize(2) == 2 and return_itemsize(4) == 4
+    # a micro-batch of 64 tokens from 8 GPUs at 100 GB/s each (800 GB/s), 5 µs latency: 262,144 bytes out,
+    # 524,288 back
+    out = exchange_us(64, hidden, item, 8 * 100e9, 5.0)
+    back = exchange_us(64, hidden, 2, 8 * 100e9, 5.0)
+    assert out == pytest.approx(5.0 + 262144 / 800e9 * 1e6)  # 5.32768 µs
+    assert back == pytest.approx(5.0 + 524288 / 800e9 * 1e6)  # 5.65536 µs
+    t_rt, t_ser = out + back, back - 5.0  # the return direction is the busier
     # attention 10 µs and FFN 8 µs a layer a micro-batch, 32 layers: one micro-batch waits on every exchange,
-    # 32 × (10 + 8 + 2 × 5.32768) µs, and the link binds (the exchange is not hidden)
-    one = pingpong(10.0, 8.0, t_c, t_ser, 1, 32)
-    assert one["token"] == pytest.approx(32 * (10 + 8 + 2 * t_c))
+    # 32 × (10 + 8 + 10.98304) µs, and the link binds (the exchange is not hidden)
+    one = pingpong(10.0, 8.0, t_rt, t_ser, 1, 32)
+    assert one["token"] == pytest.approx(32 * (10 + 8 + 10.98304))
     assert one["regime"] == "link" and not one["hidden"]
-    # two micro-batches: the GPUs busy 2 × 10 µs a layer, less than a round trip (28.66 µs): still the chain
-    two = pingpong(10.0, 8.0, t_c, t_ser, 2, 32)
-    assert two["token"] == pytest.approx(32 * (10 + 8 + 2 * t_c)) and not two["hidden"]
-    # three: 3 × 10 = 30 µs ≥ 28.66: the exchange is hidden and attention binds (32 × 30 µs a token)
-    three = pingpong(10.0, 8.0, t_c, t_ser, 3, 32)
+    # two micro-batches: the GPUs busy 2 × 10 µs a layer, less than a round trip (28.98 µs): still the chain
+    two = pingpong(10.0, 8.0, t_rt, t_ser, 2, 32)
+    assert two["token"] == pytest.approx(32 * 28.98304) and not two["hidden"]
+    # three: 3 × 10 = 30 µs ≥ 28.98: the exchange is hidden and attention binds (32 × 30 µs a token)
+    three = pingpong(10.0, 8.0, t_rt, t_ser, 3, 32)
     assert three["token"] == pytest.approx(32 * 30) and three["hidden"] and three["regime"] == "attention"
     # an FFN slower than attention binds instead (on one LPX stage holding all 32 layers)
-    assert pingpong(8.0, 10.0, t_c, t_ser, 3, 32)["regime"] == "FFN"
-    # a slow link (1 GB/s): its occupancy, 3 × 262.1 µs a layer, binds
-    slow = exchange_us(64, hidden, item, 1e9, 5.0)
-    assert pingpong(10.0, 8.0, slow, slow - 5.0, 3, 32)["bounds"]["link"] == pytest.approx(32 * 3 * 262.144)
-    assert pingpong(10.0, 8.0, slow, slow - 5.0, 3, 32)["regime"] == "link"
+    assert pingpong(8.0, 10.0, t_rt, t_ser, 3, 32)["regime"] == "FFN"
+    # a slow link (1 GB/s): the return's occupancy, 3 × 524.288 µs a layer, binds
+    slow_out, slow_back = exchange_us(64, hidden, 1, 1e9, 5.0), exchange_us(64, hidden, 2, 1e9, 5.0)
+    slow = pingpong(10.0, 8.0, slow_out + slow_back, slow_back - 5.0, 3, 32)
+    assert slow["bounds"]["link"] == pytest.approx(32 * 3 * 524.288) and slow["regime"] == "link"
 
 
 def test_the_kv_handoff_by_hand():
@@ -168,7 +173,9 @@ def test_lpx_decode_hands_the_kv_cache_over_and_afd_times_its_exchange():
     c = a["config"]
     tokens = c["attention_instances"] * c["batch"] // c["micro_batches"]
     rate = min(c["attention_instances"] * c["tp"] * 100e9, 6400e9)
-    assert c["t_exchange_us"] == pytest.approx(5 + tokens * 4096 / rate * 1e6)
+    # there in fp8 (1 byte an element), back in bf16 (2)
+    assert c["t_exchange_us"]["out"] == pytest.approx(5 + tokens * 4096 / rate * 1e6)
+    assert c["t_exchange_us"]["back"] == pytest.approx(5 + tokens * 4096 * 2 / rate * 1e6)
 
 
 @pytest.mark.slow

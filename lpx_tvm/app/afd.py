@@ -6,13 +6,15 @@ and expert, the all-reduce the compiler emits for the shard's chips) built as :m
 and timed as :mod:`.plan_model` times one (the real codegen and the timing-only simulator, two layers minus
 one). The GPU half is AIConfigurator's (:mod:`.gpu`). What is worked out here is only how the two meet:
 
-* **The exchange.** A token's hidden state goes to LPX and its FFN output comes back: ``hidden × bytes`` each
-  way, ``2 × hidden × bytes`` a token a layer. A micro-batch of ``x`` tokens takes ``latency + x × hidden ×
-  bytes ÷ rate`` one way (:func:`exchange_us`).
+* **The exchange.** A token's hidden state goes to LPX in the plan's dtype and its FFN output comes back in
+  bf16 (:func:`return_itemsize`; DeepEP's dispatch in FP8 and combine in BF16 is the public practice): ``hidden
+  × bytes`` each way. A micro-batch of ``x`` tokens takes ``latency + x × hidden × bytes ÷ rate`` one way
+  (:func:`exchange_us`).
 * **Ping-pong micro-batches** (MegaScale-Infer, Step-3): the batch is split into ``m`` micro-batches, so the
   GPUs run one's attention while LPX runs another's FFN and a third crosses the link. A token's time is then
   bounded by the busiest resource over the L layers (GPU ``L·m·t_a``, an LPX stage ``(L/S)·m·t_f``, a link
-  direction ``L·m·t_ser``) and by one micro-batch's chain ``L·(t_a + t_f + 2·t_c)``; the exchange is hidden
+  direction ``L·m·t_ser``, the busier one) and by one micro-batch's chain ``L·(t_a + t_f + t_rt)``, ``t_rt``
+  both ways with their latencies; the exchange is hidden
   when a resource, not the chain, binds (:func:`pingpong`).
 """
 
@@ -31,15 +33,22 @@ def exchange_us(tokens: int, hidden: int, itemsize: int, rate_bytes_per_s: float
     return latency_us + 1e6 * tokens * hidden * itemsize / rate_bytes_per_s
 
 
-def pingpong(t_a: float, t_f: float, t_c: float, t_ser: float, micro: int, layers: int, stages: int = 1) -> dict:
+def return_itemsize(itemsize: int) -> int:
+    """Bytes an element of the FFN's output takes back to the GPUs: bf16's 2 (the residual stream the GPUs keep),
+    or the plan's own where wider."""
+    return max(itemsize, 2)
+
+
+def pingpong(t_a: float, t_f: float, t_rt: float, t_ser: float, micro: int, layers: int, stages: int = 1) -> dict:
     """A token's time under ``micro`` ping-pong micro-batches, and what binds it.
 
     Parameters
     ----------
     t_a, t_f : float
         One micro-batch's attention (GPU) and FFN (LPX) time for one layer.
-    t_c, t_ser : float
-        One micro-batch's exchange one way: in all (latency included), and the part that occupies the link.
+    t_rt, t_ser : float
+        One micro-batch's exchange: there and back in all (both latencies included), and the part that
+        occupies the busier direction of the link.
     micro, layers, stages : int
         Micro-batches, layers, and LPX pipeline stages (each holds ``layers / stages`` layers' FFN).
 
@@ -50,7 +59,7 @@ def pingpong(t_a: float, t_f: float, t_c: float, t_ser: float, micro: int, layer
         link, chain), ``regime`` (attention, FFN or link) and ``hidden`` (whether the exchange is hidden).
     """
     bounds = {"attention": layers * micro * t_a, "FFN": ceil(layers / stages) * micro * t_f,
-              "link": layers * micro * t_ser, "chain": layers * (t_a + t_f + 2 * t_c)}
+              "link": layers * micro * t_ser, "chain": layers * (t_a + t_f + t_rt)}
     token = max(bounds.values())
     binding = max(bounds, key=bounds.get)
     resources = max(bounds["attention"], bounds["FFN"], bounds["link"])

@@ -30,7 +30,7 @@ from math import ceil
 from ..runtime_sim import DType
 from ..runtime_sim.errors import LpxUserError
 from . import gpu as gpus
-from .afd import exchange_us, ffn_cost, pingpong, verify_ffn_stage
+from .afd import exchange_us, ffn_cost, pingpong, return_itemsize, verify_ffn_stage
 
 MODES = ("gpu-only", "lpx-only", "lpx-decode", "afd", "lpx-draft")
 GPU_WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # tensor-parallel widths within an NVL72's NVLink
@@ -449,9 +449,9 @@ def _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock
     t_f = passes * 1e6 / clock
     lpx_racks = ceil(replicas * stages * width / ctx.lpx_per_rack)
     rate = g.link.rate(instances * tp, lpx_racks)
-    t_c = exchange_us(tokens, spec.hidden, item, rate, g.link.latency_us)
-    t_ser = t_c - g.link.latency_us
-    timing = pingpong(t_a, t_f, t_c, t_ser, micro, spec.layers, stages)
+    t_out = exchange_us(tokens, spec.hidden, item, rate, g.link.latency_us)
+    t_back = exchange_us(tokens, spec.hidden, return_itemsize(item), rate, g.link.latency_us)
+    timing = pingpong(t_a, t_f, t_out + t_back, t_back - g.link.latency_us, micro, spec.layers, stages)
     tpot_ms = timing["token"] / 1e3
     rate_tokens = instances * batch * 1e3 / tpot_ms
     bound = timing["regime"] + ("" if timing["hidden"] else " (exchange not hidden)")
@@ -460,7 +460,7 @@ def _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock
               "ffn_width": width, "ffn_stages": stages, "ffn_replicas": replicas, "ffn_program_rows": program_rows,
               "ratio": f"{instances * tp} GPUs : {replicas * stages * width} LP30s "
                        f"({instances / replicas:g} attention groups of {tp} a FFN replica)",
-              "t_attention_us": t_a, "t_ffn_us": t_f, "t_exchange_us": t_c, "bounds_ms":
+              "t_attention_us": t_a, "t_ffn_us": t_f, "t_exchange_us": {"out": t_out, "back": t_back}, "bounds_ms":
               {k: v / 1e3 for k, v in timing["bounds"].items()}}
     return _point(ctx, "afd", rate_tokens, 1e3 / tpot_ms, instances * tp, replicas * stages * width, pre["ms"],
                   bound, config)

@@ -7,7 +7,7 @@ import aiconfigurator_core  # noqa: F401  (the test extra installs it: these tes
 import pytest
 
 from lpx_tvm.app import gpu as gpus
-from lpx_tvm.app.afd import exchange_us, pingpong, return_itemsize
+from lpx_tvm.app.afd import exchange_us, ffn_stages, pingpong, return_itemsize
 from lpx_tvm.app.cli import main
 from lpx_tvm.app.hetero import hetero_plan, kv_handoff_bytes, kv_handoff_ms, plot, table
 from lpx_tvm.app.plan_model import model_spec
@@ -87,6 +87,25 @@ def test_the_afd_exchange_by_hand():
     slow_out, slow_back = exchange_us(64, hidden, 1, 1e9, 5.0), exchange_us(64, hidden, 2, 1e9, 5.0)
     slow = pingpong(10.0, 8.0, slow_out + slow_back, slow_back - 5.0, 3, 32)
     assert slow["bounds"]["link"] == pytest.approx(32 * 3 * 524.288) and slow["regime"] == "link"
+
+
+def test_afd_stages_dense_first_layers_and_experts_by_their_own_weights_and_times():
+    # five layers, the first two dense (30 bytes of FFN weights a chip), the rest experts (50)
+    spec = SimpleNamespace(layers=5, is_moe=lambda layer: layer >= 2)
+    resident = {False: 30, True: 50}
+    # 100 bytes a chip: 30 + 30 | 50 + 50 | 50, and spread evenly (2, 2, 1) they fit the same way
+    assert ffn_stages(spec, resident, 100) == [2, 2, 1]
+    # 110: 30 + 30 + 50 | 50 + 50
+    assert ffn_stages(spec, resident, 110) == [3, 2]
+    assert ffn_stages(spec, resident, 49) is None  # an expert layer alone does not fit
+    # spread evenly where the even split fits (10, 10 | 10, 90), packed where it does not (60 | 60 + 10 + ...)
+    assert ffn_stages(SimpleNamespace(layers=4, is_moe=lambda layer: layer == 3), {False: 10, True: 90}, 100) == [2, 2]
+    assert ffn_stages(SimpleNamespace(layers=6, is_moe=lambda layer: layer < 2), {True: 60, False: 10}, 100) == [1, 5]
+    # each layer's FFN time: 1 µs dense, 5 µs experts; stages of 2, 2 and 1 layers, 2 micro-batches
+    timing = pingpong(1.0, [1, 1, 5, 5, 5], 2.0, 0.5, 2, 5, [2, 2, 1])
+    assert timing["bounds"] == {"attention": 2 * 5 * 1.0, "FFN": 2 * (5 + 5), "link": 2 * 5 * 0.5,
+                                "chain": 5 * (1 + 2) + (1 + 1 + 5 + 5 + 5)}
+    assert timing["token"] == 32 and timing["regime"] == "link" and not timing["hidden"]
 
 
 def test_the_kv_handoff_by_hand():
@@ -189,7 +208,9 @@ def test_verify_compiles_the_lpx_half_of_afd_and_lpx_decode_whole(capsys):
                          mode="afd", verify=True)
     a = report["modes"]["afd"]
     v, c = a["verify"], a["config"]
-    assert v["layers"] == ceil(32 / c["ffn_stages"]) and v["rows"] == c["ffn_program_rows"]
+    assert sum(c["ffn_stage_layers"]) == 32 and len(c["ffn_stage_layers"]) == c["ffn_stages"]
+    assert v["layers"] == max(c["ffn_stage_layers"]) == ceil(32 / c["ffn_stages"])  # spread evenly
+    assert v["rows"] == c["ffn_program_rows"]
     assert abs(v["verify_error"]) < 0.05, v
     assert v["planned_cycles"] / v["verified_cycles"] - 1 == pytest.approx(v["verify_error"])
     decode = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256,

@@ -39,18 +39,24 @@ def return_itemsize(itemsize: int) -> int:
     return max(itemsize, 2)
 
 
-def pingpong(t_a: float, t_f: float, t_rt: float, t_ser: float, micro: int, layers: int, stages: int = 1) -> dict:
+def pingpong(t_a: float, t_f, t_rt: float, t_ser: float, micro: int, layers: int, stages=1) -> dict:
     """A token's time under ``micro`` ping-pong micro-batches, and what binds it.
 
     Parameters
     ----------
-    t_a, t_f : float
-        One micro-batch's attention (GPU) and FFN (LPX) time for one layer.
+    t_a : float
+        One micro-batch's attention (GPU) time for one layer.
+    t_f : float or sequence of float
+        One micro-batch's FFN (LPX) time for one layer, or for each layer in order (a model whose first layers
+        are dense and the rest experts).
     t_rt, t_ser : float
         One micro-batch's exchange: there and back in all (both latencies included), and the part that
         occupies the busier direction of the link.
-    micro, layers, stages : int
-        Micro-batches, layers, and LPX pipeline stages (each holds ``layers / stages`` layers' FFN).
+    micro, layers : int
+        Micro-batches, layers.
+    stages : int or sequence of int
+        LPX pipeline stages, each holding ``ceil(layers / stages)`` layers' FFN (the last fewer), or each stage's
+        layer count in order.
 
     Returns
     -------
@@ -58,14 +64,42 @@ def pingpong(t_a: float, t_f: float, t_rt: float, t_ser: float, micro: int, laye
         ``token`` (the time a step of every micro-batch takes, in t_a's units), ``bounds`` (attention, FFN,
         link, chain), ``regime`` (attention, FFN or link) and ``hidden`` (whether the exchange is hidden).
     """
-    bounds = {"attention": layers * micro * t_a, "FFN": ceil(layers / stages) * micro * t_f,
-              "link": layers * micro * t_ser, "chain": layers * (t_a + t_f + t_rt)}
+    per_layer = list(t_f) if hasattr(t_f, "__len__") else [t_f] * layers
+    if isinstance(stages, int):
+        each = ceil(layers / stages)
+        stages = [min(each, layers - k * each) for k in range(stages)]
+    starts = [sum(stages[:k]) for k in range(len(stages))]
+    busiest = max(sum(per_layer[s:s + n]) for s, n in zip(starts, stages))
+    bounds = {"attention": layers * micro * t_a, "FFN": micro * busiest,
+              "link": layers * micro * t_ser, "chain": layers * (t_a + t_rt) + sum(per_layer)}
     token = max(bounds.values())
     binding = max(bounds, key=bounds.get)
     resources = max(bounds["attention"], bounds["FFN"], bounds["link"])
     # the chain binding means the micro-batches are too few to cover a round trip: the exchange shows
     regime = "link" if binding in ("link", "chain") else binding
     return {"token": token, "bounds": bounds, "regime": regime, "hidden": resources >= bounds["chain"]}
+
+
+def ffn_stages(spec, resident: dict, room: int) -> list | None:
+    """Each LPX stage's layer count, in order: the fewest stages whose consecutive layers' FFN weights
+    (``resident``: bytes a layer of each kind, keyed by whether it is a mixture's) fit ``room`` bytes a chip,
+    the layers spread as evenly as those stages hold them; None where one layer does not fit."""
+    need = [resident[spec.is_moe(layer)] for layer in range(spec.layers)]
+    if max(need) > room:
+        return None
+    greedy, used = [], room
+    for n in need:
+        if used + n > room:
+            greedy.append(0)
+            used = 0
+        greedy[-1] += 1
+        used += n
+    stages = len(greedy)
+    each = ceil(spec.layers / stages)
+    even = [min(each, spec.layers - k * each) for k in range(stages)]
+    starts = [k * each for k in range(stages)]
+    fits = all(sum(need[s:s + n]) <= room for s, n in zip(starts, even)) and all(even)
+    return even if fits else greedy
 
 
 def ffn_graph(shape: BlockShape, dtype, layers: int = 1):
@@ -90,13 +124,14 @@ def _ffn_program(chip, shape: BlockShape, dtype: str, layers: int):
     return _measure(ffn_graph(shape, DType.from_name(dtype).np, layers), chip)
 
 
-def ffn_cost(spec, system, dtype: str, width: int, rows: int) -> dict | None:
+def ffn_cost(spec, system, dtype: str, width: int, rows: int, layer: int | None = None) -> dict | None:
     """One layer's FFN shard on ``width`` LPX chips for ``rows`` tokens, from the compiler: ``cycles`` mid-stage
     (two layers as one program less one layer), ``resident_bytes`` a layer's weights on a chip, ``activation_bytes``;
-    None where it does not fit a chip or would stream its weights."""
+    None where it does not fit a chip or would stream its weights. ``layer`` (default the last) picks its kind:
+    a dense MLP or experts."""
     from .plan_model import _as_built, _group_system, shard_shape
 
-    shape, experts_per_chip, placement = shard_shape(spec, width, rows, 0, 1, _group_system(system))
+    shape, experts_per_chip, placement = shard_shape(spec, width, rows, 0, 1, _group_system(system), layer=layer)
     chip, built = _as_built(system.chip, dtype)
     one = _ffn_program(chip, shape, built, 1)
     two = _ffn_program(chip, shape, built, 2)
@@ -109,11 +144,11 @@ def ffn_cost(spec, system, dtype: str, width: int, rows: int) -> dict | None:
             "activation_bytes": one.activation_bytes, "placement": placement}
 
 
-def verify_ffn_stage(spec, system, dtype: str, width: int, stages: int, rows: int) -> dict:
-    """``plan --gpu --verify`` for AFD's LPX half: a stage's FFN layers (``ceil(layers / stages)``) at ``rows``
-    tokens compiled as one program and timed, beside the plan's figure for them (that many times one layer's,
-    two layers as one program less one). The host link at the program's ends is left out, as the stage receives
-    from and sends to the GPUs over theirs.
+def verify_ffn_stage(spec, system, dtype: str, width: int, layers: int, rows: int) -> dict:
+    """``plan --gpu --verify`` for AFD's LPX half: a stage's ``layers`` FFN layers (of the last layer's kind) at
+    ``rows`` tokens compiled as one program and timed, beside the plan's figure for them (that many times one
+    layer's, two layers as one program less one). The host link at the program's ends is left out, as the stage
+    receives from and sends to the GPUs over theirs.
 
     Returns
     -------
@@ -123,7 +158,6 @@ def verify_ffn_stage(spec, system, dtype: str, width: int, stages: int, rows: in
     """
     from .plan_model import _as_built, _group_system, shard_shape
 
-    layers = ceil(spec.layers / stages)
     shape = shard_shape(spec, width, rows, 0, 1, _group_system(system))[0]
     chip, built = _as_built(system.chip, dtype)
     one, two, whole = (_ffn_program(chip, shape, built, n) for n in (1, 2, layers))

@@ -30,7 +30,7 @@ from math import ceil
 from ..runtime_sim import DType
 from ..runtime_sim.errors import LpxUserError
 from . import gpu as gpus
-from .afd import exchange_us, ffn_cost, pingpong, return_itemsize, verify_ffn_stage
+from .afd import exchange_us, ffn_cost, ffn_stages, pingpong, return_itemsize, verify_ffn_stage
 
 MODES = ("gpu-only", "lpx-only", "lpx-decode", "afd", "lpx-draft")
 GPU_WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # tensor-parallel widths within an NVL72's NVLink
@@ -394,19 +394,22 @@ def _afd(ctx) -> list:
     # the GPUs hold attention's weights and the caches: AIConfigurator's memory less the FFN's share of weights
     ffn_share = sum(spec.mlp_params(i) for i in range(spec.layers)) / spec.params()
     widths = [w for w in _widths(spec, lpx.chips, lpx) if w >= 8][-2:] or _widths(spec, lpx.chips, lpx)[-1:]
+    # each kind of layer's FFN timed on its own: a model's dense first layers and its experts
+    kinds = {spec.is_moe(layer): layer for layer in range(spec.layers)}
     lpx_side = []
     for width in widths:
-        costs = {r: ffn_cost(spec, lpx, ctx.dtype, width, r) for r in LPX_ROWS}
-        costs = {r: c for r, c in costs.items() if c is not None}
-        if not costs:
+        costs = {}
+        for kind, layer in kinds.items():
+            timed = {r: ffn_cost(spec, lpx, ctx.dtype, width, r, layer) for r in LPX_ROWS}
+            costs[kind] = {r: c for r, c in timed.items() if c is not None}
+        common = set.intersection(*(set(c) for c in costs.values()))  # rows every kind's program was timed at
+        if not common:
             continue
-        c = costs[min(costs)]
-        room = lpx.chip.sram_bytes - max(x["activation_bytes"] for x in costs.values())
-        per_stage = room // c["resident_bytes"] if c["resident_bytes"] else spec.layers
-        if per_stage < 1:
+        room = lpx.chip.sram_bytes - max(x["activation_bytes"] for c in costs.values() for x in c.values())
+        stages = ffn_stages(spec, {kind: c[min(common)]["resident_bytes"] for kind, c in costs.items()}, room)
+        if stages is None:
             continue
-        stages = ceil(spec.layers / per_stage)
-        replicas = lpx.chips // (stages * width)
+        replicas = lpx.chips // (len(stages) * width)
         if replicas >= 1:
             lpx_side.append((width, stages, replicas, costs))
     if not lpx_side:
@@ -444,10 +447,15 @@ def _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock
         return None
     tokens = instances * batch // micro  # a micro-batch's tokens over every attention instance
     rows = ceil(tokens / replicas)  # at one FFN replica
-    # a micro-batch above the compiled rows runs as passes of the r-row program (an upper bound)
-    passes, program_rows = min((ceil(rows / r) * c["cycles"], r) for r, c in costs.items())
-    t_f = passes * 1e6 / clock
-    lpx_racks = ceil(replicas * stages * width / ctx.lpx_per_rack)
+    # a micro-batch above the compiled rows runs as passes of the r-row program (an upper bound); one program
+    # rows for every layer, the fewest microseconds over the model's layers
+    def layer_us(r):
+        return [ceil(rows / r) * costs[spec.is_moe(layer)][r]["cycles"] * 1e6 / clock for layer in range(spec.layers)]
+
+    program_rows = min(set.intersection(*(set(c) for c in costs.values())), key=lambda r: sum(layer_us(r)))
+    t_f = layer_us(program_rows)
+    chips = replicas * len(stages) * width
+    lpx_racks = ceil(chips / ctx.lpx_per_rack)
     rate = g.link.rate(instances * tp, lpx_racks)
     t_out = exchange_us(tokens, spec.hidden, item, rate, g.link.latency_us)
     t_back = exchange_us(tokens, spec.hidden, return_itemsize(item), rate, g.link.latency_us)
@@ -457,12 +465,15 @@ def _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock
     bound = timing["regime"] + ("" if timing["hidden"] else " (exchange not hidden)")
     config = {"tp": tp, **_moe_split(ctx, tp), "batch": batch, "micro_batches": micro,
               "attention_instances": instances,
-              "ffn_width": width, "ffn_stages": stages, "ffn_replicas": replicas, "ffn_program_rows": program_rows,
-              "ratio": f"{instances * tp} GPUs : {replicas * stages * width} LP30s "
+              "ffn_width": width, "ffn_stages": len(stages), "ffn_stage_layers": stages, "ffn_replicas": replicas,
+              "ffn_program_rows": program_rows,
+              "ratio": f"{instances * tp} GPUs : {chips} LP30s "
                        f"({instances / replicas:g} attention groups of {tp} a FFN replica)",
-              "t_attention_us": t_a, "t_ffn_us": t_f, "t_exchange_us": {"out": t_out, "back": t_back}, "bounds_ms":
+              "t_attention_us": t_a, "t_ffn_us": {("experts" if moe else "dense"): t_f[layer]
+                                                   for moe, layer in {spec.is_moe(i): i for i in range(spec.layers)}.items()},
+              "t_exchange_us": {"out": t_out, "back": t_back}, "bounds_ms":
               {k: v / 1e3 for k, v in timing["bounds"].items()}}
-    return _point(ctx, "afd", rate_tokens, 1e3 / tpot_ms, instances * tp, replicas * stages * width, pre["ms"],
+    return _point(ctx, "afd", rate_tokens, 1e3 / tpot_ms, instances * tp, chips, pre["ms"],
                   bound, config)
 
 
@@ -473,7 +484,8 @@ def _verify(ctx, chosen: dict) -> dict:
 
     c = chosen["config"]
     if chosen["mode"] == "afd":
-        return verify_ffn_stage(ctx.spec, ctx.lpx, ctx.dtype, c["ffn_width"], c["ffn_stages"], c["ffn_program_rows"])
+        return verify_ffn_stage(ctx.spec, ctx.lpx, ctx.dtype, c["ffn_width"], max(c["ffn_stage_layers"]),
+                                c["ffn_program_rows"])
     try:
         report = plan(ctx.model, ctx.lpx.name, dtype=ctx.dtype, context=ctx.context, prompt=ctx.prompt,
                       batch=c["batch"], mapping=(c["stages"], c["tp"]), verify=True, progress=ctx.progress)

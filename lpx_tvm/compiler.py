@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
-from .codegen import CodegenOptions
+from .codegen import CodegenOptions, SystemCompileError
 from .codegen.alloc import held_weights_first
 from .diagnostics import native_output_to_log
 from .frontend import FrontendError, from_onnx
@@ -289,6 +289,9 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
     elif example_inputs is not None:
         raise LpxUserError("example_inputs are for a PyTorch module; an ONNX model's inputs are in its graph "
                            "(input_shapes pins a dynamic one)")
+    why_not = None  # why a mixture as exported could not be rewritten for its experts to spread
+    if system is not None and parallel in ("expert", "auto") and not isinstance(model, tvm.IRModule):
+        model, why_not = _experts_spread(model, input_shapes)
     options, mod = _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips,
                              weights)
     params = list(mod["main"].params)
@@ -305,13 +308,34 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         programs = {}
         named = held.named if held is not None else 0
         with held_weights_first(held):
-            lowered, _, state_where = lower_lpx_calls(partitioned, options, programs_out=programs,
-                                                      state=tuple(state), held=held)
+            try:
+                lowered, _, state_where = lower_lpx_calls(partitioned, options, programs_out=programs,
+                                                          state=tuple(state), held=held)
+            except SystemCompileError as err:
+                if why_not is None:
+                    raise
+                raise SystemCompileError(f"{err}; the rewrite was tried and {why_not}") from None
         executable = tvm.compile(lowered, target="lpx", relax_pipeline=relax.pipeline.default_build_pipeline())
     held = held if held is not None and held.named > named else None  # (none lies in the arrays: none held)
     model = CompiledModel(executable, report, programs, params, dtype, input_names, state_where, held)
     model.held_bytes = held.named - named if held is not None else 0
     return model
+
+
+def _experts_spread(model, input_shapes) -> tuple:
+    """``(model, None)`` with a mixture of experts whose router's top-k runs on the host rewritten so that its
+    experts can spread (:func:`.expert_forms.dense_experts`); ``(model, why not)`` as it came where it cannot
+    be, or ``(model, None)`` where it has no top-k."""
+    from .expert_forms import dense_experts
+    from .frontend import load_onnx, prepare_onnx
+
+    proto = prepare_onnx(load_onnx(model), input_shapes)
+    if not any(node.op_type == "TopK" for node in proto.graph.node):
+        return model, None
+    try:
+        return dense_experts(proto), None
+    except ValueError as err:
+        return model, str(err)
 
 
 def _held(hold_weights, weights):

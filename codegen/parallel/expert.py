@@ -18,7 +18,7 @@ the ranks share one schedule. A graph with no experts runs whole on one chip
 (:func:`refuse_without_experts`), as are more chips than experts, so that a run never
 takes fewer chips than asked without saying so. A block as exporters write it (its
 top-k on the host, its experts gathered by index) is rewritten into this form by
-:func:`lpx_tvm.app.moe.dense_experts`.
+:func:`lpx_tvm.expert_forms.dense_experts`, which :func:`lpx_tvm.compile` applies.
 """
 
 from __future__ import annotations
@@ -242,8 +242,8 @@ def refuse_without_experts(programs: dict, system: SystemConfig, chips: int | No
             f"would run on 1 chip of the {asked} asked for. Experts are found as two or more alike cones, each "
             "with a product by a constant weight, summed by a tree of adds. A block whose router's top-k runs on "
             "the host (TopK, then ScatterElements into gates, or GatherND of the experts' stacked weights, as "
-            "torch.onnx exports Hugging Face's) parts its experts or gathers them by index: rewrite it with "
-            "lpx_tvm.app.moe.dense_experts first, or choose another --parallel")
+            "torch.onnx exports Hugging Face's) parts its experts or gathers them by index: lpx_tvm.compile "
+            "rewrites the forms lpx_tvm.expert_forms.dense_experts reads; choose another --parallel for others")
 
 
 def _has_experts(g: Graph) -> bool:

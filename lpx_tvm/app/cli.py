@@ -76,34 +76,11 @@ def _seeded_calibration(model, count: int) -> list:
 def _compile(args):
     import lpx_tvm
 
-    from ..codegen import SystemCompileError
-
-    parallel = getattr(args, "parallel", None) or "pipeline"
-    model, why_not = _model(args), None
-    if getattr(args, "system", None) and parallel in ("expert", "auto"):
-        model, why_not = _dense_experts(args, model)
-    try:
-        return lpx_tvm.compile(model, config=args.config, input_shapes=_input_shapes(args.input_shape),
-                               dtype=args.dtype, system=getattr(args, "system", None), parallel=parallel,
-                               chips=getattr(args, "chips", None))
-    except SystemCompileError as err:
-        if why_not is None:
-            raise
-        raise SystemCompileError(f"{err}; the rewrite was tried and {why_not}") from None
-
-
-def _dense_experts(args, model):
-    """``model`` with a mixture of experts whose top-k runs on the host rewritten so that its experts can
-    spread (:func:`.moe.dense_experts`), and None; or ``model`` as it was and why it could not be."""
-    from .moe import dense_experts
-
-    proto = _pinned(args, model)
-    if not any(n.op_type == "TopK" for n in proto.graph.node):
-        return model, None
-    try:
-        return dense_experts(proto), None
-    except ValueError as err:
-        return model, str(err)
+    # (under expert or auto parallelism, compile rewrites a mixture of experts as exporters write it so that
+    # its experts spread, and says why where it cannot)
+    return lpx_tvm.compile(_model(args), config=args.config, input_shapes=_input_shapes(args.input_shape),
+                           dtype=args.dtype, system=getattr(args, "system", None),
+                           parallel=getattr(args, "parallel", None) or "pipeline", chips=getattr(args, "chips", None))
 
 
 def placement(compiled) -> list:

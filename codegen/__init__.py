@@ -16,7 +16,7 @@ from ..runtime_sim import Program
 from ..runtime_sim.program import SramPlan
 from .alloc import CapacityError, activation_peak, current_held, resident_bytes
 from .graph import Graph
-from .options import DEFAULT_CONFIG, DTYPES, CodegenOptions
+from .target import DEFAULT_CONFIG, DTYPES, Target
 from .parallel import SystemCompileError, compile_system
 from .stages import Compilation, Int8CoverageWarning, budgets, graph_stage, run_stages, stages
 
@@ -48,7 +48,7 @@ def _older_objects_unscanned():
         gc.unfreeze()
 
 
-def compile_model(functions: dict, options: CodegenOptions | None = None, state_args: dict | None = None) -> dict:
+def compile_model(functions: dict, options: Target | None = None, state_args: dict | None = None) -> dict:
     """Compile every lpx function of one model, with one SRAM plan for the chip they share.
 
     Each program's resident weights get a range of their own, one after the
@@ -70,10 +70,10 @@ def compile_model(functions: dict, options: CodegenOptions | None = None, state_
         Name -> Program.
     """
     with _older_objects_unscanned():
-        return _compile_model(functions, options or CodegenOptions(), state_args or {})
+        return _compile_model(functions, options or Target.parse(), state_args or {})
 
 
-def _compile_model(functions: dict, options: CodegenOptions, state_args: dict) -> dict:
+def _compile_model(functions: dict, options: Target, state_args: dict) -> dict:
     if options.system is not None:
         return compile_for_system(functions, options, state_args)
     chip = options.chip
@@ -115,7 +115,7 @@ def _compile_model(functions: dict, options: CodegenOptions, state_args: dict) -
     held = current_held()
     model = hashlib.blake2b(repr((sorted((name, _content_hash(f), tuple(comps[name].layers))
                                          for name, f in functions.items()),
-                                  options.config, options.dtype, options.in_order,
+                                  options.key(),
                                   sorted((k, sorted(v)) for k, v in state_args.items()),
                                   held.id if held is not None else b"")).encode(),
                             digest_size=8).digest()
@@ -127,26 +127,26 @@ def _compile_model(functions: dict, options: CodegenOptions, state_args: dict) -
     return programs
 
 
-def compile_graph(g: Graph, options: CodegenOptions, name: str = "lpx") -> Program:
+def compile_graph(g: Graph, options: Target, name: str = "lpx") -> Program:
     """Run fuse ─► emit on a lowered graph."""
     return run_stages(Compilation(name, options, graph=g), start="fuse")
 
 
-def compile_function(func, options: CodegenOptions | None = None, name: str = "lpx") -> Program:
+def compile_function(func, options: Target | None = None, name: str = "lpx") -> Program:
     """Compile one offloaded Relax function to an LPX Program.
 
     Parameters
     ----------
     func : tvm.relax.Function
         A function partitioned for lpx.
-    options : CodegenOptions
+    options : Target
     name : str
         Used for layer names and dump files.
     """
-    return run_stages(Compilation(name, options or CodegenOptions(), source=func))
+    return run_stages(Compilation(name, options or Target.parse(), source=func))
 
 
-def compile_for_system(functions: dict, options: CodegenOptions, state_args: dict | None = None) -> dict:
+def compile_for_system(functions: dict, options: Target, state_args: dict | None = None) -> dict:
     """Every lpx function of a model as a system program over ``options.system`` (see :mod:`.system`).
 
     Returns
@@ -154,9 +154,7 @@ def compile_for_system(functions: dict, options: CodegenOptions, state_args: dic
     dict
         Name -> SystemProgram; each one's ``notes`` say how it was mapped.
     """
-    from ..runtime_sim.system import load_system
-
-    system = load_system(options.system)
+    system = options.system
     out = {}
     for name, func in functions.items():
         c = Compilation(name, options, source=func, state_args=frozenset((state_args or {}).get(name, ())))
@@ -169,5 +167,5 @@ def compile_for_system(functions: dict, options: CodegenOptions, state_args: dic
     return out
 
 
-__all__ = ["CodegenOptions", "CapacityError", "Compilation", "DEFAULT_CONFIG", "DTYPES", "Int8CoverageWarning",
+__all__ = ["CapacityError", "Target", "Compilation", "DEFAULT_CONFIG", "DTYPES", "Int8CoverageWarning",
            "SystemCompileError", "compile_function", "compile_graph", "compile_model", "stages", "run_stages"]

@@ -42,7 +42,7 @@ class Compilation:
     """What the stages pass along: each stage reads the fields before it and fills its own."""
 
     name: str
-    options: object  # CodegenOptions
+    options: object  # Target
     source: object = None  # the Relax function (lower's input)
     graph: Graph | None = None
     ops: list = field(default_factory=list)

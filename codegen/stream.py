@@ -63,7 +63,7 @@ def stream_program(function, options, copies: int, name: str = "stream") -> Prog
     ----------
     function : tvm.relax.Function
         A function partitioned for lpx.
-    options : CodegenOptions
+    options : Target
     copies : int
         At least 1.
     name : str

@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
-from .codegen import CodegenOptions, SystemCompileError
+from .codegen import Target, SystemCompileError
 from .codegen.alloc import held_weights_first
 from .diagnostics import native_output_to_log
 from .frontend import FrontendError, from_onnx
@@ -22,7 +22,6 @@ from .runtime import load_program, program_key, release
 from .runtime_sim.config import ChipConfig, register_config
 from .runtime_sim.errors import LpxUserError
 from .runtime_sim.held import HeldWeights
-from .runtime_sim.system import load_system
 from .runtime_sim.simulator import CallError
 from .runtime_sim.system_sim import axis_slice
 
@@ -229,15 +228,15 @@ def _to_numpy(result) -> list:
 def compile(model, config: str | None = None, input_shapes: dict | None = None, in_order: bool = False,
             dump_dir: str | None = None, dtype: str = "fp32", system: str | None = None,
             parallel: str = "pipeline", chips: int | None = None, state=(), example_inputs=None,
-            weights: dict | None = None, hold_weights=False) -> CompiledModel:
+            weights: dict | None = None, hold_weights=False, target: Target | None = None) -> CompiledModel:
     """Compile an ONNX model (or a Relax module, or a PyTorch module) for lpx with host fallback.
 
     Parameters
     ----------
     model : str, Path, bytes, onnx.ModelProto, tvm.IRModule or torch.nn.Module
     config : str or ChipConfig, optional
-        Chip preset (``"tsp"``, the default, or ``"tiny"``), path to a JSON preset, or a config (a design
-        variant from ``lpx_tvm.runtime_sim.derive_config``, say). With ``system``: that system's chip.
+        Chip preset (``"tsp"``, the default, ``"lp30"`` or ``"tiny"``), path to a JSON preset, or a config (a
+        design variant from ``lpx_tvm.runtime_sim.derive_config``, say). With ``system``: that system's chip.
     input_shapes : dict, optional
         ``{input name: dims}`` to pin dynamic input shapes.
     in_order : bool
@@ -245,14 +244,15 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
     dump_dir : str, optional
         Write every codegen stage's result there.
     dtype : str
-        Storage type on lpx: ``"fp32"`` (default), ``"fp16"`` or ``"bf16"`` (fp32
-        accumulation), or ``"int8"`` for a QDQ-quantised model (see ``lpx_tvm.quantize``).
+        Storage type on lpx: ``"fp32"`` (default), ``"fp16"`` or ``"bf16"`` (fp32 accumulation), ``"fp8"``
+        (on a chip that runs it: lp30), or ``"int8"`` for a QDQ-quantised model (see ``lpx_tvm.quantize``).
         The host part keeps the model's own dtype.
     system : str, optional
         Run on a system of chips: a preset (``"tsp-node"``, ``"tiny-4"``, ...) or a JSON system file.
     parallel : str
         With ``system``: ``"pipeline"`` (consecutive layers on consecutive chips), ``"tensor"`` (every
-        product's columns split over the chips, all-gathered) or ``"auto"`` (the faster of the two).
+        product's columns split over the chips, all-gathered), ``"expert"`` (a mixture's experts spread) or
+        ``"auto"``.
     chips : int, optional
         With ``system``: use this many of its chips (default: a pipeline takes as many as shorten its longest
         stage, tensor parallel all of them).
@@ -273,10 +273,26 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         chip, and at the SRAM address, where that one placed it (a decoder's decode program over its prefill
         program's resident weights).
 
+    target : lpx_tvm.codegen.Target, optional
+        What to compile for, parsed already (``Target.parse``): instead of ``config``, ``system``, ``dtype``,
+        ``parallel``, ``chips``, ``in_order`` and ``dump_dir``.
+
     Returns
     -------
     CompiledModel
     """
+    if target is not None:
+        given = {name: value for name, value, default in (
+            ("config", config, None), ("in_order", in_order, False), ("dump_dir", dump_dir, None),
+            ("dtype", dtype, "fp32"), ("system", system, None), ("parallel", parallel, "pipeline"),
+            ("chips", chips, None)) if value != default}
+        if given:
+            raise LpxUserError(f"target= says what to compile for; {', '.join(given)} would say it again")
+        if not isinstance(target, Target):
+            raise LpxUserError(f"target must be an lpx_tvm.codegen.Target (Target.parse(...)), got {target!r}")
+    else:
+        target = Target.parse(config, system, dtype, parallel, chips, in_order, dump_dir)
+    dtype, system, parallel = target.dtype, target.system, target.parallel
     held = _held(hold_weights, weights)
     if isinstance(state, (str, bytes)):  # (a name alone would be taken letter by letter)
         raise LpxUserError(f"state must be a sequence of input names, got {state!r}")
@@ -292,14 +308,13 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
     why_not = None  # why a mixture as exported could not be rewritten for its experts to spread
     if system is not None and parallel in ("expert", "auto") and not isinstance(model, tvm.IRModule):
         model, why_not = _experts_spread(model, input_shapes)
-    options, mod = _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips,
-                             weights)
+    options, mod = _prepared(model, target, input_shapes, weights)
     params = list(mod["main"].params)
     input_names = (mod["main"].attrs or {}).get("onnx_input_names")
     input_names = [str(n) for n in input_names] if input_names is not None else None
     advice = (mod["main"].attrs or {}).get("onnx_pin_advice")
     with native_output_to_log("TVM"):
-        partitioned = partition_for_lpx(mod, options.config, dtype)
+        partitioned = partition_for_lpx(mod, options.chip, dtype)
         del mod  # once lowering drops the lpx functions, their weights live only in the programs
         report = offload_report(partitioned)
         if advice and not report.lpx_functions:  # that is why nothing runs on lpx: say so, not a host-only model
@@ -336,6 +351,12 @@ def _experts_spread(model, input_shapes) -> tuple:
         return dense_experts(proto), None
     except ValueError as err:
         return model, str(err)
+
+
+def _is_preset_name(chip: ChipConfig) -> bool:
+    from .runtime_sim.config import available_configs
+
+    return chip.name in available_configs()
 
 
 def _held(hold_weights, weights):
@@ -399,25 +420,20 @@ def compile_stream(model, copies: int, config: str | None = "tsp", input_shapes:
 
 def _lpx_functions(model, config, input_shapes, dtype, weights=None) -> tuple:
     """(options, the partitioned model's lpx functions by symbol, the offload report), on one chip."""
-    options, mod = _prepared(model, config, input_shapes, False, None, dtype, None, "pipeline", None, weights)
+    options, mod = _prepared(model, Target.parse(config, dtype=dtype), input_shapes, weights)
     with native_output_to_log("TVM"):
-        partitioned = partition_for_lpx(mod, options.config, dtype)
+        partitioned = partition_for_lpx(mod, options.chip, dtype)
     return options, lpx_functions(partitioned), offload_report(partitioned)
 
 
-def _prepared(model, config, input_shapes, in_order, dump_dir, dtype, system, parallel, chips,
-              weights=None) -> tuple:
-    """Options (a config object registered, so its programs load by name) and the imported module."""
-    if config is None:
-        config = load_system(system).chip.name if system is not None else "tsp"
-    if isinstance(config, ChipConfig):
-        register_config(config)
-    else:
-        config = str(config)
-    options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype,
-                             system=None if system is None else str(system), parallel=parallel, chips=chips)
+def _prepared(model, target: Target, input_shapes, weights=None) -> tuple:
+    """The target (its chip made known by name where derived: its programs are loaded by it) and the imported
+    module."""
+    options = target
+    if not _is_preset_name(options.chip):
+        register_config(options.chip)
     mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes, weights)
-    if dtype == "int8" and not _has_quantize(mod):
+    if options.dtype == "int8" and not _has_quantize(mod):
         raise LpxUserError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
                            "conv/matmul); make one with `lpx-tvm quantize MODEL.onnx -o MODEL_int8.onnx` or "
                            "lpx_tvm.quantize(model, calibration_inputs)")

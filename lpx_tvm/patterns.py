@@ -20,7 +20,7 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 from tvm.relax.transform import FuseOpsByPattern, MergeCompositeFunctions
 
 from .attention import attention_in_query_blocks
-from .codegen.options import DEFAULT_CONFIG
+from .codegen.target import DEFAULT_CONFIG
 from .codegen.relax_ops import PRIM_TYPES, RELAX_OPS, RELAX_PATTERNS, Constant
 from .codegen.tile import stream_tile_bytes
 from .runtime_sim import load_config

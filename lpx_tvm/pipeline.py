@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .codegen import DEFAULT_CONFIG, CodegenOptions, compile_model
+from .codegen import DEFAULT_CONFIG, Target, compile_model
 from .patterns import partition_for_lpx
 from .runtime_sim.program import aligned_array, encode
 from .runtime_sim.errors import LpxUserError
@@ -30,7 +30,7 @@ class NothingOffloadedWarning(UserWarning):
 
 def relax_ext_lpx(functions, options, constant_names):
     """BYOC hook called by ``relax.transform.RunCodegen``: compile each function to a program."""
-    opts = CodegenOptions.from_dict(dict(options) if options else None)
+    opts = Target.from_dict(dict(options) if options else None)
     programs = compile_model({str(func.attrs["global_symbol"]): func for func in functions}, opts)
     for symbol, program in programs.items():
         _EXTERN_PROGRAMS[symbol] = encode(program)
@@ -161,7 +161,7 @@ def state_arguments(mod, functions: dict, names) -> tuple:
     return args, where
 
 
-def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = None, state=(), held=None) -> tuple:
+def lower_lpx_calls(mod, options: Target, programs_out: dict | None = None, state=(), held=None) -> tuple:
     """Compile every lpx function and call its program through the runtime bridge.
 
     ``state`` names model inputs kept resident on the chips from call to call (see :func:`state_arguments`);
@@ -198,7 +198,7 @@ def lower_lpx_calls(mod, options: CodegenOptions, programs_out: dict | None = No
 
 def lpx_passes(config: str = DEFAULT_CONFIG, in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
     """Partition for lpx and lower the offloaded functions (run before the default build pipeline)."""
-    options = CodegenOptions(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype)
+    options = Target.parse(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype)
 
     @tvm.transform.module_pass(opt_level=0, name="lpx.PartitionAndLower")
     def _passes(mod, _ctx):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
 
-from .config import ChipConfig, ConfigError, load_config
+from .config import ChipConfig, ConfigError, _FrozenDict, load_config
 
 _SYSTEM_DIR = Path(__file__).with_name("systems")
 _TSP_SYSTEM = re.compile(r"^tsp-system-(\d+)$")
@@ -88,6 +88,8 @@ class SystemConfig:
     def __post_init__(self):
         if self.chips < 1:
             raise ConfigError(f"system {self.name!r}: chips must be >= 1, got {self.chips}")
+        for name in ("figures", "sources"):  # read-only and hashable, as a chip's (a Target holds the system)
+            object.__setattr__(self, name, _FrozenDict(getattr(self, name)))
         ports = {}
         for link in self.links:
             for chip, port in ((link.a, link.port_a), (link.b, link.port_b)):

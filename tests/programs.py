@@ -91,8 +91,8 @@ def simulated_cycles(graph, chip) -> int:
     """The cycles the timing-only simulator measures for ``graph`` compiled from tile to emit, its weights resident
     as a pipeline stage holds them: the machine's figure for a block shard, with none of the plan's cost code in
     it (a plan's expected value is then worked by hand over these)."""
-    from lpx_tvm.codegen import CodegenOptions, Compilation, run_stages
+    from lpx_tvm.codegen import Target, Compilation, run_stages
     from lpx_tvm.codegen.parallel.base import weight_budget
 
-    c = Compilation("block", CodegenOptions(config=chip), graph=graph, resident_budget=weight_budget(graph, chip))
+    c = Compilation("block", Target.parse(config=chip), graph=graph, resident_budget=weight_budget(graph, chip))
     return Simulator(run_stages(c, "tile", "emit"), chip, timing_only=True).stats.cycles

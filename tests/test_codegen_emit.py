@@ -5,7 +5,7 @@ signature, the schedule. Addresses here are chosen by hand, so every expected ad
 
 import numpy as np
 
-from lpx_tvm.codegen import CodegenOptions, compile_graph
+from lpx_tvm.codegen import Target, compile_graph
 from lpx_tvm.codegen.emit import emit, resolve
 from lpx_tvm.codegen.graph import Graph
 from lpx_tvm.codegen.tile import TileOp
@@ -112,7 +112,7 @@ def test_a_tiny_graph_compiles_to_load_erf_mul_store_with_the_operands_linked(rn
     from math import erf
 
     g, x, w, y = _erf_mul_graph()
-    program = compile_graph(g, CodegenOptions(config="tiny"))
+    program = compile_graph(g, Target.parse(config="tiny"))
     load, erf_ins, mul, store = program.instructions
     assert [i.opcode for i in program.instructions] == [Opcode.LOAD, Opcode.ERF, Opcode.MUL, Opcode.STORE]
     assert erf_ins.srcs == load.dsts
@@ -138,7 +138,7 @@ def test_a_matmul_compiles_with_its_weight_and_folded_bias_as_the_programs_const
                     act_args=(0.0, 0.0))
     added = g.add_node("ADD", [mm, g.constant(b)], (4, 32), "float32", "f/add_2")
     g.inputs, g.outputs = [x], [g.add_node("RELU", [added], (4, 32), "float32", "f/relu_3")]
-    program = compile_graph(g, CodegenOptions(config="tiny"))
+    program = compile_graph(g, Target.parse(config="tiny"))
     assert [i.opcode for i in program.instructions] == [Opcode.LOAD, Opcode.INSTALL, Opcode.MATMUL,
                                                         Opcode.EPILOGUE, Opcode.STORE]
     consts = {c.ref.shape: c for c in program.constants}
@@ -165,14 +165,14 @@ def test_attention_scores_read_the_keys_transposed_in_place(rng):
     kt = g.add_node("TRANSPOSE", [k], (2, 40, 70), "float32", "f/transpose_1", perm=(0, 2, 1))
     scores = g.add_node("matmul", [q, kt], (2, 5, 70), "float32", "f/matmul_2", act=Opcode.NOP, act_args=(0.0, 0.0))
     g.inputs, g.outputs = [q, k], [scores]
-    program = compile_graph(g, CodegenOptions(config="tiny"))
+    program = compile_graph(g, Target.parse(config="tiny"))
     opcodes = [i.opcode for i in program.instructions]
     assert Opcode.TRANSPOSE not in opcodes and opcodes.count(Opcode.INSTALL) == 2 * 2 * 3
     qd, kd = rng.standard_normal((2, 5, 40)).astype(np.float32), rng.standard_normal((2, 70, 40)).astype(np.float32)
     (out,) = Simulator(program).run([qd, kd])
     np.testing.assert_allclose(out, qd @ kd.transpose(0, 2, 1), rtol=1e-5, atol=1e-5)
     g.outputs = [scores, kt]  # the transpose is an output too: it is made
-    program = compile_graph(g, CodegenOptions(config="tiny"))
+    program = compile_graph(g, Target.parse(config="tiny"))
     assert [i.opcode for i in program.instructions].count(Opcode.TRANSPOSE) == 1
     out, made = Simulator(program).run([qd, kd])
     np.testing.assert_allclose(out, qd @ kd.transpose(0, 2, 1), rtol=1e-5, atol=1e-5)

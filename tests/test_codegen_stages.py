@@ -2,7 +2,7 @@
 
 import pytest
 
-from lpx_tvm.codegen import CodegenOptions
+from lpx_tvm.codegen import Target
 from lpx_tvm.codegen.stages import budgets
 
 
@@ -27,7 +27,7 @@ def test_a_peak_beyond_sram_leaves_no_negative_budget():
 ])
 def test_options_that_cannot_hold_are_refused_by_name(options, message):
     with pytest.raises(ValueError, match=message):
-        CodegenOptions(**options)
+        Target.parse(**options)
 
 
 def test_the_codegen_leaves_older_objects_out_of_full_collections_and_puts_them_back(monkeypatch):

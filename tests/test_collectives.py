@@ -16,7 +16,7 @@ from math import ceil
 import numpy as np
 import pytest
 
-from lpx_tvm.codegen import CodegenOptions
+from lpx_tvm.codegen import Target
 from lpx_tvm.codegen.graph import Graph, Node
 from lpx_tvm.codegen.parallel.base import Mapping, Part
 from lpx_tvm.codegen.parallel.collectives import choose
@@ -54,7 +54,7 @@ def _compile(system_name: str, kind: str, ranks: int, width: int = WIDTH):
     inputs = (tuple((c, 0, axis, r * size, (r + 1) * size) for r, c in enumerate(group.chips)),)
     outputs = (tuple((c, 0, 0, r * ROWS, (r + 1) * ROWS) for r, c in enumerate(group.chips)),)
     mapping = Mapping(kind, parts, inputs, outputs, "", spmd=True)
-    return group, SystemSimulator(compile_mapping(kind, mapping, CodegenOptions(config=system.chip), system))
+    return group, SystemSimulator(compile_mapping(kind, mapping, Target.parse(config=system.chip), system))
 
 
 def _links(sim, opcode):
@@ -140,7 +140,7 @@ def _one_shot(system_name: str, ranks: int, width: int):
         parts.append(Part(chip, g))
     pieces = tuple((c, 0, 0, r, r + 1) for r, c in enumerate(group.chips))
     mapping = Mapping("allreduce", parts, (pieces,), (pieces,), "", spmd=True)
-    return group, SystemSimulator(compile_mapping("allreduce", mapping, CodegenOptions(config=TINY), system))
+    return group, SystemSimulator(compile_mapping("allreduce", mapping, Target.parse(config=TINY), system))
 
 
 @pytest.mark.parametrize("system, ranks", [("tiny-fc-4", 4), ("tiny-fc-8", 8), ("tiny-grid-2x4", 8)])
@@ -224,7 +224,7 @@ def _all_to_all(system_name: str, ranks: int):
         parts.append(Part(chip, g))
     rows = tuple((c, 0, 0, r * ROWS, (r + 1) * ROWS) for r, c in enumerate(group.chips))
     mapping = Mapping("alltoall", parts, (rows,), (rows,), "", spmd=True)
-    return group, SystemSimulator(compile_mapping("alltoall", mapping, CodegenOptions(config=system.chip), system))
+    return group, SystemSimulator(compile_mapping("alltoall", mapping, Target.parse(config=system.chip), system))
 
 
 @pytest.mark.parametrize("system, ranks", [("tiny-fc-4", 4), ("tiny-fc-8", 8)])

@@ -9,7 +9,7 @@ from tvm import relax
 from conftest import mlp_model, ort_reference, run_on_lpx
 import lpx_tvm
 from lpx_tvm.app.cli import build_parser
-from lpx_tvm.codegen import CodegenOptions, SystemCompileError
+from lpx_tvm.codegen import Target, SystemCompileError
 from lpx_tvm.codegen.parallel import STRATEGIES, Mapping, Part, choices, strategy
 
 
@@ -19,7 +19,7 @@ def test_the_choices_are_the_registry_and_the_cli_reads_them():
                   if a.dest == "parallel")
     assert tuple(action.choices) == choices()
     with pytest.raises(ValueError, match="parallel must be one of pipeline, tensor, expert, auto, got 'ring'"):
-        CodegenOptions(config="tiny", system="tiny-2", parallel="ring")
+        Target.parse(config="tiny", system="tiny-2", parallel="ring")
 
 
 def test_a_new_strategy_is_a_registered_split_and_nothing_else(monkeypatch):
@@ -73,7 +73,7 @@ def test_a_part_whose_activations_do_not_fit_is_named_with_its_chip(parallel):
     g.inputs = [x]
     g.outputs = [g.add_node("matmul", [x, g.constant(np.ones((1024, 64), np.float32))], (1024, 64), "float32", "mm",
                             act=lpx_tvm.runtime_sim.Opcode.NOP, act_args=())]
-    options = CodegenOptions(config="tiny", system="tiny-2", parallel=parallel)
+    options = Target.parse(config="tiny", system="tiny-2", parallel=parallel)
     expected = "pipeline" if parallel == "auto" else parallel
     with pytest.raises(SystemCompileError, match=rf"{expected} parallel does not fit chip 0: layer 'mm': .* does not "
                                                  "fit in SRAM"):
@@ -91,7 +91,7 @@ def test_partition_then_a_bare_runcodegen_compiles_for_the_chip_it_partitioned_f
     x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(out, ort_reference(mlp_model(), {"x": x})[0], rtol=1e-5, atol=1e-5)
-    assert CodegenOptions().config == "tsp"
+    assert Target.parse().config == "tsp"
 
 
 def test_one_chip_and_a_system_answer_alike():

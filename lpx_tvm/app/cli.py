@@ -78,9 +78,9 @@ def _compile(args):
 
     # (under expert or auto parallelism, compile rewrites a mixture of experts as exporters write it so that
     # its experts spread, and says why where it cannot)
-    return lpx_tvm.compile(_model(args), config=args.config, input_shapes=_input_shapes(args.input_shape),
-                           dtype=args.dtype, system=getattr(args, "system", None),
-                           parallel=getattr(args, "parallel", None) or "pipeline", chips=getattr(args, "chips", None))
+    from ..codegen import Target
+
+    return lpx_tvm.compile(_model(args), input_shapes=_input_shapes(args.input_shape), target=Target.from_args(args))
 
 
 def placement(compiled) -> list:
@@ -441,8 +441,7 @@ def cmd_disasm(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
-    from ..codegen import DTYPES
-    from ..codegen.parallel import STRATEGIES, choices
+    from ..codegen import DTYPES, Target
     from ..runtime_sim import available_configs
     from ..runtime_sim.system import available_systems
     from .zoo import ZOO
@@ -461,25 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     config_help = f"chip preset ({', '.join(available_configs())}) or a JSON preset file (default tsp)"
 
-    def system_args(p) -> None:
-        p.add_argument("--system", help=f"run on a system of chips ({', '.join(available_systems())}); default "
-                       "one chip")
-        strategies = "; ".join(f"{s.name}: {s.summary}" for s in STRATEGIES.values())
-        p.add_argument("--parallel", choices=choices(),
-                       help=f"with --system, how to map the model ({strategies}; auto: expert for a mixture of "
-                       "experts, else the fastest of the others)")
-        p.add_argument("--chips", type=int, help="with --system: use this many of its chips (default: a pipeline "
-                       "takes as many as shorten its longest stage, tensor parallel all)")
-
     def model_command(name, help_text, func):
         p = sub.add_parser(name, help=help_text, parents=[debug_anywhere])
         p.add_argument("model", help="an ONNX file or an encoded program (compile --emit-program)"
                        if name == "disasm" else "an ONNX file")
-        p.add_argument("--config", help=config_help)
+        Target.add_arguments(p, system=name in ("compile", "run", "profile"))
         p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="pin an input's shape")
-        if name in ("compile", "run", "profile"):
-            system_args(p)
-        p.add_argument("--dtype", default="fp32", choices=DTYPES, help="storage type on lpx (default fp32)")
         p.set_defaults(func=func)
         return p
 
@@ -557,12 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "each step's one seeded draw picks lpx's token and ORT's alike")
     p.add_argument("--top-k", type=_at_least(1), help="sample from the k most likely tokens only")
     p.add_argument("--seed", type=int, default=0, help="the seeded weights', prompt's and draws' seed (default 0)")
-    system_args(p)
-    p.add_argument("--config", help=config_help)
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16", "int8", "fp8"],
-                   help="storage type on the chips (int8: a float decoder is quantised with ONNX Runtime's static "
-                   "quantiser first, on seeded steps, and ORT runs the same QDQ graphs; fp8 needs an fp8 chip: "
-                   "--config lp30)")
+    Target.add_arguments(p, dtypes=("fp32", "fp16", "bf16", "int8", "fp8"), dtype_help="storage type on the chips "
+                         "(int8: a float decoder is quantised with ONNX Runtime's static quantiser first, on seeded "
+                         "steps, and ORT runs the same QDQ graphs; fp8 needs an fp8 chip: --config lp30)")
     p.add_argument("--users", type=_at_least(1), help="decode this many users' sequences through the --system "
                    "pipeline at once (each its own seeded prompt and cache, each checked against ONNX Runtime), "
                    "and time the steady state: how soon each chip may take the next user's step")

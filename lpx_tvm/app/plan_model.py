@@ -357,7 +357,7 @@ class ShardCost:
 def _measure(graph, chip: ChipConfig) -> ShardCost | None:
     """A block shard through the codegen's own stages (tile to emit, as a pipeline stage holds its weights),
     timed by the timing-only simulator; None when it does not fit the chip."""
-    from ..codegen import CapacityError, CodegenOptions, Compilation, run_stages
+    from ..codegen import CapacityError, Target, Compilation, run_stages
     from ..codegen.parallel.base import weight_budget
     from ..runtime_sim import Simulator
 
@@ -365,7 +365,7 @@ def _measure(graph, chip: ChipConfig) -> ShardCost | None:
     weights = sum(graph.tensors[k].nbytes for k in range(len(graph.tensors)) if graph.is_constant(k))
     if weights > budget:  # the tiler would stream some of them (or fail to place them): not a mapping either way
         return ShardCost(0, {}, weights, 0, True)
-    c = Compilation("block", CodegenOptions(config=chip), graph=graph, resident_budget=budget)
+    c = Compilation("block", Target.parse(config=chip), graph=graph, resident_budget=budget)
     try:
         program = run_stages(c, "tile", "emit")
     except CapacityError:

@@ -1,0 +1,82 @@
+"""One Target: parsed once at a door, carried as objects, hashable, round-tripped through plain values."""
+
+import argparse
+
+import numpy as np
+import pytest
+
+import lpx_tvm
+from conftest import mlp_stack
+from lpx_tvm.codegen import Target
+from lpx_tvm.runtime_sim import ChipConfig, load_config
+from lpx_tvm.runtime_sim.config import config_from_dict
+from lpx_tvm.runtime_sim.errors import LpxUserError
+from lpx_tvm.runtime_sim.system import SystemConfig, load_system
+
+
+def test_parse_resolves_the_chip_and_system_into_objects_once():
+    target = Target.parse(system="tiny-2", parallel="tensor", chips=2, dtype="fp16")
+    assert isinstance(target.chip, ChipConfig) and isinstance(target.system, SystemConfig)
+    assert target.chip == load_system("tiny-2").chip and target.system.chips == 2  # the system's chip by default
+    assert target.config == "tiny"
+    assert Target.parse().chip == load_config("tsp")
+
+
+def test_a_target_is_frozen_and_hashable_and_equal_targets_hash_alike():
+    a = Target.parse("tiny", "tiny-4", "fp16", "pipeline", 3)
+    b = Target.parse("tiny", "tiny-4", "fp16", "pipeline", 3)
+    assert a == b and hash(a) == hash(b) and len({a: 1, b: 2}) == 1
+    assert a != Target.parse("tiny", "tiny-4", "fp32", "pipeline", 3)
+    with pytest.raises(AttributeError):
+        a.dtype = "fp32"
+
+
+def test_a_target_holds_objects_not_names():
+    with pytest.raises(LpxUserError, match="a Target's chip is a ChipConfig"):
+        Target("tsp")
+    with pytest.raises(LpxUserError, match="a Target's system is a SystemConfig"):
+        Target(load_config("tiny"), "tiny-2")
+    with pytest.raises(LpxUserError, match="made of 'tiny' chips, not 'tsp'"):
+        Target(load_config("tsp"), load_system("tiny-2"))
+
+
+def test_to_dict_and_back_carries_a_chip_that_no_registry_knows():
+    """A chip built from parameters (a design point never registered by name) survives the plain-value door
+    TVM's RunCodegen passes options through, by its parameters."""
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(load_config("tiny")).items()}
+    chip = config_from_dict({**params, "name": "tiny-unregistered", "sram_bytes": 8 << 20})
+    target = Target(chip, dtype="fp16")
+    back = Target.from_dict(target.to_dict())
+    assert back == target and back.chip.sram_bytes == 8 << 20
+    assert Target.from_dict(Target.parse(system="tiny-2").to_dict()) == Target.parse(system="tiny-2")
+    with pytest.raises(LpxUserError, match=r"unknown lpx target options \['colour'\]"):
+        Target.from_dict({"colour": "red"})
+
+
+def test_key_tells_two_chips_of_one_name_apart():
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(load_config("tiny")).items()}
+    bigger = config_from_dict({**params, "sram_bytes": 8 << 20})  # named "tiny" too
+    assert Target(bigger).key() != Target.parse("tiny").key()
+    assert Target.parse("tiny").key() == Target.parse("tiny").key()
+
+
+def test_the_command_lines_flags_come_from_the_target():
+    parser = argparse.ArgumentParser()
+    Target.add_arguments(parser)
+    args = parser.parse_args(["--system", "tiny-2", "--parallel", "tensor", "--chips", "2", "--dtype", "fp16"])
+    assert Target.from_args(args) == Target.parse(None, "tiny-2", "fp16", "tensor", 2)
+    one_chip = argparse.ArgumentParser()
+    Target.add_arguments(one_chip, system=False)
+    with pytest.raises(SystemExit):
+        one_chip.parse_args(["--system", "tiny-2"])
+
+
+def test_compile_takes_a_target_and_refuses_it_said_twice():
+    model = mlp_stack(np.random.default_rng(0), [64, 64, 64], batch=2)
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    by_words = lpx_tvm.compile(model, config="tiny", dtype="fp16")
+    by_target = lpx_tvm.compile(model, target=Target.parse("tiny", dtype="fp16"))
+    assert list(by_target.programs.values()) == list(by_words.programs.values())
+    np.testing.assert_array_equal(by_target(x)[0], by_words(x)[0])
+    with pytest.raises(LpxUserError, match="target= says what to compile for; dtype would say it again"):
+        lpx_tvm.compile(model, target=Target.parse("tiny"), dtype="fp16")

@@ -173,57 +173,46 @@ def test_max_racks_names_what_binds(gpu_only):
 
 
 @pytest.mark.slow
-def test_lpx_decode_hands_the_kv_cache_over_and_afd_times_its_exchange():
-    """The LPX half is the plan's (its compiled blocks), the handoff and the exchange timed over the link."""
+def test_lpx_decode_and_afd_time_their_exchanges_and_verify_their_lpx_half():
+    """The LPX half is the plan's (its compiled blocks), the handoff and the exchange timed over the link, and
+    --verify compiles that half whole: lpx-decode's stages (the plan's --verify at its mapping) and AFD's FFN
+    stage (its layers as one program at the program rows the chosen point used), each within 5% of the plan.
+    (One test: both modes plan the same model, whose blocks the plan measures once in a process.)"""
+    from math import ceil
+
+    from lpx_tvm.app.plan import plan
+
     report = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256,
-                         mode="lpx-decode", lpx_chip_watts=300)
+                         mode="lpx-decode", lpx_chip_watts=300, verify=True)
     r = report["modes"]["lpx-decode"]
     assert r["config"]["kv_bytes"] == 32 * 2 * 8 * 128 * 256
     pre = r["config"]["prefill_tp"]
     handoff = 0.005 + 32 * 2 * 8 * 128 * 256 / (pre * 100e9) * 1e3
     assert r["config"]["handoff_ms"] == pytest.approx(handoff)
     assert r["tokens_per_s_per_mw"] is not None and r["lpus"] > 0
-    from lpx_tvm.app.plan import plan
-
     alone = plan("llama-3-8b", "lpx-rack", dtype="fp8", context=2048, prompt=256, batches=(1, 4))
     assert r["tokens_per_s_per_user"] == pytest.approx(alone["tokens_per_s_per_user"])  # the compiler's decode
-    afd = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256, mode="afd")
+    d = r["verify"]
+    assert sum(stage["stages"] for stage in d["stages"]) == r["config"]["stages"]
+    assert sum(stage["blocks"] * stage["stages"] for stage in d["stages"]) == 32
+    assert abs(d["verify_error"]) < 0.05, d
+
+    afd = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256, mode="afd",
+                      verify=True)
     a = afd["modes"]["afd"]
-    c = a["config"]
+    c, v = a["config"], a["verify"]
     tokens = c["attention_instances"] * c["batch"] // c["micro_batches"]
     rate = min(c["attention_instances"] * c["tp"] * 100e9, 6400e9)
     # there in fp8 (1 byte an element), back in bf16 (2)
     assert c["t_exchange_us"]["out"] == pytest.approx(5 + tokens * 4096 / rate * 1e6)
     assert c["t_exchange_us"]["back"] == pytest.approx(5 + tokens * 4096 * 2 / rate * 1e6)
-
-
-@pytest.mark.slow
-def test_verify_compiles_the_lpx_half_of_afd_and_lpx_decode_whole(capsys):
-    """--verify beside GPUs: lpx-decode's stages compiled whole (the plan's --verify at its mapping) and AFD's
-    FFN stage (its layers as one program at the program rows the chosen point used), each within 5% of the
-    plan, and the table says so."""
-    from math import ceil
-
-    report = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256,
-                         mode="afd", verify=True)
-    a = report["modes"]["afd"]
-    v, c = a["verify"], a["config"]
     assert sum(c["ffn_stage_layers"]) == 32 and len(c["ffn_stage_layers"]) == c["ffn_stages"]
     assert v["layers"] == max(c["ffn_stage_layers"]) == ceil(32 / c["ffn_stages"])  # spread evenly
     assert v["rows"] == c["ffn_program_rows"]
     assert abs(v["verify_error"]) < 0.05, v
     assert v["planned_cycles"] / v["verified_cycles"] - 1 == pytest.approx(v["verify_error"])
-    decode = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256,
-                         mode="lpx-decode", verify=True)["modes"]["lpx-decode"]
-    d = decode["verify"]
-    assert sum(stage["stages"] for stage in d["stages"]) == decode["config"]["stages"]
-    assert sum(stage["blocks"] * stage["stages"] for stage in d["stages"]) == 32
-    assert abs(d["verify_error"]) < 0.05, d
-    from lpx_tvm.app.hetero import table
-
-    text = table(report)
     rows = f"{v['rows']} row{'s' if v['rows'] > 1 else ''}"
-    assert f"verify afd: a stage's {v['layers']} FFN layers at {rows} compiled whole: " in text
+    assert f"verify afd: a stage's {v['layers']} FFN layers at {rows} compiled whole: " in table(afd)
 
 
 def test_a_speed_of_light_gpu_is_said_to_price_no_collective():

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..runtime_sim import Opcode
 from ..runtime_sim.isa import EPILOGUE_OPS, OP_TABLE
-from .graph import Graph, Node
+from .graph import Graph, Node, NodeKind
 
 _ACTIVATIONS = {op.name: op for op in EPILOGUE_OPS if op != Opcode.NOP}
 
@@ -52,7 +52,7 @@ def _try_fold(g: Graph, node: Node, consumer: Node) -> bool:
     other = [t for t in consumer.inputs if t != node.output]
     if len(other) != 1 or not g.is_constant(other[0]):
         return False
-    axis = 1 if node.kind == "conv2d" else -1
+    axis = 1 if node.kind == NodeKind.CONV2D else -1
     vec = _channel_vector(g.tensors[g.base(other[0])].data.reshape(g.tensors[other[0]].shape), out_shape, axis)
     if vec is None:
         return False
@@ -66,19 +66,19 @@ def _try_fold(g: Graph, node: Node, consumer: Node) -> bool:
             else np.zeros_like(vec))
     if consumer.kind != "ADD" and not g.is_constant(node.inputs[1]):
         # a product of two activations (attention's scores scaled by 1/√d): the epilogue's scale operand
-        if node.kind != "matmul":
+        if node.kind != NodeKind.MATMUL:
             return False
         node.inputs[2:] = [g.constant(bias.astype(np.float32)), g.constant(vec)]
         return True
     if consumer.kind in ("MUL", "DIV"):
         weight_id = node.inputs[1]
         weight = g.tensors[g.base(weight_id)].data.reshape(g.tensors[weight_id].shape)
-        scale = vec.reshape(-1, 1, 1, 1) if node.kind == "conv2d" else vec
+        scale = vec.reshape(-1, 1, 1, 1) if node.kind == NodeKind.CONV2D else vec
         node.inputs[1] = g.constant((weight * scale).astype(g.tensors[g.base(weight_id)].dtype))
         bias = bias * vec
     else:
         bias = bias + vec
-    bshape = (-1, 1) if node.kind == "conv2d" else (-1,)
+    bshape = (-1, 1) if node.kind == NodeKind.CONV2D else (-1,)
     node.inputs[2:] = [g.constant(bias.astype(np.float32).reshape(bshape))]
     return True
 
@@ -94,7 +94,7 @@ def fuse_epilogues(g: Graph) -> Graph:
             for t in n.inputs:
                 readers.setdefault(g.base(t), []).append(n)
         for node in g.nodes:
-            if node.kind not in ("conv2d", "matmul") or uses.get(node.output, 0) != 1:
+            if node.kind not in (NodeKind.CONV2D, NodeKind.MATMUL) or uses.get(node.output, 0) != 1:
                 continue
             consumer = readers.get(node.output, [None])[0]
             if consumer is None or node.output in g.outputs or not _try_fold(g, node, consumer):

@@ -8,6 +8,7 @@ costs no instruction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from math import prod
 
 import numpy as np
@@ -25,13 +26,39 @@ class Tensor:
         return prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
+class NodeKind(str, Enum):
+    """The operator graph's compound kinds: each is tiled into many instructions (``tile``'s table). Any other
+    node's kind is the name of the one LPX opcode it runs as (``"ADD"``, ``"SOFTMAX"``: the ISA's op table).
+    A member equals its value, so a kind read from a dump compares as it is written."""
+
+    CONV2D = "conv2d"
+    QCONV2D = "qconv2d"  # on int8 operands, its scales in the epilogue
+    MATMUL = "matmul"
+    QMATMUL = "qmatmul"
+    ALLGATHER = "allgather"
+    ALLREDUCE = "allreduce"
+    ALLTOALL = "alltoall"
+    BROADCAST = "broadcast"
+    NARROW = "narrow"  # a tensor parallel shard's padded columns cut back
+    SEND = "send"  # a pipeline stage's transfer to another chip
+    RECV = "recv"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PRODUCTS = frozenset({NodeKind.MATMUL, NodeKind.QMATMUL})
+CONVOLUTIONS = frozenset({NodeKind.CONV2D, NodeKind.QCONV2D})
+QUANTIZED = frozenset({NodeKind.QMATMUL, NodeKind.QCONV2D})
+WEIGHTED = PRODUCTS | CONVOLUTIONS  # the kinds with a weight operand (input 1)
+COLLECTIVES = frozenset({NodeKind.ALLGATHER, NodeKind.ALLREDUCE, NodeKind.ALLTOALL, NodeKind.BROADCAST})
+TRANSFERS = frozenset({NodeKind.SEND, NodeKind.RECV})
+
+
 @dataclass
 class Node:
-    """One LPX operator.
-
-    ``kind`` is ``"conv2d"``, ``"matmul"``, or the name of an LPX opcode that
-    runs as a single instruction (``"ADD"``, ``"SOFTMAX"``, ...).
-    """
+    """One LPX operator: a :class:`NodeKind`, or the name of an LPX opcode that runs as a single instruction
+    (``"ADD"``, ``"SOFTMAX"``, ...)."""
 
     kind: str
     inputs: list

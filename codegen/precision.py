@@ -23,7 +23,7 @@ import numpy as np
 from ..runtime_sim.isa import FLOAT_DTYPES
 from ..runtime_sim.errors import LpxUserError
 from ..runtime_sim.simulator import OverflowWarning
-from .graph import Graph, Node, layer_label
+from .graph import Graph, Node, NodeKind, layer_label
 
 STORAGE = {d.short: d.np for d in FLOAT_DTYPES}
 F32 = np.dtype(np.float32)
@@ -47,7 +47,7 @@ def lower_precision(g: Graph, dtype: str) -> None:
         _cast_product_inputs(g, products, target)
         target = STORAGE["fp16"]
     # an epilogue's scale (a product of two activations scaled by 1/√d) stays fp32, as the ISA takes it
-    keep |= {g.base(n.inputs[3]) for n in g.nodes if n.kind == "matmul" and len(n.inputs) > 3}
+    keep |= {g.base(n.inputs[3]) for n in g.nodes if n.kind == NodeKind.MATMUL and len(n.inputs) > 3}
     readers = {g.base(t): n.layer for n in g.nodes for t in n.inputs}
     for tid, tensor in enumerate(g.tensors):
         if tensor.dtype == F32 and tid not in keep:
@@ -79,7 +79,7 @@ def fp8_products(g: Graph) -> list:
     """The products that run in fp8: matrix products and ungrouped convolutions with constant weights, but
     not the first or the last (the input's and the output's layers stay fp16, as fp8 inference keeps them:
     the logits are what a softmax magnifies). Depthwise convolutions run on the vector unit, in fp16."""
-    products = [n for n in g.nodes if (n.kind == "matmul" or (n.kind == "conv2d" and n.attrs["groups"] == 1))
+    products = [n for n in g.nodes if (n.kind == NodeKind.MATMUL or (n.kind == NodeKind.CONV2D and n.attrs["groups"] == 1))
                 and g.is_constant(g.base(n.inputs[1])) and not g.is_constant(g.base(n.inputs[0]))]
     return products[1:-1]
 
@@ -109,7 +109,7 @@ def scale_weights(g: Graph, products: list, top: float) -> set:
         weight = g.tensors[w_id].data.astype(np.float32).reshape(g.tensors[node.inputs[1]].shape)
         if weight.ndim < 2 or len(node.inputs) > 3:
             continue
-        axis = 0 if node.kind == "conv2d" else weight.ndim - 1  # the output channel (column)
+        axis = 0 if node.kind == NodeKind.CONV2D else weight.ndim - 1  # the output channel (column)
         count = weight.shape[axis]
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         if bias is not None and (not g.is_constant(g.base(bias)) or int(np.prod(g.tensors[bias].shape)) != count):

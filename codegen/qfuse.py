@@ -30,7 +30,7 @@ from math import prod
 import numpy as np
 
 from ..runtime_sim import Opcode
-from .graph import Graph, Node
+from .graph import Graph, Node, NodeKind
 
 _INT_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 
@@ -53,7 +53,7 @@ def _weight_integers(g: Graph, node: Node):
     q, scale, zero_point = info
     if q.dtype != np.int8 or (zero_point.size > 1 and np.any(zero_point != 0)):
         return None
-    out_axis = 0 if node.kind == "conv2d" else q.ndim - 1
+    out_axis = 0 if node.kind == NodeKind.CONV2D else q.ndim - 1
     if any(d != 1 for i, d in enumerate(scale.shape) if i != out_axis):
         return None
     channels = q.shape[out_axis]
@@ -61,7 +61,7 @@ def _weight_integers(g: Graph, node: Node):
 
 
 def _fuse_one(g: Graph, node: Node, producers: dict) -> bool:
-    if node.kind not in ("conv2d", "matmul") or node.attrs["act"] not in (Opcode.NOP, Opcode.RELU):
+    if node.kind not in (NodeKind.CONV2D, NodeKind.MATMUL) or node.attrs["act"] not in (Opcode.NOP, Opcode.RELU):
         return False
     dequant = producers.get(node.inputs[0])
     quant = _single_reader(g, node.output)
@@ -71,7 +71,7 @@ def _fuse_one(g: Graph, node: Node, producers: dict) -> bool:
     if g.tensors[node.inputs[0]].shape != g.tensors[dequant.inputs[0]].shape:
         return False
     w_q, w_scale, zp_w = weight
-    depthwise = node.kind == "conv2d" and node.attrs["groups"] == g.tensors[node.inputs[0]].shape[1] > 1
+    depthwise = node.kind == NodeKind.CONV2D and node.attrs["groups"] == g.tensors[node.inputs[0]].shape[1] > 1
     if zp_w and depthwise:  # DWCONV's int8 form takes symmetric weights only
         return False
     sx, zx = dequant.attrs["scale"], dequant.attrs["zero_point"]
@@ -85,7 +85,7 @@ def _fuse_one(g: Graph, node: Node, producers: dict) -> bool:
         bias = np.zeros(channels)
     bias_q = np.rint(bias / accumulator_scale).astype(np.int32)
     requant = (accumulator_scale / sy).astype(np.float32)
-    shape = (-1, 1) if node.kind == "conv2d" else (-1,)
+    shape = (-1, 1) if node.kind == NodeKind.CONV2D else (-1,)
     node.kind = f"q{node.kind}"
     node.inputs = [dequant.inputs[0], g.constant(w_q), g.constant(bias_q.reshape(shape)),
                    g.constant(requant.reshape(shape))]
@@ -136,7 +136,7 @@ def _fuse_add(g: Graph, node: Node, producers: dict) -> bool:
     return True
 
 
-_MOVES = ("MAXPOOL", "TRANSPOSE", "SLICE", "CONCAT", "broadcast")
+_MOVES = ("MAXPOOL", "TRANSPOSE", "SLICE", "CONCAT", NodeKind.BROADCAST)
 
 
 def _fuse_maxpool(g: Graph, node: Node, producers: dict) -> bool:
@@ -195,7 +195,7 @@ def _drop_round_trip(g: Graph, node: Node, producers: dict) -> bool:
 def _fuse_activation_product(g: Graph, node: Node, producers: dict) -> bool:
     """DQ(a) @ DQ(b) ─► Q, both per-tensor (attention's scores and P·V): an int8 × int8 product of two
     activations, requantised by ``sa·sb / sy`` (ONNX Runtime's QLinearMatMul)."""
-    if node.kind != "matmul" or node.attrs["act"] != Opcode.NOP or len(node.inputs) != 2:
+    if node.kind != NodeKind.MATMUL or node.attrs["act"] != Opcode.NOP or len(node.inputs) != 2:
         return False
     dequants = [producers.get(t) for t in node.inputs]
     quant = _single_reader(g, node.output)
@@ -204,7 +204,7 @@ def _fuse_activation_product(g: Graph, node: Node, producers: dict) -> bool:
         return False
     (a, b), n = dequants, g.tensors[node.output].shape[-1]
     requant = np.float32(np.float64(a.attrs["scale"]) * np.float64(b.attrs["scale"]) / np.float64(quant.attrs["scale"]))
-    node.kind = "qmatmul"
+    node.kind = NodeKind.QMATMUL
     node.inputs = [a.inputs[0], b.inputs[0], g.constant(np.zeros(n, np.int32)), g.constant(np.full(n, requant))]
     node.attrs.update(zp_in=int(a.attrs["zero_point"]), zp_w=int(b.attrs["zero_point"]),
                       zp_out=int(quant.attrs["zero_point"]))
@@ -243,7 +243,7 @@ def _float_product(g: Graph, node: Node, producers: dict) -> bool:
     decoder quantised at its products): an int8 product whose EPILOGUE dequantises the int32 sums,
     ``(acc + b / S) · S``, S the accumulator's scale per column (ONNX Runtime's MatMulIntegerToFloat). A bias
     and a scale the float product had folded (``(x @ w + b) · v``) go into b and S."""
-    if node.kind != "matmul" or node.attrs["act"] not in (Opcode.NOP, Opcode.RELU):
+    if node.kind != NodeKind.MATMUL or node.attrs["act"] not in (Opcode.NOP, Opcode.RELU):
         return False
     dequant = producers.get(node.inputs[0])
     if dequant is None or dequant.kind != "DEQUANTIZE" or g.tensors[node.inputs[0]].shape != \
@@ -265,7 +265,7 @@ def _float_product(g: Graph, node: Node, producers: dict) -> bool:
     extras = [np.broadcast_to(g.tensors[g.base(t)].data.reshape(-1).astype(np.float64), (n,)) for t in node.inputs[2:]]
     bias = extras[0] if extras else np.zeros(n)
     after = extras[1] if len(extras) > 1 else np.ones(n)
-    node.kind = "qmatmul"
+    node.kind = NodeKind.QMATMUL
     node.inputs = [dequant.inputs[0], b_in, g.constant((bias / accumulator_scale).astype(np.float32)),
                    g.constant((accumulator_scale * after).astype(np.float32))]
     node.attrs.update(zp_in=int(dequant.attrs["zero_point"]), zp_w=zp_w, zp_out=0)
@@ -290,7 +290,7 @@ def _quantize_in_epilogue(g: Graph, quant: Node, producers: dict) -> bool:
             moves.append(source)
             t = source.inputs[0]
             continue
-        if source.kind != "qmatmul" or g.tensors[source.output].dtype.kind != "f" or source.output in g.outputs \
+        if source.kind != NodeKind.QMATMUL or g.tensors[source.output].dtype.kind != "f" or source.output in g.outputs \
                 or not all(g.is_constant(x) for x in source.inputs[2:4]):  # (a residual bias is no integer)
             return False
         break
@@ -342,7 +342,7 @@ def _residual_into_epilogue(g: Graph, add: Node, producers: dict) -> bool:
         return False
     for k in (0, 1):
         product, r = producers.get(add.inputs[k]), add.inputs[1 - k]
-        if product is None or product.kind != "qmatmul" or g.tensors[product.output].dtype.kind != "f" \
+        if product is None or product.kind != NodeKind.QMATMUL or g.tensors[product.output].dtype.kind != "f" \
                 or _single_reader(g, product.output) is not add or product.output in g.outputs:
             continue
         shape = g.tensors[product.output].shape

@@ -27,6 +27,7 @@ from tvm.ir.prim.expr import FloatImm, IntImm
 
 from ..runtime_sim import Opcode
 from ..runtime_sim.errors import LpxUserError
+from .graph import NodeKind
 
 # TVM 0.27 names: constants are tvm.ir.Constant (data in .value), prim values are IntImm/FloatImm
 Constant = tvm.ir.Constant
@@ -140,7 +141,7 @@ def elementwise(opcode: Opcode, numpy_fn=None, attrs_of=lambda call: {}):
 
 def _conv2d(lw, call, args, layer):
     a = call.attrs
-    return lw.node("conv2d", args, call, layer, strides=_ints(a.strides), padding=_ints(a.padding),
+    return lw.node(NodeKind.CONV2D, args, call, layer, strides=_ints(a.strides), padding=_ints(a.padding),
                    dilation=_ints(a.dilation), groups=int(a.groups), act=Opcode.NOP, act_args=(0.0, 0.0))
 
 
@@ -152,7 +153,7 @@ def _conv1d(lw, call, args, layer):
     o, cg, k = lw.graph.tensors[w].shape
     (left, right) = _ints(a.padding)
     out = shape_of(call)
-    node = lw.graph.add_node("conv2d", [lw.alias(x, (n, c, 1, width)), lw.alias(w, (o, cg, 1, k))],
+    node = lw.graph.add_node(NodeKind.CONV2D, [lw.alias(x, (n, c, 1, width)), lw.alias(w, (o, cg, 1, k))],
                              out[:2] + (1, out[2]), dtype_of(call), layer, strides=(1, _ints(a.strides)[0]),
                              padding=(0, left, 0, right), dilation=(1, _ints(a.dilation)[0]), groups=int(a.groups),
                              act=Opcode.NOP, act_args=(0.0, 0.0))
@@ -172,10 +173,10 @@ def _matmul(lw, call, args, layer):
     a = lw.alias(args[0], (1,) + a_shape) if len(a_shape) == 1 else args[0]
     b = lw.alias(args[1], b_shape + (1,)) if len(b_shape) == 1 else args[1]
     if len(a_shape) > 1 and len(b_shape) > 1:
-        return lw.node("matmul", [a, b], call, layer, act=Opcode.NOP, act_args=(0.0, 0.0))
+        return lw.node(NodeKind.MATMUL, [a, b], call, layer, act=Opcode.NOP, act_args=(0.0, 0.0))
     a_full, b_full = lw.graph.tensors[a].shape, lw.graph.tensors[b].shape
     batch = tuple(np.broadcast_shapes(a_full[:-2], b_full[:-2]))
-    out = lw.graph.add_node("matmul", [a, b], batch + (a_full[-2], b_full[-1]), dtype_of(call), layer,
+    out = lw.graph.add_node(NodeKind.MATMUL, [a, b], batch + (a_full[-2], b_full[-1]), dtype_of(call), layer,
                             act=Opcode.NOP, act_args=(0.0, 0.0))
     return lw.alias(out, shape_of(call))
 
@@ -370,7 +371,7 @@ def _broadcast_to(lw, call, args, layer):
     value = lw.const_value(args[0])
     if value is not None:
         return lw.graph.constant(np.ascontiguousarray(np.broadcast_to(value, out)), dtype_of(call))
-    return lw.node("broadcast", args[:1], call, layer)
+    return lw.node(NodeKind.BROADCAST, args[:1], call, layer)
 
 
 def _broadcast_to_unsupported(call):

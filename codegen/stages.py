@@ -30,7 +30,7 @@ from ..runtime_sim.timing import makespan as schedule_makespan
 from .alloc import CapacityError, activation_peak, allocate
 from .emit import emit, resolve
 from .fuse import fuse_epilogues
-from .graph import Graph
+from .graph import Graph, NodeKind
 from .precision import lower_precision
 from .qfuse import fuse_int8, convert_on_host
 from .schedule import restamp, schedule
@@ -97,7 +97,7 @@ def _precision(c: Compilation) -> None:
         lower_precision(c.graph, c.options.dtype)
         return
     fuse_int8(c.graph)
-    left = [n.layer for n in c.graph.nodes if n.kind in ("conv2d", "matmul")]
+    left = [n.layer for n in c.graph.nodes if n.kind in (NodeKind.CONV2D, NodeKind.MATMUL)]
     if left:
         warnings.warn(f"lpx int8: {len(left)} conv/matmul in {c.name} are not between DequantizeLinear and "
                       f"QuantizeLinear with integer weights and run in float (first: {left[0]})",

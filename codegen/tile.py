@@ -26,7 +26,7 @@ import numpy as np
 
 from ..runtime_sim import ChipConfig, Opcode
 from ..runtime_sim.isa import OP_TABLE, Group, make_attrs
-from .graph import Graph, Node
+from .graph import PRODUCTS, Graph, Node, NodeKind
 from .mxm import PlaneMapper, Product, add_tree
 from .views import Operand, dense_strides, stream, transposed, view, whole
 
@@ -116,7 +116,7 @@ class _Tiler:
         if groups == c == oc:  # depthwise: per-channel taps on the vector unit, no 9-25x im2col blow-up
             srcs = [whole(g, x), whole(g, w, (c, kh, kw))] + [whole(g, t, (c, 1, 1)) for t in node.inputs[2:]]
             attrs = {**window, "act": node.attrs["act"], "act_args": tuple(node.attrs["act_args"])}
-            if node.kind == "qconv2d":
+            if node.kind == NodeKind.QCONV2D:
                 attrs.update(zp_in=node.attrs["zp_in"], zp_out=node.attrs["zp_out"])
             self.emit(Opcode.DWCONV, srcs, [whole(g, node.output)], attrs, node.layer)
             return
@@ -358,6 +358,22 @@ class _Tiler:
         self.emit(Opcode.COPY, [src], [whole(g, node.output)], {}, node.layer)
 
     # ---- everything else -------------------------------------------------
+    def transfer(self, node: Node) -> None:
+        """A pipeline's SEND or RECV of a whole tensor to or from another chip."""
+        g = self.g
+        link = {"peer": node.attrs["peer"], "tag": node.attrs["tag"]}
+        srcs, dsts = ([whole(g, node.inputs[0])], []) if node.kind == NodeKind.SEND else ([], [whole(g, node.output)])
+        self.emit(Opcode[node.kind.upper()], srcs, dsts, link, node.layer, node.attrs["port"])
+
+    @property
+    def by_kind(self) -> dict:
+        """How each compound kind is tiled but the products (whose tiling takes what the whole graph decided);
+        any other kind is one instruction (:meth:`single`)."""
+        return {NodeKind.CONV2D: self.conv2d, NodeKind.QCONV2D: self.conv2d, NodeKind.ALLGATHER: self.allgather,
+                NodeKind.ALLREDUCE: self.allreduce, NodeKind.ALLTOALL: self.alltoall,
+                NodeKind.BROADCAST: self.broadcast, NodeKind.NARROW: self.narrow, NodeKind.SEND: self.transfer,
+                NodeKind.RECV: self.transfer}
+
     def single(self, node: Node) -> None:
         # a single-instruction node's attributes are named as the op table names them
         g, opcode = self.g, Opcode[node.kind]
@@ -382,7 +398,7 @@ class _Tiler:
         # run through the leading axes' rows in order, so a product starts on the first whole matrix; a
         # window reads every channel's rows, so bands of rows cut across the leading axes
         readers = self.readers.get(g.base(nodes[-1].output), ())
-        flat = bool(readers) and all(kind in ("matmul", "qmatmul") for kind in readers)
+        flat = bool(readers) and all(kind in PRODUCTS for kind in readers)
         lead = prod(shape[:-2]) if flat else 1
         seen = (1,) * (len(shape) - 2) + (lead * shape[-2], shape[-1]) if flat else shape
         for h0, h1 in row_bands(seen[-2], biggest, BAND_BYTES):
@@ -521,7 +537,7 @@ def _per_column(g, tid, n, n0, n1, transposed) -> Operand:
 
 def _streamable(g: Graph, node: Node, config: ChipConfig) -> int | None:
     """Column-block width for streaming this matmul's weight, or None when it cannot stream."""
-    if node.kind not in ("matmul", "qmatmul") or not g.is_constant(node.inputs[1]) \
+    if node.kind not in PRODUCTS or not g.is_constant(node.inputs[1]) \
             or len(g.tensors[node.inputs[1]].shape) != 2:
         return None
     k, n = g.tensors[node.inputs[1]].shape
@@ -562,7 +578,7 @@ def _chained_softmaxes(g: Graph, config: ChipConfig) -> dict:
     chained = {}
     for i, node in enumerate(g.nodes):
         out = g.tensors[node.output]
-        if node.kind != "matmul" or node.output in outputs or len(readers.get(node.output, ())) != 1 \
+        if node.kind != NodeKind.MATMUL or node.output in outputs or len(readers.get(node.output, ())) != 1 \
                 or out.shape[-1] > config.mxm_cols or g.tensors[node.inputs[0]].shape[-2] != out.shape[-2]:
             continue
         (j,) = readers[node.output]
@@ -581,7 +597,7 @@ def _transposes_read_in_place(g: Graph, skip) -> dict:
     uses = g.uses()  # reads by base tensor, graph outputs included: an alias read elsewhere counts too
     folded = {}
     for i, node in enumerate(g.nodes):
-        if node.kind not in ("matmul", "qmatmul") or i in skip or len(node.inputs) < 2:
+        if node.kind not in PRODUCTS or i in skip or len(node.inputs) < 2:
             continue
         j = producer.get(node.inputs[1])
         if j is None or g.nodes[j].kind != "TRANSPOSE" or uses.get(node.inputs[1]) != 1:
@@ -623,26 +639,10 @@ def tile(g: Graph, config: ChipConfig, resident_budget: int | None = None) -> li
         if i in runs:
             tiler.vector_chain([g.nodes[j] for j in runs[i]])
             continue
-        if node.kind in ("conv2d", "qconv2d"):
-            tiler.conv2d(node)
-        elif node.kind in ("matmul", "qmatmul"):
+        if node.kind in PRODUCTS:
             tiler.matmul(node, streamed.get(i), chained.get(i), in_place.get(i, (None, None))[1])
-        elif node.kind == "allgather":
-            tiler.allgather(node)
-        elif node.kind == "allreduce":
-            tiler.allreduce(node)
-        elif node.kind == "alltoall":
-            tiler.alltoall(node)
-        elif node.kind == "broadcast":
-            tiler.broadcast(node)
-        elif node.kind == "narrow":
-            tiler.narrow(node)
-        elif node.kind in ("send", "recv"):  # a pipeline's transfer: one SEND or RECV of the whole tensor
-            link = {"peer": node.attrs["peer"], "tag": node.attrs["tag"]}
-            srcs, dsts = ([whole(g, node.inputs[0])], []) if node.kind == "send" else ([], [whole(g, node.output)])
-            tiler.emit(Opcode[node.kind.upper()], srcs, dsts, link, node.layer, node.attrs["port"])
         else:
-            tiler.single(node)
+            tiler.by_kind.get(node.kind, tiler.single)(node)
     for i, t in enumerate(g.outputs):
         tiler.store(i, t)
     return tiler.ops

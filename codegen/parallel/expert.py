@@ -31,11 +31,10 @@ import numpy as np
 
 from ...runtime_sim import ChipConfig
 from ...runtime_sim.system import SystemConfig
-from ..graph import Graph, Node
+from ..graph import WEIGHTED, Graph, Node, NodeKind
 from .base import Mapping, Part, SystemCompileError, strategy
 from .collectives import CollectiveError, choose
 
-_PRODUCTS = ("matmul", "qmatmul", "conv2d", "qconv2d")
 
 
 @dataclass
@@ -69,7 +68,7 @@ def find_experts(g: Graph) -> Experts | None:
         cones, terms, others = [], [], []
         for t in leaves:
             cone = _private_cone(g, t, producer, readers, outputs) if g.tensors[t].shape == shape else None
-            if cone and any(g.nodes[i].kind in _PRODUCTS and g.is_constant(g.base(g.nodes[i].inputs[1]))
+            if cone and any(g.nodes[i].kind in WEIGHTED and g.is_constant(g.base(g.nodes[i].inputs[1]))
                             for i in cone):
                 cones.append(cone)
                 terms.append(t)
@@ -200,7 +199,7 @@ def expert_graph(g: Graph, found: Experts, experts: list, rank: int, ranks: int,
             section.append(Node("ADD", [local, term], total, {}, root.layer + "+experts"))
             local = total
     summed = part.add_tensor(shape, dtype) if found.others else root.output
-    section.append(Node("allreduce", [local], summed, {"rank": rank, "ranks": ranks, "tag": 0, "rotated": False,
+    section.append(Node(NodeKind.ALLREDUCE, [local], summed, {"rank": rank, "ranks": ranks, "tag": 0, "rotated": False,
                                                         **attrs}, root.layer + "+allreduce"))
     for k, t in enumerate(found.others):  # the residual (or whatever else the combine adds), once, after
         out = root.output if k == len(found.others) - 1 else part.add_tensor(shape, dtype)

@@ -19,7 +19,7 @@ import numpy as np
 from ...runtime_sim import ChipConfig
 from ...runtime_sim.system import SystemConfig
 from ..alloc import current_held
-from ..graph import Graph, Node, layer_label
+from ..graph import WEIGHTED, Graph, Node, NodeKind, layer_label
 from .base import Mapping, Part, SystemCompileError, chip_order, node_weights, strategy, weight_budget
 
 
@@ -41,9 +41,9 @@ def node_cycles(g: Graph, node, chip: ChipConfig, dtype: str) -> float:
     weights' installation over every plane, whichever is longer, the rest a vector per cycle; each plus its
     unit's latency (which is most of a one-token decode step)."""
     out = prod(g.tensors[node.output].shape)
-    if node.kind in ("conv2d", "qconv2d", "matmul", "qmatmul"):
+    if node.kind in WEIGHTED:
         w = g.tensors[node.inputs[1]]
-        k = prod(w.shape[1:]) if node.kind.endswith("conv2d") else w.shape[-2] if len(w.shape) >= 2 else 1
+        k = prod(w.shape[1:]) if node.kind.endswith(NodeKind.CONV2D) else w.shape[-2] if len(w.shape) >= 2 else 1
         peak = chip.mxm_peak_macs_per_cycle(dtype if dtype in chip.mxm_passes else "fp32")
         install = w.nbytes / (chip.mxm_planes * chip.mxm_install_streams * chip.lanes)
         return max(out * k / peak, install) + chip.latency_cycles["MXM"]
@@ -214,12 +214,12 @@ def stage_graph(g: Graph, stage: Stage, system: SystemConfig, tags: dict) -> Gra
     """The stage's part of ``g``: a ``recv`` node for each tensor it receives, its nodes, a ``send`` node for
     each tensor it passes on; the model's inputs it loads and outputs it stores."""
     part = copy.copy(g)
-    recvs = [Node("recv", [], t, {"peer": peer, "tag": tags[(t, peer, stage.chip)],
-                                   "port": system.route(peer, stage.chip)[-1][3]}, "recv")
+    recvs = [Node(NodeKind.RECV, [], t, {"peer": peer, "tag": tags[(t, peer, stage.chip)],
+                                   "port": system.route(peer, stage.chip)[-1][3]}, NodeKind.RECV)
              for t, peer in stage.received]
     # a send makes nothing: its output names the tensor it sends
-    sends = [Node("send", [t], t, {"peer": peer, "tag": tags[(t, stage.chip, peer)],
-                                    "port": system.route(stage.chip, peer)[0][1]}, "send")
+    sends = [Node(NodeKind.SEND, [t], t, {"peer": peer, "tag": tags[(t, stage.chip, peer)],
+                                    "port": system.route(stage.chip, peer)[0][1]}, NodeKind.SEND)
              for t, peer in stage.sent]
     part.nodes = recvs + [g.nodes[i] for i in stage.nodes] + sends
     part.inputs, part.outputs = list(stage.inputs), list(stage.outputs)

@@ -29,25 +29,25 @@ from ...runtime_sim import ChipConfig, Opcode
 from ...runtime_sim.isa import OP_TABLE, Group
 from ...runtime_sim.system import SystemConfig
 from ...runtime_sim.system_sim import axis_slice
-from ..graph import Graph, Node
+from ..graph import CONVOLUTIONS, PRODUCTS, WEIGHTED, Graph, Node, NodeKind
 from .base import Mapping, Part, SystemCompileError, strategy
 from .collectives import CollectiveError, choose
 
 
 def _splittable(g: Graph, node, ranks: int):
     """``(axis of the output that splits, its size)`` when ``node``'s output columns split over ``ranks``."""
-    if node.kind in ("matmul", "qmatmul"):
+    if node.kind in PRODUCTS:
         w = node.inputs[1]
         if not g.is_constant(g.base(w)) or len(g.tensors[w].shape) != 2:
             return None
         n = g.tensors[w].shape[1]
         axis = len(g.tensors[node.output].shape) - 1
-    elif node.kind in ("conv2d", "qconv2d") and node.attrs["groups"] == 1:
+    elif node.kind in CONVOLUTIONS and node.attrs["groups"] == 1:
         n = g.tensors[node.inputs[1]].shape[0]
         axis = 1
     else:
         return None
-    uneven = node.kind == "matmul" and g.base(node.inputs[1]) not in g.quantized  # a float product's may,
+    uneven = node.kind == NodeKind.MATMUL and g.base(node.inputs[1]) not in g.quantized  # a float product's may,
     width = -(-n // ranks)  # as long as no chip's slice is all padding (it would idle and fall out of step)
     if n < ranks or (n % ranks and (not uneven or ranks * width - n >= width)):
         return None
@@ -78,7 +78,7 @@ def _row_split_regions(g: Graph, ranks: int) -> dict:
     regions = {}
     for b, node in enumerate(g.nodes):
         split = _splittable(g, node, ranks)
-        if node.kind != "matmul" or split is None or node.attrs.get("act", Opcode.NOP) != Opcode.NOP:
+        if node.kind != NodeKind.MATMUL or split is None or node.attrs.get("act", Opcode.NOP) != Opcode.NOP:
             continue
         h = node.inputs[0]
         k = g.tensors[node.inputs[1]].shape[0]
@@ -161,14 +161,14 @@ def _region_behind(g: Graph, h: int, axis: int, ranks: int, producer: dict, outp
         made = g.nodes[i]
         region.nodes.add(i)
         weight = made.inputs[1] if len(made.inputs) > 1 else None
-        if made.kind == "matmul" and weight is not None and g.is_constant(g.base(weight)) \
+        if made.kind == NodeKind.MATMUL and weight is not None and g.is_constant(g.base(weight)) \
                 and ax == len(shape) - 1:
             column = _splittable(g, made, ranks)
             if column is None or column[1] % ranks or i in taken or any(i in r.nodes for r in taken.values()):
                 return None  # (a product already split by rows sums whole columns: it cannot start a region)
             whole.append(made.inputs[0])
             region.columns.add(i)
-        elif made.kind == "matmul" and ax < len(shape) - 2 \
+        elif made.kind == NodeKind.MATMUL and ax < len(shape) - 2 \
                 and all(g.is_constant(g.base(e)) for e in made.inputs[2:]):
             # batched over the split axis: two activations split alike, or one by a constant every chip holds
             # (an epilogue's bias and scale, one per column, are the same for every batch)
@@ -292,7 +292,7 @@ def tensor_graph(g: Graph, rank: int, ranks: int, links: dict, regions: dict) ->
                 inputs.append(part.constant(data))  # (fp8's scale, k == 3, on every chip)
             partial = part.add_tensor(g.tensors[node.output].shape, g.tensors[node.output].dtype)
             part.nodes.append(replace(node, inputs=inputs, output=partial))
-            part.nodes.append(Node("allreduce", [partial], node.output,
+            part.nodes.append(Node(NodeKind.ALLREDUCE, [partial], node.output,
                                    {"rank": rank, "ranks": ranks, "tag": tag, "rotated": not whole_sums, **links},
                                    node.layer + "+allreduce"))
             tag += span
@@ -326,7 +326,7 @@ def tensor_graph(g: Graph, rank: int, ranks: int, links: dict, regions: dict) ->
             padded_shape[axis] = width * ranks
             padded = part.add_tensor(padded_shape, full.dtype)
             part.nodes.append(_allgather(slice_id, padded, axis, rank, ranks, links, tag, node.layer))
-            part.nodes.append(Node("narrow", [padded], node.output, {"axis": axis}, node.layer + "+narrow"))
+            part.nodes.append(Node(NodeKind.NARROW, [padded], node.output, {"axis": axis}, node.layer + "+narrow"))
         else:
             part.nodes.append(_allgather(slice_id, node.output, axis, rank, ranks, links, tag, node.layer))
         tag += span
@@ -352,7 +352,7 @@ def _column_inputs(g: Graph, part: Graph, node, n: int, lo: int, hi: int, width:
     inputs = list(node.inputs)
     w = g.base(node.inputs[1])
     weight = g.tensors[w].data.reshape(g.tensors[node.inputs[1]].shape)
-    axis = 1 if node.kind.endswith("matmul") else 0
+    axis = 1 if node.kind.endswith(NodeKind.MATMUL) else 0
     inputs[1] = part.constant(_columns(weight, axis, lo, hi, width))
     if w in g.quantized:  # (never uneven) scales and zero points may be one for all columns
         q, scale, zp = g.quantized[w]
@@ -368,7 +368,7 @@ def _column_inputs(g: Graph, part: Graph, node, n: int, lo: int, hi: int, width:
 
 
 def _allgather(src: int, out: int, axis: int, rank: int, ranks: int, links: dict, tag: int, layer: str):
-    return Node("allgather", [src], out, {"axis": axis, "rank": rank, "ranks": ranks, "tag": tag, **links},
+    return Node(NodeKind.ALLGATHER, [src], out, {"axis": axis, "rank": rank, "ranks": ranks, "tag": tag, **links},
                 layer + "+allgather")
 
 
@@ -417,7 +417,7 @@ def split_tensor(g: Graph, chip: ChipConfig, system: SystemConfig, dtype: str, c
 def _unsplit_weights(g: Graph, ranks: int) -> str:
     """The largest weights every chip holds whole, because their products do not split over ``ranks``."""
     whole = sorted(((g.tensors[node.inputs[1]].nbytes, node.layer) for node in g.nodes
-                    if node.kind in ("matmul", "qmatmul", "conv2d", "qconv2d") and g.is_constant(g.base(node.inputs[1]))
+                    if node.kind in WEIGHTED and g.is_constant(g.base(node.inputs[1]))
                     and _splittable(g, node, ranks) is None), reverse=True)
     if not whole:
         return "every product's weights are split"

@@ -79,3 +79,17 @@ def test_uses_counts_reads_by_base_tensor_with_graph_outputs_as_readers():
     g.outputs = [s, r]
     # x: RELU + ADD (via x_flat) = 2; r: ADD + output = 2; s: output = 1; the alias itself never appears
     assert g.uses() == {x: 2, r: 2, s: 1}
+
+
+def test_every_compound_kind_has_its_tiling_and_the_rest_are_opcodes():
+    """tile's table names a tiling for every NodeKind but the products (tiled with what the whole graph
+    decided); a kind outside the enum must be an opcode's name, run as one instruction."""
+    from lpx_tvm.codegen.graph import PRODUCTS, Graph, NodeKind
+    from lpx_tvm.codegen.tile import _Tiler
+    from lpx_tvm.runtime_sim import Opcode, load_config
+
+    tiler = _Tiler(Graph(), load_config("tiny"))
+    assert set(tiler.by_kind) | PRODUCTS == set(NodeKind)
+    # (a compound kind is written in lower case: it can never be read as an opcode's name)
+    assert not {kind.value for kind in NodeKind} & set(Opcode.__members__)
+    assert NodeKind.MATMUL == "matmul" and f"{NodeKind.QCONV2D}" == "qconv2d"

@@ -1,8 +1,8 @@
 """The closing table of LPX beside GPUs (issue 51): each model on one NVL72 beside the LPX system that holds it.
 
 For every model: the smallest of ``--systems`` (1, 2 or 4 LPX racks) whose SRAM holds its weights and one
-sequence's cache (the plan's own check); a model that needs more says how many racks, and gets its gpu-only rows
-alone. One ``plan --gpu --mode auto`` a model, one at a time, each in a child process with ``--timeout``
+sequence's cache (the plan's own check), and with ``--every-system`` each larger one too; a model that needs more
+says how many racks, and gets its gpu-only rows alone. One ``plan --gpu --mode auto`` a model, one at a time, each in a child process with ``--timeout``
 (a run past it is named and skipped); a markdown row per mode and target speed is printed as each mode is
 planned: racks, tokens/s per user, tokens/s per MW (with ``--lpx-chip-watts``, an assumed figure: LP30 has no
 public one) and the ratio to gpu-only's tokens/s per MW at the same target.
@@ -121,6 +121,8 @@ def main(argv=None) -> int:
     p.add_argument("--targets", type=float, nargs="+", default=[400, 1000], help="tokens/s per user")
     p.add_argument("--lpx-chip-watts", type=float, help="an LP30's power, assumed (none is published)")
     p.add_argument("--timeout", type=float, default=600, help="seconds a model's plan may take (default 600)")
+    p.add_argument("--every-system", action="store_true",
+                   help="plan each model beside every one of --systems that holds it, not only the smallest")
     p.add_argument("--one", metavar="MODEL", help=argparse.SUPPRESS)
     p.add_argument("--system", help=argparse.SUPPRESS)
     p.add_argument("--racks", help=argparse.SUPPRESS)
@@ -131,8 +133,13 @@ def main(argv=None) -> int:
     print(f"<!-- {args.gpu} beside LPX, {args.dtype}, {args.context}-position context, {args.prompt}-token prompt; "
           f"LP30 {'power unknown' if args.lpx_chip_watts is None else f'{args.lpx_chip_watts:g} W assumed'} -->")
     print(HEADER, flush=True)
+    runs = []
     for model in args.models:
         system, racks = holding_system(model, args.systems, args.dtype, args.context)
+        runs.append((model, system, racks))
+        if system and args.every_system:
+            runs += [(model, larger, None) for larger in args.systems[args.systems.index(system) + 1:]]
+    for model, system, racks in runs:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", model, "--gpu", args.gpu, "--dtype", args.dtype,
                "--context", str(args.context), "--prompt", str(args.prompt), "--targets",
                *map(str, args.targets)]

@@ -59,12 +59,12 @@ def test_readme_gives_the_commands_ci_runs():
     commands = _ci_commands()
     install = next(c for c in commands if "install" in c)
     test = next(c for c in commands if "pytest" in c)
-    assert " ".join(test) == "python -m pytest -q" and "python -m pytest -q" in text
+    assert " ".join(test) == "python -m pytest -q -n 2" and "python -m pytest -q -n 2" in text
     # the README says `pip install ...`; CI says `python -m pip install ...`: the same install
     pip = shlex.join(install[install.index("pip"):])
     given = {shlex.join(shlex.split(m)) for m in re.findall(r"pip install [^&\n`]*", text)}
     assert pip in given, f"README.md does not give CI's install command: {pip}"
-    assert 'pip install -e ".[test]" && python -m pytest -q' in text
+    assert 'pip install -e ".[test]" && python -m pytest -q -n 2' in text
 
 
 @pytest.mark.parametrize("page", [README] + sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)

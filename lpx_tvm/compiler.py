@@ -263,7 +263,7 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         For a PyTorch module: the inputs it is exported on (:func:`lpx_tvm.from_pytorch`).
     weights : dict, optional
         ``{initializer name: array}`` for an ONNX model that holds its weights as external data not loaded
-        (``lpx_tvm.app.llama`` builds a decoder's two graphs so): bound in place, never copied
+        (``lpx_tvm.app.models.llama`` builds a decoder's two graphs so): bound in place, never copied
         (:func:`lpx_tvm.frontend.from_onnx`).
     hold_weights : bool or HeldWeights
         With ``weights``: the programs name each weight that lies in those arrays (stored as the very bytes)

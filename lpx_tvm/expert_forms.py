@@ -3,7 +3,7 @@
 :func:`dense_experts` reads a block whose router's top-k runs on the host (``torch.onnx``'s export of a Hugging
 Face Mixtral, Qwen3-MoE or gpt-oss block, each choice's expert weights gathered by index; or experts of their own
 gated by a ScatterElements and a Gather) and writes it as alike experts, each scaled by its gate column, the terms
-summed, with the top-k as arithmetic on lpx (:mod:`lpx_tvm.app.moe` describes that form).
+summed, with the top-k as arithmetic on lpx (:mod:`lpx_tvm.app.models.moe` describes that form).
 :func:`lpx_tvm.compile` applies it under ``parallel="expert"`` or ``"auto"`` on a system.
 """
 

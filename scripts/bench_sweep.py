@@ -42,7 +42,7 @@ def sweep_rate(workers: int) -> dict:
     (both are reported too: a sweep pays them once)."""
     import ray
 
-    from lpx_tvm.app.sweep import ONE_THREAD, run_sweep, spec_from_dict
+    from lpx_tvm.app.tools.sweep import ONE_THREAD, run_sweep, spec_from_dict
 
     spec = spec_from_dict(SPEC)
     start = time.perf_counter()
@@ -64,7 +64,7 @@ def sweep_rate(workers: int) -> dict:
 def compiled_blob(model: str = "resnet50", dtype: str = "fp32") -> bytes:
     """The model's one program on tsp, encoded."""
     import lpx_tvm
-    from lpx_tvm.app.zoo import ZOO, quantized_for_zoo
+    from lpx_tvm.app.tools.zoo import ZOO, quantized_for_zoo
     from lpx_tvm.runtime_sim import encode
 
     entry = ZOO[model]

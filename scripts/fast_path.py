@@ -19,7 +19,7 @@ import numpy as np
 
 from tabulate import tabulate
 
-from lpx_tvm.app.zoo import FAST_PATH_FP32_TOLERANCE, ZOO, run_model
+from lpx_tvm.app.tools.zoo import FAST_PATH_FP32_TOLERANCE, ZOO, run_model
 
 DTYPES = ("fp32", "fp16", "bf16", "int8", "fp8")
 
@@ -73,7 +73,7 @@ def speed(name: str, calls: int = 10) -> list:
     ``runtime_sim`` alone runs it)."""
     import lpx_tvm
     import tvm  # noqa: F401  (lpx_tvm installs the host kernels when TVM loads)
-    from lpx_tvm.app.bench import side_by_side
+    from lpx_tvm.app.tools.bench import side_by_side
     from lpx_tvm.runtime_sim import Simulator, fusion, semantics
 
     entry = ZOO[name]

@@ -31,7 +31,7 @@ HEADER = ("| model | LPX | mode | target tok/s/user | configuration | tok/s/user
 def holding_system(model: str, systems, dtype: str, context: int):
     """The first of ``systems`` whose chips' SRAM holds the model's weights and one sequence's cache, and the
     LPX racks it would need at least (256 LP30s a rack)."""
-    from lpx_tvm.app.plan import _chips_per_rack, model_spec
+    from lpx_tvm.app.plan.search import _chips_per_rack, model_spec
     from lpx_tvm.runtime_sim import DType
     from lpx_tvm.runtime_sim.system import load_system
 
@@ -53,7 +53,7 @@ def _speed(target) -> str:
 def _row(model, lpx, mode, target, r, base, best=None):
     """A markdown row; ``base`` gpu-only's report at the same target, ``best`` its most tokens/s per MW at any
     speed (its throughput configuration)."""
-    from lpx_tvm.app.hetero import _config
+    from lpx_tvm.app.plan.hetero import _config
 
     if "error" in r:
         return f"| {model} | {lpx} | {mode} | {_speed(target)} | - | - | - | - | - | - | {r['error']} |"
@@ -73,7 +73,7 @@ def one(args) -> int:
     """The child: one model's plan, a row per mode and target as each mode is done."""
     import logging
 
-    from lpx_tvm.app.hetero import _choose, hetero_plan
+    from lpx_tvm.app.plan.hetero import _choose, hetero_plan
 
     logging.disable(logging.WARNING)
     lpx = args.system
@@ -81,7 +81,7 @@ def one(args) -> int:
     label = lpx if lpx else f"needs {args.racks} racks"
     bases = {}
 
-    from lpx_tvm.app.gpu import gpu_system
+    from lpx_tvm.app.plan.gpu import gpu_system
 
     count = gpu_system(args.gpu).gpus
 

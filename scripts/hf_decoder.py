@@ -7,7 +7,7 @@
 
 import argparse
 
-from lpx_tvm.app.hf_decoder import ARCHITECTURES, export_decoder, random_causal_lm, word_tokenizer
+from lpx_tvm.app.llm.hf_decoder import ARCHITECTURES, export_decoder, random_causal_lm, word_tokenizer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("arch", choices=ARCHITECTURES)

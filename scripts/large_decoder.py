@@ -44,7 +44,7 @@ def build(directory: Path, vocab: int, seed: int = 0) -> Path:
     import torch
     import transformers
 
-    from lpx_tvm.app.hf_decoder import export_decoder
+    from lpx_tvm.app.llm.hf_decoder import export_decoder
 
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,

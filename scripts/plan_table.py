@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from lpx_tvm.app.plan import plan
+from lpx_tvm.app.plan.search import plan
 
 CONFIGS = Path(__file__).with_name("configs")
 ROWS = [(model, system, dtype) for model in ("llama-3-8b", "llama-3-70b", str(CONFIGS / "dense-31b.json"),

@@ -3,7 +3,7 @@
 import numpy as np
 
 import lpx_tvm
-from lpx_tvm.app.bench import _layer_chain, bench_table
+from lpx_tvm.app.tools.bench import _layer_chain, bench_table
 from conftest import ort_run, run_on_lpx
 
 
@@ -42,7 +42,7 @@ def test_the_engines_are_timed_in_turns(monkeypatch):
     """Ten calls of each of two engines in five turns: each turn a pause, one untimed call, then two timed, engine
     after engine; each median from its own calls' times (a clock that advances 1 s in the first engine's calls and
     3 s in the second's)."""
-    from lpx_tvm.app import bench
+    from lpx_tvm.app.tools import bench
 
     log, clock = [], [0.0]
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])

@@ -6,7 +6,7 @@ import pytest
 
 import lpx_tvm
 from conftest import ort_run, run_on_lpx
-from lpx_tvm.app.transformers import bert_base
+from lpx_tvm.app.models.transformers import bert_base
 
 
 def _cosine(a, b) -> float:

@@ -1,4 +1,4 @@
-"""``lpx-tvm compare`` (lpx_tvm/app/compare.py): which layer outputs it watches, the figures it gives for each
+"""``lpx-tvm compare`` (lpx_tvm/app/tools/compare.py): which layer outputs it watches, the figures it gives for each
 (cosine, SQNR, max abs error, share within one step), and the layer-by-layer comparison of lpx with ONNX
 Runtime, through the Python API and the command line."""
 
@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import lpx_tvm
 from conftest import make_model, ort_run, run_on_lpx, tensor_info, weights
-from lpx_tvm.app.compare import _metrics, compare, exposed, watched_tensors
+from lpx_tvm.app.tools.compare import _metrics, compare, exposed, watched_tensors
 
 
 # ---- _metrics, on arrays worked by hand --------------------------------------------------------------------
@@ -235,7 +235,7 @@ def test_cli_compare_prints_a_row_per_watched_tensor(tmp_path, capsys):
 def test_two_all_zero_tensors_agree_exactly():
     """A layer that is all zeros on both sides (a ReLU of negatives) agrees exactly: cosine 1, no error, an
     SQNR of inf (no noise); zeros against a result that is not are cosine 0 and -inf dB, without a warning."""
-    from lpx_tvm.app.compare import _metrics
+    from lpx_tvm.app.tools.compare import _metrics
 
     zeros = np.zeros(5, np.float32)
     assert _metrics(zeros, zeros) == {"cosine": 1.0, "sqnr_db": float("inf"), "max_abs_err": 0.0}
@@ -244,7 +244,7 @@ def test_two_all_zero_tensors_agree_exactly():
 
 
 def test_json_safe_writes_the_non_finite_as_strings():
-    from lpx_tvm.app.compare import json_safe
+    from lpx_tvm.app.tools.compare import json_safe
 
     assert json_safe({"a": [float("inf"), 1.5, {"b": float("-inf")}], "c": float("nan")}) == \
         {"a": ["inf", 1.5, {"b": "-inf"}], "c": "nan"}

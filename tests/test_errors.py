@@ -17,7 +17,8 @@ import lpx_tvm
 import lpx_tvm.codegen
 import lpx_tvm.runtime_sim
 from lpx_tvm import LpxError, LpxInternalError, LpxUserError
-from lpx_tvm.app import cli, zoo
+from lpx_tvm.app import cli
+from lpx_tvm.app.tools import zoo
 from lpx_tvm.app.cli import main
 from conftest import mlp_model
 
@@ -60,7 +61,7 @@ def test_the_walk_reaches_every_folder_and_the_classes_in_them(modules):
     """(A walk that missed a folder would let the next test pass on nothing.)"""
     names = {m.__name__ for m in modules}
     for expected in ("lpx_tvm.runtime_sim.rules", "lpx_tvm.codegen.alloc", "lpx_tvm.codegen.parallel.base",
-                     "lpx_tvm.frontend", "lpx_tvm.app.cli", "lpx_tvm.app.sweep", "lpx_tvm.app.plan_model"):
+                     "lpx_tvm.frontend", "lpx_tvm.app.cli", "lpx_tvm.app.tools.sweep", "lpx_tvm.app.plan.model"):
         assert expected in names
     found = {cls.__name__ for m in modules for cls in defined_exceptions(m)}
     assert {"ProgramFormatError", "ScheduleError", "NetworkError", "CallError", "ConfigError", "LinkError",
@@ -86,7 +87,7 @@ def test_the_roots_keep_the_builtins_callers_catch():
     """``except ValueError`` and ``except RuntimeError`` written before the root still catch what they did."""
     assert issubclass(LpxUserError, (LpxError, ValueError)) and not issubclass(LpxUserError, RuntimeError)
     assert issubclass(LpxInternalError, (LpxError, RuntimeError)) and not issubclass(LpxInternalError, ValueError)
-    from lpx_tvm.app.trained import MissingExtraError
+    from lpx_tvm.app.models.trained import MissingExtraError
     from lpx_tvm.codegen.stages import LinkError
     from lpx_tvm.runtime_sim import ScheduleError
 

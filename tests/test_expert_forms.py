@@ -12,7 +12,7 @@ import pytest
 
 from conftest import mlp_stack, ort_reference, run_on_lpx
 import lpx_tvm
-from lpx_tvm.app.moe import MoeConfig, build_moe_block
+from lpx_tvm.app.models.moe import MoeConfig, build_moe_block
 from lpx_tvm.expert_forms import dense_experts
 from lpx_tvm.codegen import SystemCompileError
 

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 import lpx_tvm
-from lpx_tvm.app import llama as L
+from lpx_tvm.app.models import llama as L
 from lpx_tvm.frontend import FrontendError
 from lpx_tvm.runtime import offload_counts
 from lpx_tvm.runtime_sim.program import decode
@@ -145,7 +145,7 @@ def test_an_unaligned_weight_is_bound_once_copied():
 def test_a_saved_decoder_keeps_one_weights_file_that_generate_maps_in_place(tmp_path):
     """save_llama writes the two graphs without their weights and one weights file; generate maps it (no
     copy) and decodes as it does from the preset in memory, in fp32 and through ORT's quantiser in int8."""
-    from lpx_tvm.app.generate import _open_decoder, generate
+    from lpx_tvm.app.llm.generate import _open_decoder, generate
 
     paths = L.save_llama("llama-tiny", tmp_path, prompt_len=6, seed=0)
     decoder = _open_decoder(tmp_path, 6, 0, None)
@@ -159,7 +159,7 @@ def test_a_saved_decoder_keeps_one_weights_file_that_generate_maps_in_place(tmp_
 
 
 def test_a_saved_decoder_whose_weights_file_is_missing_or_short_is_named(tmp_path):
-    from lpx_tvm.app.generate import generate
+    from lpx_tvm.app.llm.generate import generate
 
     paths = L.save_llama("llama-tiny", tmp_path, prompt_len=4)
     size = paths["weights"].stat().st_size

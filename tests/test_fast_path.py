@@ -14,7 +14,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import lpx_tvm
-from lpx_tvm.app.zoo import ZOO, run_model
+from lpx_tvm.app.tools.zoo import ZOO, run_model
 from lpx_tvm.runtime_sim import Opcode, reference_arithmetic
 from conftest import make_model, ort_reference, run_on_lpx, tensor_info
 
@@ -172,7 +172,7 @@ def test_zoo_records_carry_the_fast_path_check(name, dtype, monkeypatch):
     """The zoo runs every model twice, fast and tile by tile: int8 must be bit-equal. The record is not taken
     on trust: the test runs the model the zoo compiled again itself, on the fast path and tile by tile
     (``reference_arithmetic``), compares the two, and the record must say what the test found."""
-    from lpx_tvm.app import zoo
+    from lpx_tvm.app.tools import zoo
 
     seen = []
     checked = zoo.fast_against_reference

@@ -9,7 +9,7 @@ import pytest
 
 import lpx_tvm
 from conftest import cnn_model, run_on_lpx
-from lpx_tvm.app.zoo import ZOO, compare
+from lpx_tvm.app.tools.zoo import ZOO, compare
 from lpx_tvm.runtime import total_offloaded_calls
 from lpx_tvm.runtime_sim import DType, Opcode, decode
 

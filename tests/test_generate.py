@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import lpx_tvm
-from lpx_tvm.app import llama
+from lpx_tvm.app.models import llama
 from lpx_tvm.app.cli import main
-from lpx_tvm.app.generate import generate
+from lpx_tvm.app.llm.generate import generate
 from lpx_tvm.runtime import total_offloaded_calls
 from lpx_tvm.runtime_sim import CallError, Opcode, load_config
 
@@ -158,7 +158,7 @@ def test_generate_s_tokens_are_onnx_runtime_s_own_greedy_decode(tmp_path):
 def test_choosing_a_token_greedy_or_by_a_draw_from_the_top_k():
     """logits [1, 3, 2]: greedy picks 1. At temperature 1 from the top 2, the probabilities of tokens 1 and 2
     are e³/(e³+e²) = 0.731 and 0.269: a draw of 0.5 falls in token 1's share, 0.8 in token 2's."""
-    from lpx_tvm.app.generate import _choose
+    from lpx_tvm.app.llm.generate import _choose
 
     logits = np.array([1.0, 3.0, 2.0])
     assert _choose(logits, None, 0.0, None) == 1
@@ -279,7 +279,7 @@ def test_the_reference_step_runs_on_its_own_thread_and_hands_back_its_value_or_i
     it raised to the waiter, not lost in the thread."""
     import threading
 
-    from lpx_tvm.app.generate import _meanwhile
+    from lpx_tvm.app.llm.generate import _meanwhile
 
     where = []
 

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import aiconfigurator_core  # noqa: F401  (the test extra installs it: these tests always run)
 import pytest
 
-from lpx_tvm.app import gpu as gpus
-from lpx_tvm.app.afd import exchange_us, ffn_stages, pingpong, return_itemsize
+from lpx_tvm.app.plan import gpu as gpus
+from lpx_tvm.app.plan.afd import exchange_us, ffn_stages, pingpong, return_itemsize
 from lpx_tvm.app.cli import main
-from lpx_tvm.app.hetero import hetero_plan, kv_handoff_bytes, kv_handoff_ms, plot, table
-from lpx_tvm.app.plan_model import model_spec
+from lpx_tvm.app.plan.hetero import hetero_plan, kv_handoff_bytes, kv_handoff_ms, plot, table
+from lpx_tvm.app.plan.model import model_spec
 from lpx_tvm.runtime_sim.errors import LpxUserError
 
 FP8 = {"gemm_quant_mode": "fp8", "kvcache_quant_mode": "fp8", "fmha_quant_mode": "fp8"}
@@ -23,7 +23,7 @@ def gpu_only():
 
 def _config_dir(tmp_path):
     """llama-3-8b's published config.json as the package keeps it, in a folder of its own for AIConfigurator."""
-    from lpx_tvm.app.plan_model import _CONFIG_DIR
+    from lpx_tvm.app.plan.model import _CONFIG_DIR
 
     data = json.loads((_CONFIG_DIR / "llama-3-8b.json").read_text())
     data.setdefault("architectures", ["LlamaForCausalLM"])
@@ -165,7 +165,7 @@ def test_max_racks_names_what_binds(gpu_only):
     report = hetero_plan("llama-3-8b", "lpx-rack", "gb300:144", dtype="fp8", mode="gpu-only", max_racks=1)
     assert report["modes"]["gpu-only"]["error"] == ("needs 2 racks (2 GPU, 0 LPX), more than --max-racks 1: bound by "
                                                     "the GPUs it decodes and prefills on (144)")
-    from lpx_tvm.app.hetero import _choose
+    from lpx_tvm.app.plan.hetero import _choose
 
     point = dict(gpu_only["candidates"][0], racks=3, gpu_racks=2, lpx_racks=1, gpus=100)
     said = _choose("gpu-only", [point], 2, None, 144)["error"]
@@ -180,7 +180,7 @@ def test_lpx_decode_and_afd_time_their_exchanges_and_verify_their_lpx_half():
     (One test: both modes plan the same model, whose blocks the plan measures once in a process.)"""
     from math import ceil
 
-    from lpx_tvm.app.plan import plan
+    from lpx_tvm.app.plan.search import plan
 
     report = hetero_plan("llama-3-8b", "lpx-rack", "gb300:8", dtype="fp8", context=2048, prompt=256,
                          mode="lpx-decode", lpx_chip_watts=300, verify=True)
@@ -218,7 +218,7 @@ def test_lpx_decode_and_afd_time_their_exchanges_and_verify_their_lpx_half():
 def test_a_speed_of_light_gpu_is_said_to_price_no_collective():
     """AIConfigurator's SOL mode counts no GPU-to-GPU all-reduce (no communication tables): the report says its
     GPU figures are a bound, and says nothing of the kind for a measured system."""
-    from lpx_tvm.app.hetero import table
+    from lpx_tvm.app.plan.hetero import table
 
     def report(mode):
         return {"gpu": {"name": "vr200", "gpus": 72, "racks": 1, "label": "x", "watts": 2300.0, "mode": mode},
@@ -234,7 +234,7 @@ def test_a_mode_aiconfigurator_has_no_data_for_is_named_not_a_crash(monkeypatch)
     PerfDataNotAvailableError. The mode's report names that, without the database's path, and the others go on."""
     from aiconfigurator_core.sdk.errors import PerfDataNotAvailableError
 
-    import lpx_tvm.app.hetero as hetero
+    import lpx_tvm.app.plan.hetero as hetero
 
     def missing(ctx):
         raise PerfDataNotAvailableError("perf database error: MoE data missing for MoeKey { topk: 4 } at /x/gb300")

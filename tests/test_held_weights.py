@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lpx_tvm
-from lpx_tvm.app import llama as L
+from lpx_tvm.app.models import llama as L
 from lpx_tvm.runtime import offload_counts
 from lpx_tvm.runtime_sim import ProgramFormatError
 from lpx_tvm.runtime_sim.program import decode
@@ -122,7 +122,7 @@ def test_decode_keeps_every_weight_where_the_prefill_put_it(weights, system):
 
 @pytest.mark.slow
 def test_generate_reports_the_decode_program_over_the_prefills_resident_weights():
-    from lpx_tvm.app.generate import generate
+    from lpx_tvm.app.llm.generate import generate
 
     report = generate("llama-small", tokens=2, system="tiny-4", dtype="fp16", prompt_len=6)
     assert report["agree"] and len(report["tokens"]) == 3

@@ -14,8 +14,8 @@ pytest.importorskip("transformers", reason="needs the optional dependency transf
 pytest.importorskip("onnxscript", reason="needs the optional dependency onnxscript (torch.onnx's exporter)")
 
 from lpx_tvm.app.cli import main  # noqa: E402
-from lpx_tvm.app.generate import generate  # noqa: E402
-from lpx_tvm.app.hf_decoder import HFDecoder, export_decoder, random_causal_lm  # noqa: E402
+from lpx_tvm.app.llm.generate import generate  # noqa: E402
+from lpx_tvm.app.llm.hf_decoder import HFDecoder, export_decoder, random_causal_lm  # noqa: E402
 from lpx_tvm.runtime import total_offloaded_calls  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -122,7 +122,7 @@ def quantised_decoders(tmp_path_factory):
     pytest.importorskip("torch", reason="needs the optional dependency torch (lpx-tvm[hf])")
     pytest.importorskip("transformers", reason="needs the optional dependency transformers (lpx-tvm[hf])")
     pytest.importorskip("onnxscript", reason="needs the optional dependency onnxscript (torch.onnx's exporter)")
-    from lpx_tvm.app.hf_decoder import HFDecoder, export_decoder, random_causal_lm
+    from lpx_tvm.app.llm.hf_decoder import HFDecoder, export_decoder, random_causal_lm
 
     made = {}
 
@@ -155,7 +155,7 @@ def test_an_int8_hugging_face_decode_step_dequantises_no_weight_on_the_host_and_
     DequantizeLinear. ONNX Runtime runs the same QDQ graph
     (edited as lpx's: each cache's new slot as an output): the logits agree to within one step of their
     QuantizeLinear's scale, almost everywhere."""
-    from lpx_tvm.app.hf_decoder import HFDecoder
+    from lpx_tvm.app.llm.hf_decoder import HFDecoder
 
     qdq, folder, _ = quantised_decoders(arch)
     decoder = HFDecoder(folder)
@@ -187,7 +187,7 @@ def test_an_int8_hugging_face_decode_step_is_quantised_at_its_products_and_is_no
     DequantizeLinear. Compiled side by side, the int8 step takes no more cycles than the fp16 one (before:
     7,604 against 4,878 on Llama, 7,752 on Qwen2: a QDQ pair around every vector op of a latency-bound chain).
     Cycles are deterministic: this is a count, not a timing."""
-    from lpx_tvm.app.hf_decoder import HFDecoder
+    from lpx_tvm.app.llm.hf_decoder import HFDecoder
 
     qdq, folder, fp32 = quantised_decoders(arch)
     readers = {}

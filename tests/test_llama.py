@@ -1,4 +1,4 @@
-"""Llama-style prefill/decode ONNX graphs (lpx_tvm.app.llama): ONNX Runtime against an independent numpy
+"""Llama-style prefill/decode ONNX graphs (lpx_tvm.app.models.llama): ONNX Runtime against an independent numpy
 forward pass, the static cache against a full prefill, fp16 against fp32, and the graphs on lpx."""
 
 import json
@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from lpx_tvm.app import llama as L
+from lpx_tvm.app.models import llama as L
 
 TINY = L.PRESETS["llama-tiny"]
 ALLOWED_OPS = {"Gather", "MatMul", "Add", "Mul", "ReduceMean", "Sqrt", "Reciprocal", "Sigmoid", "Softmax",

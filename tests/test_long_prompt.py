@@ -55,7 +55,7 @@ def test_short_scores_are_left_whole(rng):
 def test_a_2048_token_prefill_compiles_onto_one_chip_and_matches_onnx_runtime():
     """One llama-small block (hidden 256, 8 heads of 32) on a 2,048-token prompt: its 8 × 2048 × 2048 scores
     are 128 MiB in fp32 and stayed on the host; now one program on one tsp chip, no weight streamed."""
-    from lpx_tvm.app.llama import build_prefill_blocks, get_config
+    from lpx_tvm.app.models.llama import build_prefill_blocks, get_config
 
     config = get_config("llama-small").replace(num_layers=1, max_context=2048)
     model = build_prefill_blocks(config, 2048)

@@ -1,6 +1,6 @@
 """A DeepSeek-V3 multi-head latent attention block (transformers' ``DeepseekV3Attention``, seeded random weights,
 nothing downloaded) exported by ``torch.onnx``, in its plain (prefill) form and its decode form with the
-up-projections absorbed (:mod:`lpx_tvm.app.mla`), compiled for lpx and checked against ONNX Runtime.
+up-projections absorbed (:mod:`lpx_tvm.app.models.mla`), compiled for lpx and checked against ONNX Runtime.
 
 Both forms are one lpx program each. The one op left on the host is the widening of ``position_ids`` (int64, which
 lpx does not store) to float32 for the rotary angles: one element a token, before the program. The frontend's
@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch", reason="needs the optional dependency torch
 pytest.importorskip("transformers", reason="needs the optional dependency transformers (lpx-tvm[hf])")
 pytest.importorskip("onnxscript", reason="needs the optional dependency onnxscript (torch.onnx's exporter)")
 
-from lpx_tvm.app.mla import MlaShape, export_mla, mla_decode, mla_prefill, random_mla_attention  # noqa: E402
+from lpx_tvm.app.models.mla import MlaShape, export_mla, mla_decode, mla_prefill, random_mla_attention  # noqa: E402
 
 SHAPE = MlaShape()  # hidden 256, 4 heads, q_lora 64, kv_lora 32, rope 16, nope 32, v 32
 PAST = 16  # the prompt's positions in the cache the decode step reads

@@ -54,7 +54,7 @@ def test_zoo_save_into_a_new_directory_writes_one_file_a_model(tmp_path, capsys)
 
 @pytest.mark.slow
 def test_saved_zoo_model_has_seeded_weights_static_inputs_and_runs_on_lpx(tmp_path, capsys):
-    from lpx_tvm.app.zoo import constant_weights, save
+    from lpx_tvm.app.tools.zoo import constant_weights, save
 
     path = save("squeezenet", tmp_path)
     assert path == tmp_path / "squeezenet.onnx"
@@ -159,7 +159,7 @@ def test_compile_emits_the_program_and_disasm_names_the_attributes(tmp_path, cap
 
 @pytest.mark.slow
 def test_zoo_csv_follows_the_table_and_a_summary_line_counts(tmp_path, capsys):
-    from lpx_tvm.app.zoo import COLUMNS
+    from lpx_tvm.app.tools.zoo import COLUMNS
 
     table = tmp_path / "zoo.csv"
     assert main(["zoo", "--models", "squeezenet", "--skip-llvm", "--csv", str(table)]) == 0
@@ -222,7 +222,7 @@ def test_quantize_writes_a_qdq_model_that_runs_int8_on_lpx(tmp_path, capsys):
     """``lpx-tvm quantize`` is ONNX Runtime's static quantiser on seeded inputs: its model runs with
     --dtype int8, both Gemms as int8 MATMULs on the planes, within one output step of ORT on the QDQ model."""
     from conftest import mlp_model, ort_run
-    from lpx_tvm.app.zoo import output_step
+    from lpx_tvm.app.tools.zoo import output_step
     from lpx_tvm.runtime_sim import DType, Opcode, decode
 
     import lpx_tvm

@@ -7,8 +7,8 @@ import pytest
 
 from conftest import mlp_model
 import lpx_tvm
-from lpx_tvm.app import llama
-from lpx_tvm.app.zoo import ZOO
+from lpx_tvm.app.models import llama
+from lpx_tvm.app.tools.zoo import ZOO
 from lpx_tvm.codegen import SystemCompileError
 from lpx_tvm.runtime import total_offloaded_calls
 from lpx_tvm.runtime_sim import decode, reference_arithmetic

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import ort_reference, run_on_lpx
 import lpx_tvm
-from lpx_tvm.app.moe import MoeConfig, build_moe_block
+from lpx_tvm.app.models.moe import MoeConfig, build_moe_block
 from lpx_tvm.codegen import SystemCompileError
 from lpx_tvm.codegen.graph import Graph
 from lpx_tvm.codegen.parallel.expert import find_experts

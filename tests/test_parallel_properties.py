@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 
 from conftest import make_model, mlp_stack, ort_reference, tensor_info, weights
 import lpx_tvm
-from lpx_tvm.app.moe import MoeConfig, build_moe_block
+from lpx_tvm.app.models.moe import MoeConfig, build_moe_block
 from lpx_tvm.codegen import SystemCompileError
 from lpx_tvm.runtime import total_offloaded_calls
 

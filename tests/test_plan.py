@@ -6,8 +6,8 @@ from math import ceil
 import pytest
 
 from lpx_tvm.app.cli import main
-from lpx_tvm.app.generate import generate
-from lpx_tvm.app.plan import PlanError, model_spec, plan, table
+from lpx_tvm.app.llm.generate import generate
+from lpx_tvm.app.plan.search import PlanError, model_spec, plan, table
 from lpx_tvm.runtime_sim import load_config
 from lpx_tvm.runtime_sim.system import load_system
 
@@ -43,7 +43,7 @@ def test_plan_agrees_with_the_compiled_tensor_parallel_decoder(chips):
 def test_plan_agrees_with_the_compiled_eight_way_tensor_parallel_decoder(tmp_path):
     """At 8 chips, where a decoder's heads divide them (8 query and 8 K/V heads), attention still splits by heads
     (no all-gather) and a step simulates within 5% of the plan."""
-    from lpx_tvm.app import llama
+    from lpx_tvm.app.models import llama
 
     config = llama.LlamaConfig(hidden_size=256, num_layers=2, num_heads=8, num_kv_heads=8, intermediate_size=512,
                                vocab_size=512, max_context=128)
@@ -62,7 +62,7 @@ def test_plan_and_its_verify_agree_with_the_compiled_decoder_on_an_lpx_node(tmp_
     and the MLP, each block's two all-reduces direct over the node's links (one-shot: the hidden state whole to
     every peer, one 350-cycle hop); the plan compiles the same all-reduces into the block it measures, and
     --verify compiles each stage whole with them. Both land within 5% of the whole system simulated."""
-    from lpx_tvm.app import llama
+    from lpx_tvm.app.models import llama
 
     config = llama.LlamaConfig(hidden_size=512, num_layers=2, num_heads=16, num_kv_heads=16, intermediate_size=1024,
                                vocab_size=512, max_context=128)
@@ -82,7 +82,7 @@ def test_plan_needs_the_chips_the_compiler_needs_and_times_them(tmp_path):
     chips are the fewest the compiler can pipeline it on, and there its per-token latency is the simulation's
     within 5%."""
     import lpx_tvm
-    from lpx_tvm.app import llama
+    from lpx_tvm.app.models import llama
     from lpx_tvm.codegen import SystemCompileError
 
     config = llama.LlamaConfig(hidden_size=1024, num_layers=4, num_heads=16, num_kv_heads=8,
@@ -335,7 +335,7 @@ def test_a_prefill_pool_hands_the_prompt_s_cache_over_in_the_hand_worked_time():
     2 · layers · kv_heads · head_dim · 64 fp32 values; the links between the pools work side by side, as many
     as the smaller pool has chips, one hop away inside a node: hop + ⌈⌈bytes / links⌉ / c2c bytes a cycle⌉.
     The first token is the pool's prefill plus that; the decode mapping takes the 6 chips left."""
-    from lpx_tvm.app.llama import get_config
+    from lpx_tvm.app.models.llama import get_config
 
     c = get_config("llama-small")
     system = load_system("tsp-node")
@@ -408,7 +408,7 @@ def test_a_tokens_cycles_are_its_blocks_head_links_and_cache_write_worked_by_han
     import numpy as np
     from programs import simulated_cycles
 
-    from lpx_tvm.app.plan_graph import BlockShape, block_graph, head_graph
+    from lpx_tvm.app.plan.graph import BlockShape, block_graph, head_graph
 
     tsp = load_config("tsp")
     # a chip's shard: hidden 256, 8 ÷ 2 query heads, 4 ÷ 2 K/V heads of 32, 512 ÷ 2 MLP columns, one new token
@@ -435,7 +435,7 @@ def test_the_plan_plot_labels_every_frontier_point(tmp_path, monkeypatch):
     frontier point, naming its mapping, batch and chips, the points picked here as the rows no other beats on
     both tokens/s per user and per chip."""
     pytest.importorskip("matplotlib", reason="needs the optional dependency matplotlib (lpx-tvm[plot])")
-    from lpx_tvm.app import plots
+    from lpx_tvm.app.tools import plots
 
     report = plan("llama-small", "tsp-node", dtype="fp16", context=128, prompt=8, batches=(1, 4))
     rows = report["frontier"]
@@ -494,8 +494,8 @@ def test_a_prefill_pool_hands_mla_s_latent_and_a_window_s_positions_over(monkeyp
     8 chips, 576 · 61 · 1,000 · 8 bytes. gpt-oss-20b (24 layers alternating a 128-position window with full
     attention, 8 K/V heads of 64): 12 · 1,000 + 12 · 128 positions of 2 · 8 · 64 bytes, once. The prefill
     mapping is a stand-in (its cycles are not what is checked)."""
-    import lpx_tvm.app.prefill_pool as pool_module
-    from lpx_tvm.app.plan_model import Mapping, model_spec
+    import lpx_tvm.app.plan.prefill_pool as pool_module
+    from lpx_tvm.app.plan.model import Mapping, model_spec
 
     stand_in = Mapping(stages=1, width=8, batch=1, chips=8, per_token_cycles=1, ttft_cycles=1000, split={},
                        memory_per_chip=0)

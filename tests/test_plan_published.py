@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from lpx_tvm.app.plan import PlanError, model_spec, plan
-from lpx_tvm.app.plan_model import block_cost, floor_cycles, shard_shape
+from lpx_tvm.app.plan.search import PlanError, model_spec, plan
+from lpx_tvm.app.plan.model import block_cost, floor_cycles, shard_shape
 from lpx_tvm.runtime_sim import load_config
 from lpx_tvm.runtime_sim.system import load_system
 
-CONFIGS = Path(__file__).parent.parent / "lpx_tvm" / "app" / "configs"
+CONFIGS = Path(__file__).parent.parent / "lpx_tvm" / "app" / "plan" / "configs"
 PUBLISHED = {"deepseek-v3": "deepseek-ai/DeepSeek-V3", "kimi-k2": "moonshotai/Kimi-K2-Instruct",
              "gpt-oss-120b": "openai/gpt-oss-120b", "gpt-oss-20b": "openai/gpt-oss-20b",
              "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B", "llama-3.3-70b": "meta-llama/Llama-3.3-70B-Instruct",

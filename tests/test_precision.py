@@ -10,7 +10,7 @@ import pytest
 import lpx_tvm
 from lpx_tvm.runtime_sim import DType, Opcode, decode
 from lpx_tvm.runtime_sim.config import load_config
-from lpx_tvm.app.zoo import ZOO, run_model
+from lpx_tvm.app.tools.zoo import ZOO, run_model
 from lpx_tvm.runtime import total_offloaded_calls
 from conftest import mlp_model, ort_run, run_on_lpx
 
@@ -83,7 +83,7 @@ def _int8_programs(compiled) -> list:
 def test_int8_cnn_matches_ort_on_the_same_qdq_model():
     import onnxruntime as ort
 
-    from lpx_tvm.app.zoo import output_step, quantized_for_zoo, seeded_inputs
+    from lpx_tvm.app.tools.zoo import output_step, quantized_for_zoo, seeded_inputs
 
     record = run_model(ZOO["squeezenet"], config="tsp", llvm=False, repeat=1, dtype="int8")
     assert record["ok"], record.get("error")
@@ -156,7 +156,7 @@ def test_int8_weight_bigger_than_sram_streams_as_int8(rng):
     x = rng.standard_normal((1, 4608)).astype(np.float32)
     (out,) = run_on_lpx(compiled, [x], programs=1)  # one lpx call, nothing on the host
     ref = ort_run(qdq, {"x": x})[0]
-    from lpx_tvm.app.zoo import output_step
+    from lpx_tvm.app.tools.zoo import output_step
 
     assert np.mean(np.rint(np.abs(out - ref) / output_step(qdq)) <= 1) >= 0.99
 
@@ -165,7 +165,7 @@ def test_int8_depthwise_conv_runs_as_int8_dwconv(rng):
     from onnx import helper
 
     from conftest import make_model, ort_run, run_on_lpx, tensor_info, weights
-    from lpx_tvm.app.zoo import output_step
+    from lpx_tvm.app.tools.zoo import output_step
 
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], group=16, pads=[2, 2, 2, 2]),
                         helper.make_node("Relu", ["c"], ["r"]),
@@ -226,7 +226,7 @@ def test_int8_input_is_quantised_on_the_host_so_the_link_carries_one_byte_an_ele
     from onnx import helper
 
     from conftest import make_model, ort_run, run_on_lpx, tensor_info, weights
-    from lpx_tvm.app.zoo import output_step
+    from lpx_tvm.app.tools.zoo import output_step
     from lpx_tvm.runtime_sim import Simulator, load_config
 
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
@@ -262,7 +262,7 @@ def test_int8_attention_runs_its_products_of_two_activations_in_int8_with_nothin
     from onnx import helper
 
     from conftest import make_model, ort_run, run_on_lpx, tensor_info, weights
-    from lpx_tvm.app.zoo import output_step
+    from lpx_tvm.app.tools.zoo import output_step
 
     heads, seq, dim = 2, 16, 8
     model = make_model([

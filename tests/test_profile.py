@@ -46,7 +46,7 @@ def test_profile_writes_report_and_trace(tmp_path, capsys):
     assert all("/" not in r["ops"] for r in layers)  # short names, no function hash
     # each layer is named by the ONNX tensor it computes, as compare names it (its output: the ReLU's for the
     # convolution with its bias, batch norm and ReLU), or by the tensor a host transfer moves
-    from lpx_tvm.app.compare import watched_tensors
+    from lpx_tvm.app.tools.compare import watched_tensors
 
     assert conv["layer"] == "r" and conv["relax_name"].endswith("conv2d_1+add_2@c+batch_norm_3+batch_norm_3+relu_4@r")
     named = {r["layer"] for r in layers} - {"load input 0 [1, 3, 32, 32]", "store output 0 [1, 10]"}
@@ -101,7 +101,7 @@ def test_weight_bigger_than_sram_streams_from_host(rng, rows):
 def test_the_profile_names_each_streamed_weight_and_what_forced_it(rng):
     """The 768x1440 fp32 weight (4,423,680 bytes) cannot stay beside the rest in the tiny chip's 4 MiB: the
     profile lists its layer with those bytes, and the SRAM it is weighed against."""
-    from lpx_tvm.app.profile import profile, table
+    from lpx_tvm.app.tools.profile import profile, table
 
     model = make_model([helper.make_node("Gemm", ["x", "w", "b"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
                         helper.make_node("MatMul", ["r", "v"], ["y"])],
@@ -120,7 +120,7 @@ def test_exclusive_cycles_split_each_cycle_among_the_layers_busy_in_it():
     nobody's, 20–24 c's."""
     from types import SimpleNamespace as NS
 
-    from lpx_tvm.app.profile import exclusive_cycles
+    from lpx_tvm.app.tools.profile import exclusive_cycles
 
     program = NS(layer_names=("a", "b", "c"), instructions=[NS(cycle=0, layer=0), NS(cycle=5, layer=1),
                                                              NS(cycle=20, layer=2)])
@@ -149,7 +149,7 @@ def test_under_tensor_parallelism_each_row_names_its_program_and_chip():
     """Both chips of tiny-2 run the MLP's shards: every layer appears once per chip, told apart by a program
     column (the function's number and the chip), but the output, which chip 0 alone stores; a one-program
     profile has no such column."""
-    from lpx_tvm.app.profile import profile, table
+    from lpx_tvm.app.tools.profile import profile, table
 
     report = profile(lpx_tvm.compile(mlp_model(), system="tiny-2", parallel="tensor"))
     text = table(report, top=0)
@@ -173,8 +173,8 @@ def test_the_roofline_draws_one_series_per_bound_and_every_ceiling(tmp_path, mon
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    from lpx_tvm.app import plots
-    from lpx_tvm.app.profile import profile
+    from lpx_tvm.app.tools import plots
+    from lpx_tvm.app.tools.profile import profile
 
     report = profile(lpx_tvm.compile(cnn_model(), config="tiny"))
     drawn = {}

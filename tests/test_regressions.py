@@ -22,7 +22,7 @@ def _run_counted(compiled, *inputs):
 
 
 def _within_one_step(qdq, out, ref) -> float:
-    from lpx_tvm.app.zoo import output_step
+    from lpx_tvm.app.tools.zoo import output_step
 
     return float(np.mean(np.rint(np.abs(np.asarray(out, np.float64) - ref) / output_step(qdq)) <= 1))
 
@@ -42,7 +42,7 @@ def test_uint8_activations_quantised_by_ort_run_as_ort_defines_them(rng):
 
 @pytest.mark.slow
 def test_uint8_resnet50_agrees_with_ort_within_one_step():
-    from lpx_tvm.app.zoo import ZOO, seeded_inputs, without_final_softmax
+    from lpx_tvm.app.tools.zoo import ZOO, seeded_inputs, without_final_softmax
 
     model = without_final_softmax(ZOO["resnet50"].load())
     qdq = lpx_tvm.quantize(model, [seeded_inputs(model, s) for s in range(2, 4)], activations="uint8")

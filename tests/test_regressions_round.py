@@ -162,7 +162,7 @@ def _fixed_length_decode_step(path, past=16, heads=2, head_dim=4, vocab=32):
 
 
 def test_a_decode_step_with_a_fixed_past_is_refused_in_one_line_naming_the_axis(tmp_path):
-    from lpx_tvm.app.generate import generate
+    from lpx_tvm.app.llm.generate import generate
 
     path = tmp_path / "decode.onnx"
     model = _fixed_length_decode_step(path)
@@ -184,7 +184,7 @@ def test_a_decode_step_with_a_fixed_past_is_refused_in_one_line_naming_the_axis(
 
 def test_a_decode_step_with_a_fixed_past_alone_names_the_cache_axis(tmp_path):
     """Token inputs free, the cache fixed at 16: the cache's axis is the one named."""
-    from lpx_tvm.app.generate import generate
+    from lpx_tvm.app.llm.generate import generate
 
     path = tmp_path / "decode.onnx"
     model = _fixed_length_decode_step(path)

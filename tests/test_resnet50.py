@@ -6,7 +6,7 @@ import pytest
 
 import lpx_tvm
 from lpx_tvm import runtime
-from lpx_tvm.app.light_models import light_model
+from lpx_tvm.app.models.light_models import light_model
 from conftest import assert_close, ort_run
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def test_resnet50_schedule_overlaps(resnet):
 
 
 def test_resnet50_cycles_fall_in_the_order_of_the_matrix_rates():
-    from lpx_tvm.app.zoo import ZOO, quantized_for_zoo
+    from lpx_tvm.app.tools.zoo import ZOO, quantized_for_zoo
 
     model = ZOO["resnet50"].load()
     variants = {"fp32": model, "fp16": model, "int8": quantized_for_zoo(ZOO["resnet50"], model)}

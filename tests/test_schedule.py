@@ -71,7 +71,7 @@ def test_more_matrix_planes_never_slow_an_encoder_down():
     """An instance (a vector queue) is chosen for the cycle a group lands on, not the first cycle tried:
     choosing early once sent every epilogue of a layer's last tiles to the one queue free at that first
     cycle, one after another, and BERT ran slower on 6 planes than on 4 (12,595 cycles against 11,883)."""
-    from lpx_tvm.app.zoo import ZOO
+    from lpx_tvm.app.tools.zoo import ZOO
     from lpx_tvm.runtime_sim import Simulator, derive_config
 
     entry = ZOO["bert_encoder"]

@@ -9,9 +9,9 @@ import onnx
 import pytest
 
 from conftest import add_model, cnn_model, mlp_model
-from lpx_tvm.app import sweep
+from lpx_tvm.app.tools import sweep
 from lpx_tvm.app.cli import main
-from lpx_tvm.app.cost import AreaModel, pareto_front
+from lpx_tvm.app.plan.cost import AreaModel, pareto_front
 from lpx_tvm.runtime_sim import derive_config, load_config
 
 

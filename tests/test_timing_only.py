@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lpx_tvm
-from lpx_tvm.app.zoo import ZOO
+from lpx_tvm.app.tools.zoo import ZOO
 from lpx_tvm.runtime_sim import Simulator, check_timing
 from lpx_tvm.runtime_sim.check_batch import proven_timeline
 from lpx_tvm.runtime_sim.program import validated_columns

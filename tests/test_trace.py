@@ -38,7 +38,7 @@ def _assert_nested(tracks):
 def test_a_chips_trace_nests_exactly_with_the_install_port_on_its_own_track(tmp_path):
     """squeezenet on tsp (900 MHz, 1.11 ns a cycle): slices meeting at a cycle were written as µs floats an
     ulp apart, the earlier ending after the later began; whole nanoseconds meet exactly."""
-    from lpx_tvm.app.zoo import ZOO
+    from lpx_tvm.app.tools.zoo import ZOO
 
     compiled = lpx_tvm.compile(ZOO["squeezenet"].load(), config="tsp")
     write_trace(tmp_path / "t.json", list(compiled.simulators.items()))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lpx_tvm.app.cli import main
-from lpx_tvm.app.users import generate_users
+from lpx_tvm.app.llm.users import generate_users
 from lpx_tvm.runtime_sim import ScheduleError, Simulator, load_config
 
 
@@ -23,7 +23,7 @@ def _ort_greedy_tokens(prompt, count: int) -> list:
     tokens up to it only, so every step is recomputed over the sequence so far)."""
     import onnxruntime as ort
 
-    from lpx_tvm.app import llama
+    from lpx_tvm.app.models import llama
 
     config = llama.get_config("llama-small")
     ids = [int(t) for t in prompt]
@@ -92,7 +92,7 @@ def test_the_steady_state_is_the_closest_the_machines_rules_let_users_steps_foll
     stages' windows close again), so the first distance that keeps them is the one to find. With 4 users,
     each user's own step is longer than 4 periods: the users, not the pace, bind."""
     import lpx_tvm
-    from lpx_tvm.app.generate import _open_decoder
+    from lpx_tvm.app.llm.generate import _open_decoder
 
     report = four_users
     period = report["period_cycles"]
@@ -119,7 +119,7 @@ def test_unit_clashes_rules_out_the_distances_at_which_two_steps_hold_a_unit_at_
     (7 to 11). Free: 18, 19, 20, and 35 on."""
     from types import SimpleNamespace
 
-    from lpx_tvm.app.users import unit_clashes
+    from lpx_tvm.app.llm.users import unit_clashes
     from lpx_tvm.runtime_sim.timing import Occupancy
 
     program = SimpleNamespace(instructions=[SimpleNamespace(cycle=0), SimpleNamespace(cycle=30),
@@ -160,8 +160,8 @@ def test_the_plan_counts_users_in_flight_at_the_busiest_stages_pace(four_users):
     plane)."""
     from programs import simulated_cycles
 
-    from lpx_tvm.app.plan import plan
-    from lpx_tvm.app.plan_graph import BlockShape, block_graph, head_graph
+    from lpx_tvm.app.plan.search import plan
+    from lpx_tvm.app.plan.graph import BlockShape, block_graph, head_graph
 
     tsp, f32 = load_config("tsp"), np.float32
     # llama-small's whole block on one chip: hidden 256, 8 heads and 4 K/V heads of 32, MLP 512, vocab 1,024

@@ -12,7 +12,7 @@ from onnx import helper
 
 import lpx_tvm
 from conftest import make_model, ort_run, run_on_lpx, tensor_info
-from lpx_tvm.app.zoo import output_step
+from lpx_tvm.app.tools.zoo import output_step
 from lpx_tvm.runtime_sim import DType, Opcode, ScheduleError, Simulator, Space, TensorRef, decode
 from programs import TINY, Layout, ins, program
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lpx_tvm.app.cli import main
-from lpx_tvm.app.zoo import ZOO, run_model
+from lpx_tvm.app.tools.zoo import ZOO, run_model
 
 
 NO_RAPIDOCR = importlib.util.find_spec("rapidocr_onnxruntime") is None
@@ -52,7 +52,7 @@ def test_seeded_inputs_are_what_each_input_is():
     counting up: ids in 0-999 everywhere made ONNX Runtime fail on token types and gave masks of 0-999."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from lpx_tvm.app.zoo import seeded_inputs
+    from lpx_tvm.app.tools.zoo import seeded_inputs
 
     table = numpy_helper.from_array(np.zeros((30, 4), np.float32), "table")
     ints = lambda n: helper.make_tensor_value_info(n, TensorProto.INT64, [2, 5])
@@ -76,7 +76,7 @@ def test_a_model_s_peak_memory_is_what_a_process_running_it_alone_peaks_at():
     import subprocess
     import sys
 
-    code = ("import json; from lpx_tvm.app.zoo import run_zoo; "
+    code = ("import json; from lpx_tvm.app.tools.zoo import run_zoo; "
             "r = run_zoo(['squeezenet'], llvm=False)[0]; "
             "hwm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')); "
             "print(json.dumps([r['peak_rss_mb'], hwm / 1024]))")
@@ -88,7 +88,7 @@ def test_a_model_s_peak_memory_is_what_a_process_running_it_alone_peaks_at():
 
 def test_the_bench_s_compile_scaling_compiles_two_chains_of_distinct_layers():
     """(A timing is not asserted: only that the two chains are what the ratio claims to compare.)"""
-    from lpx_tvm.app.bench import _layer_chain, compile_scaling
+    from lpx_tvm.app.tools.bench import _layer_chain, compile_scaling
 
     chain = _layer_chain(3, width=8, rows=2)
     assert [n.op_type for n in chain.graph.node] == ["MatMul", "Add", "Relu"] * 3

@@ -22,7 +22,7 @@ Several links between two chips carry one exchange side by side (its blocks, or 
 The algorithm is described in blocks: a tensor cut along one axis into T blocks, and each rank's exchanges
 say which blocks it sends to which chip over which ports, which blocks it receives, and (reduce-scatter)
 which of its partial sums each received block is added into. :meth:`~lpx_tvm.codegen.tile` emits these as
-SEND, RECV and ADD; :mod:`lpx_tvm.app.plan` compiles the same all-reduces into the block it measures, so the
+SEND, RECV and ADD; :mod:`lpx_tvm.app.plan.search` compiles the same all-reduces into the block it measures, so the
 plan and the compiled program use one algorithm over one topology.
 """
 

@@ -68,7 +68,7 @@ def _static(args, proto):
 
 
 def _seeded_calibration(model, count: int) -> list:
-    from .zoo import seeded_inputs
+    from .tools.zoo import seeded_inputs
 
     return [seeded_inputs(model, seed) for seed in range(1, count + 1)]
 
@@ -140,7 +140,7 @@ def emit_programs(compiled, path) -> list:
 
 
 def cmd_run(args) -> int:
-    from .zoo import compare, constant_weights, file_inputs, seeded_inputs
+    from .tools.zoo import compare, constant_weights, file_inputs, seeded_inputs
 
     model = _static(args, _pinned(args))
     feeds = file_inputs(model, args.inputs) if args.inputs else seeded_inputs(model)
@@ -166,7 +166,7 @@ def cmd_run(args) -> int:
 
 def cmd_profile(args) -> int:
     from ..runtime_sim.trace import write_trace
-    from .profile import profile, table
+    from .tools.profile import profile, table
 
     compiled = _compile(args)
     report = profile(compiled)
@@ -175,7 +175,7 @@ def cmd_profile(args) -> int:
     for line in placement(compiled):
         print(line)
     if args.stream:
-        from .profile import stream
+        from .tools.profile import stream
 
         if getattr(args, "system", None):
             raise LpxUserError("--stream times one chip; leave out --system")
@@ -194,14 +194,14 @@ def cmd_profile(args) -> int:
         write_trace(args.trace, list(compiled.simulators.items()))
         print(f"wrote {args.trace}: open it in https://ui.perfetto.dev or chrome://tracing")
     if args.plot:
-        from .plots import roofline
+        from .tools.plots import roofline
 
         report["model"] = args.model
         print(f"wrote {roofline(report, args.plot)} (the layers' roofline)")
     if args.timeline:
         import tempfile
 
-        from .plots import timeline
+        from .tools.plots import timeline
 
         with tempfile.TemporaryDirectory() as tmp:
             trace = args.trace or os.path.join(tmp, f"{os.path.splitext(os.path.basename(args.model))[0]}.json")
@@ -212,11 +212,11 @@ def cmd_profile(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .compare import compare, json_safe, table
+    from .tools.compare import compare, json_safe, table
 
     feeds = None
     if args.inputs:
-        from .zoo import file_inputs
+        from .tools.zoo import file_inputs
 
         feeds = file_inputs(_static(args, _pinned(args)), args.inputs)
     report = compare(_model(args), config=args.config or "tsp", dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
@@ -236,7 +236,7 @@ def cmd_quantize(args) -> int:
 
     import lpx_tvm
 
-    from .zoo import file_inputs
+    from .tools.zoo import file_inputs
 
     model = _static(args, _pinned(args))
     if args.inputs:
@@ -255,7 +255,7 @@ def cmd_quantize(args) -> int:
 
 def cmd_zoo(args) -> int:
     from ..runtime_sim import load_config
-    from .zoo import COLUMNS, DEFAULT_MODELS, check_names, run_zoo, save, summary, table
+    from .tools.zoo import COLUMNS, DEFAULT_MODELS, check_names, run_zoo, save, summary, table
 
     names = check_names(args.models or DEFAULT_MODELS)
     if args.save:
@@ -283,8 +283,8 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import SCHEDULE_WORKLOADS, bench_table, compile_scaling, run_bench, schedule_bench, schedule_table
-    from .zoo import check_names
+    from .tools.bench import SCHEDULE_WORKLOADS, bench_table, compile_scaling, run_bench, schedule_bench, schedule_table
+    from .tools.zoo import check_names
 
     records = run_bench(check_names(args.models), args.repeat)
     print(bench_table(records))
@@ -304,7 +304,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from .sweep import load_spec, run_sweep, store_path, table, write_results
+    from .tools.sweep import load_spec, run_sweep, store_path, table, write_results
 
     spec = load_spec(args.spec)
     out = args.out or str(args.spec).rsplit(".", 1)[0] + ".csv"
@@ -315,14 +315,14 @@ def cmd_sweep(args) -> int:
     print(f"{ok}/{len(records)} points ok; wrote {write_results(records, out)} (every point also in "
           f"{store_path(out)}: a re-run skips what is there)")
     if args.plot:
-        from .plots import pareto
+        from .tools.plots import pareto
 
         print(f"wrote {pareto(records, args.plot)} (latency against the die-area proxy; Pareto fronts in red)")
     return 0 if ok == len(records) else 1
 
 
 def cmd_generate(args) -> int:
-    from .generate import generate, table, write_json
+    from .llm.generate import generate, table, write_json
 
     prompt_ids = None
     if args.prompt_ids is not None:
@@ -331,7 +331,7 @@ def cmd_generate(args) -> int:
         except ValueError:
             raise LpxUserError(f"--prompt-ids {args.prompt_ids!r}: expected token ids, as 1,2,3") from None
     if args.users is not None and args.users > 1:
-        from .users import generate_users, table as users_table
+        from .llm.users import generate_users, table as users_table
 
         if (args.parallel or "pipeline") != "pipeline":
             raise LpxUserError("--users runs users through a pipeline: leave --parallel out or give pipeline")
@@ -365,7 +365,7 @@ _PLAN_BESIDE_GPUS = {"gpu_link": None, "gpu_quant": None, "lpx_chip_watts": None
 
 
 def cmd_plan(args) -> int:
-    from .plan import plan, table, write_json
+    from .plan.search import plan, table, write_json
 
     target = args.target_tps_per_user
     if args.target_tpot_ms is not None:
@@ -396,7 +396,7 @@ def cmd_plan(args) -> int:
         write_json(report, args.json)
         print(f"wrote {args.json}")
     if args.plot:
-        from .plots import plan_frontier
+        from .tools.plots import plan_frontier
 
         print(f"wrote {plan_frontier(report, args.plot)} (tokens/s per user against tokens/s per chip)")
     return 0
@@ -404,8 +404,8 @@ def cmd_plan(args) -> int:
 
 def _plan_beside_gpus(args, target) -> int:
     """``plan --gpu``: LPX beside GPUs in one mode or all (:mod:`.hetero`)."""
-    from .hetero import hetero_plan, plot, table
-    from .plan import write_json
+    from .plan.hetero import hetero_plan, plot, table
+    from .plan.search import write_json
 
     if args.gpu is None:
         raise LpxUserError(f"--mode {args.mode} needs --gpu (the GPUs beside LPX, e.g. --gpu gb300:72)")
@@ -444,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..codegen import DTYPES, Target
     from ..runtime_sim import available_configs
     from ..runtime_sim.system import available_systems
-    from .zoo import ZOO
+    from .tools.zoo import ZOO
 
     try:
         release = version("lpx-tvm")
@@ -521,12 +521,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp32", choices=DTYPES,
                    help="storage type on lpx; int8 quantises each model with lpx_tvm.quantize first")
     p.set_defaults(func=cmd_zoo)
-    from .llama import PRESETS as LLAMA_PRESETS
+    from .models.llama import PRESETS as LLAMA_PRESETS
 
     p = sub.add_parser("generate", help="a decoder LLM: prefill and greedy decode steps, each checked against "
                        "ONNX Runtime", parents=[debug_anywhere])
     p.add_argument("model", help=f"a preset ({', '.join(LLAMA_PRESETS)}), a directory of prefill.onnx and "
-                   "decode.onnx (lpx_tvm.app.llama.save_llama), or a decoder in Hugging Face form: an .onnx graph "
+                   "decode.onnx (lpx_tvm.app.models.llama.save_llama), or a decoder in Hugging Face form: an .onnx graph "
                    "with past_key_values.N inputs and present.N outputs, or an optimum export folder; its past "
                    "and sequence lengths must be symbolic, not fixed (export them dynamic: torch.onnx.export "
                    "dynamic_shapes, as optimum does)")
@@ -551,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "and time the steady state: how soon each chip may take the next user's step")
     p.add_argument("--json", help="write the run as JSON")
     p.set_defaults(func=cmd_generate)
-    from .plan import PRESETS as PLAN_PRESETS
+    from .plan.search import PRESETS as PLAN_PRESETS
 
     p = sub.add_parser("plan", help="chips and racks an LLM needs for a decode speed, and what bounds it",
                        parents=[debug_anywhere])
@@ -619,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PARETO.png", help="draw the Pareto fronts (needs lpx-tvm[plot])")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)
-    from .bench import DEFAULT_BENCH_MODELS
+    from .tools.bench import DEFAULT_BENCH_MODELS
 
     p = sub.add_parser("bench", help="time the flow itself: simulator vs ORT, compile vs TVM llvm, peak RSS",
                        parents=[debug_anywhere])

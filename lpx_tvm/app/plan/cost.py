@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runtime_sim import ChipConfig, load_config
+from ...runtime_sim import ChipConfig, load_config
 
 TSP_DIE_MM2 = 725.0  # ISCA 2020: 25 × 29 mm
 _SHARES = {"sram": 0.40, "mxm": 0.27, "vxm": 0.05, "switch_and_control": 0.15, "io": 0.09, "other": 0.04}

@@ -15,12 +15,12 @@ from math import ceil, inf
 from numbers import Real
 from pathlib import Path
 
-from ..runtime_sim import DType
-from ..runtime_sim.system import load_system
-from ..codegen.parallel.collectives import CollectiveError
-from .plan_model import Mapping, _check_sizes, _group_system, _widths, evaluate, floor_cycles
+from ...runtime_sim import DType
+from ...runtime_sim.system import load_system
+from ...codegen.parallel.collectives import CollectiveError
+from .model import Mapping, _check_sizes, _group_system, _widths, evaluate, floor_cycles
 # the plan command's own vocabulary, for its callers (the CLI's preset list, the sweep's model check)
-from .plan_model import PRESETS, PlanError, model_spec  # noqa: F401
+from .model import PRESETS, PlanError, model_spec  # noqa: F401
 
 
 def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, prompt: int = 512, batch: int = 1,
@@ -108,7 +108,7 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     candidates = []
     if mapping is not None:
         if mapping[1] > 1 and _group_system(system):
-            from ..codegen.parallel.collectives import choose
+            from ...codegen.parallel.collectives import choose
 
             try:
                 choose(load_system(_group_system(system)), mapping[1])

@@ -35,10 +35,10 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..runtime_sim import ChipConfig, derive_config, load_config
-from ..runtime_sim.config import ConfigError
-from ..runtime_sim.errors import LpxUserError
-from .cost import AreaModel, pareto_front
+from ...runtime_sim import ChipConfig, derive_config, load_config
+from ...runtime_sim.config import ConfigError
+from ...runtime_sim.errors import LpxUserError
+from ..plan.cost import AreaModel, pareto_front
 
 METRICS = ("cycles", "latency_us", "mac_utilisation", "offloaded_pct", "fits", "streamed_mb", "host_fallbacks",
            "sram_high_water_mb", "area_mm2", "chips", "tokens_per_s_per_user")
@@ -152,8 +152,8 @@ def spec_from_dict(data: dict, where: str = "spec") -> SweepSpec:
 
 def _plan_target(model: str, where: str = "spec") -> tuple:
     """``plan:MODEL@SYSTEM`` ─► (ModelSpec, SystemConfig), both checked."""
-    from ..runtime_sim.system import load_system
-    from .plan import PlanError, model_spec
+    from ...runtime_sim.system import load_system
+    from ..plan.search import PlanError, model_spec
 
     name, at, system = model[len(PLAN_PREFIX):].partition("@")
     if not at or not name or not system:
@@ -267,9 +267,9 @@ def run_task(task: dict) -> list:
 
 
 def _measure(task: dict) -> dict:
-    from .. import compile_programs
-    from ..patterns import CapacityWarning
-    from ..runtime_sim import Simulator
+    from ... import compile_programs
+    from ...patterns import CapacityWarning
+    from ...runtime_sim import Simulator
     from .zoo import ZOO, quantized_for_zoo, seeded_inputs
 
     config = variant_config(task["base"], task["overrides"])
@@ -283,8 +283,8 @@ def _measure(task: dict) -> dict:
         if entry is not None:
             proto = quantized_for_zoo(entry, proto)
         else:
-            from ..frontend import load_onnx
-            from ..quantization import quantize
+            from ...frontend import load_onnx
+            from ...quantization import quantize
 
             loaded = load_onnx(model)
             proto = quantize(loaded, [seeded_inputs(loaded, seed) for seed in range(2, 6)])
@@ -312,7 +312,7 @@ def _measure_plan(model: str, config: ChipConfig, dtype: str) -> dict:
     """An LLM's decode planned on its system with every chip replaced by the variant."""
     from dataclasses import replace
 
-    from .plan import plan
+    from ..plan.search import plan
 
     start = time.perf_counter()
     spec, system = _plan_target(model)
@@ -401,7 +401,7 @@ def _run_on_ray(tasks, workers, address, finished) -> None:
     try:
         import ray
     except ImportError:
-        from .trained import MissingExtraError
+        from ..models.trained import MissingExtraError
 
         raise MissingExtraError("lpx-tvm sweep runs on Ray: pip install \"lpx-tvm[sweep]\" (or --workers 0 to run the "
                                 "points in this process)") from None
@@ -493,7 +493,7 @@ def write_results(records: list, path) -> Path:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
-            from .trained import MissingExtraError
+            from ..models.trained import MissingExtraError
 
             raise MissingExtraError("writing Parquet needs pyarrow (pip install pyarrow), or use a .csv path") from None
         pq.write_table(pa.table({k: [r.get(k) for r in flat] for k in keys}), str(path))

@@ -23,9 +23,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..frontend import mapped_external_data
-from ..runtime_sim.errors import LpxUserError
-from . import llama
+from ...frontend import mapped_external_data
+from ...runtime_sim.errors import LpxUserError
+from ..models import llama
 
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
 GRAPH_FILES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx")
@@ -115,7 +115,7 @@ class HFDecoder:
                                + (f" (and {more} more past or sequence axes too)" if more else "")
                                + "; lpx needs the past and sequence lengths symbolic: export them dynamic "
                                "(torch.onnx.export(..., dynamo=True, dynamic_shapes=...) with a torch.export.Dim on "
-                               "each, as lpx_tvm.app.hf_decoder.export_decoder does; optimum exports them so)")
+                               "each, as lpx_tvm.app.llm.hf_decoder.export_decoder does; optimum exports them so)")
         self.kv_heads, self.head_dim = shape[1], shape[3]
         self.vocab_size = _dims(next(o for o in self.graph.graph.output if o.name == "logits"))[-1]
         self.inputs = list(inputs)

@@ -73,8 +73,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
-from ..runtime_sim.program import aligned_copy
-from ..runtime_sim.errors import LpxUserError
+from ...runtime_sim.program import aligned_copy
+from ...runtime_sim.errors import LpxUserError
 
 OPSET = 17
 IR_VERSION = 8
@@ -509,7 +509,7 @@ class _Graph:
         outputs += [info(n, self.elem, present) for n in present_names(c)]
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                  producer_name="lpx_tvm.app.llama")
+                                  producer_name="lpx_tvm.app.models.llama")
         model.ir_version = IR_VERSION
         helper.set_model_props(model, {"llama_config": json.dumps(asdict(c))})
         return model
@@ -616,7 +616,7 @@ def build_prefill_blocks(config, prompt_len: int, seed: int = 0) -> onnx.ModelPr
     graph = helper.make_graph(g.nodes, f"llama_prefill_blocks_{seq}",
                               [helper.make_tensor_value_info("hidden_states", g.elem, shape)],
                               [helper.make_tensor_value_info("hidden", g.elem, shape)], g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lpx_tvm.app.llama")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lpx_tvm.app.models.llama")
     model.ir_version = IR_VERSION
     return model
 
@@ -658,7 +658,7 @@ def config_of(model: onnx.ModelProto) -> LlamaConfig:
     """The :class:`LlamaConfig` a graph of this module was built from (stored in its metadata)."""
     props = {p.key: p.value for p in model.metadata_props}
     if "llama_config" not in props:
-        raise LpxUserError("not a graph built by lpx_tvm.app.llama (no llama_config metadata)")
+        raise LpxUserError("not a graph built by lpx_tvm.app.models.llama (no llama_config metadata)")
     return LlamaConfig(**json.loads(props["llama_config"]))
 
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codegen.graph import Graph
-from ..runtime_sim import Opcode
+from ...codegen.graph import Graph
+from ...runtime_sim import Opcode
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,8 @@ def collective_group(s: BlockShape):
     choose`), or None for a shard alone."""
     if s.width == 1 or not s.system:
         return None
-    from ..codegen.parallel.collectives import choose
-    from ..runtime_sim.system import load_system
+    from ...codegen.parallel.collectives import choose
+    from ...runtime_sim.system import load_system
 
     return choose(load_system(s.system), s.width)
 

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..runtime_sim.errors import LpxUserError
+from ...runtime_sim.errors import LpxUserError
 
 LIGHT_MODELS = ("alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
                 "squeezenet", "vgg19", "zfnet512")

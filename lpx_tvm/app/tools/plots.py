@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runtime_sim.errors import LpxUserError
+from ...runtime_sim.errors import LpxUserError
 
 
 def _pyplot():
@@ -15,7 +15,7 @@ def _pyplot():
         matplotlib.use("Agg")  # files only; no display needed
         import matplotlib.pyplot as plt
     except ImportError:
-        from .trained import MissingExtraError
+        from ..models.trained import MissingExtraError
 
         raise MissingExtraError("plots need matplotlib: pip install \"lpx-tvm[plot]\"") from None
     return plt
@@ -29,7 +29,7 @@ def roofline(report: dict, path) -> Path:
     Parameters
     ----------
     report : dict
-        What :func:`lpx_tvm.app.profile.profile` returns.
+        What :func:`lpx_tvm.app.tools.profile.profile` returns.
     path : str or Path
         The image to write (its extension picks the format).
     """
@@ -151,7 +151,7 @@ def pareto(records: list, path, cost: str = "area_mm2", value: str = "latency_us
 def plan_frontier(report: dict, path) -> Path:
     """Tokens/s per user against tokens/s per chip for every mapping and batch size planned, the frontier
     joined and the chosen mapping marked."""
-    from .plan import frontier
+    from ..plan.search import frontier
 
     plt = _pyplot()
     rows = report["frontier"]

@@ -23,8 +23,8 @@ from __future__ import annotations
 from functools import lru_cache
 from math import ceil
 
-from ..runtime_sim import DType
-from .plan_graph import BlockShape, _Builder, collective_group, ffn_half, summer
+from ...runtime_sim import DType
+from .graph import BlockShape, _Builder, collective_group, ffn_half, summer
 
 
 def exchange_us(tokens: int, hidden: int, itemsize: int, rate_bytes_per_s: float, latency_us: float) -> float:
@@ -119,7 +119,7 @@ def ffn_graph(shape: BlockShape, dtype, layers: int = 1):
 
 @lru_cache(maxsize=256)
 def _ffn_program(chip, shape: BlockShape, dtype: str, layers: int):
-    from .plan_model import _measure
+    from .model import _measure
 
     return _measure(ffn_graph(shape, DType.from_name(dtype).np, layers), chip)
 
@@ -129,7 +129,7 @@ def ffn_cost(spec, system, dtype: str, width: int, rows: int, layer: int | None 
     (two layers as one program less one layer), ``resident_bytes`` a layer's weights on a chip, ``activation_bytes``;
     None where it does not fit a chip or would stream its weights. ``layer`` (default the last) picks its kind:
     a dense MLP or experts."""
-    from .plan_model import _as_built, _group_system, shard_shape
+    from .model import _as_built, _group_system, shard_shape
 
     shape, experts_per_chip, placement = shard_shape(spec, width, rows, 0, 1, _group_system(system), layer=layer)
     chip, built = _as_built(system.chip, dtype)
@@ -156,7 +156,7 @@ def verify_ffn_stage(spec, system, dtype: str, width: int, layers: int, rows: in
         ``layers``, ``rows``, ``planned_cycles``, ``verified_cycles`` and ``verify_error`` (planned ÷ verified
         − 1: positive where the plan is slower); ``error`` instead where the stage does not fit a chip whole.
     """
-    from .plan_model import _as_built, _group_system, shard_shape
+    from .model import _as_built, _group_system, shard_shape
 
     shape = shard_shape(spec, width, rows, 0, 1, _group_system(system))[0]
     chip, built = _as_built(system.chip, dtype)

@@ -20,7 +20,7 @@ DEFAULT_BENCH_MODELS = ("resnet50", "bert_encoder", "ppocr_rec")
 
 def _child_peak_rss_mb(model: str, engine: str) -> float:
     code = f"""
-from lpx_tvm.app.zoo import ZOO
+from lpx_tvm.app.tools.zoo import ZOO
 entry = ZOO[{model!r}]; m = entry.load(); feeds = entry.feeds(m)
 if {engine!r} == "ort":
     import onnxruntime as ort
@@ -50,8 +50,8 @@ def engine_times(model: str, repeat: int) -> list:
     inputs, timed in turns (:func:`side_by_side`)."""
     import onnxruntime as ort
 
-    from .. import compile as lpx_compile
-    from ..runtime_sim import reference_arithmetic
+    from ... import compile as lpx_compile
+    from ...runtime_sim import reference_arithmetic
     from .zoo import ZOO
 
     entry = ZOO[model]
@@ -70,7 +70,7 @@ def engine_times(model: str, repeat: int) -> list:
 def _child_engine_times(model: str, repeat: int) -> list:
     """:func:`engine_times` in a fresh process: what this one ran before (TVM's llvm builds slowed a 3 ms
     simulation after them by a third) does not fall on it."""
-    code = f"from lpx_tvm.app.bench import engine_times; print(*engine_times({model!r}, {repeat}))"
+    code = f"from lpx_tvm.app.tools.bench import engine_times; print(*engine_times({model!r}, {repeat}))"
     return [float(v) for v in _child_line(code, f"timing child for {model}").split()]
 
 
@@ -88,7 +88,7 @@ def bench_model(model: str, repeat: int = 10) -> dict:
         ORT's time), ``lpx_compile_s`` and ``tvm_llvm_compile_s`` (medians of :data:`COMPILE_REPEATS` compiles
         each, in turn), ``compile_over_tvm``, ``sim_peak_rss_mb``, ``ort_peak_rss_mb``.
     """
-    from .. import compile as lpx_compile
+    from ... import compile as lpx_compile
     from .zoo import ZOO, llvm_build
 
     entry = ZOO[model]
@@ -189,11 +189,11 @@ PREFILL_TOKENS = 512
 def _workload(model: str, dtype: str):
     """``(ONNX model, input shapes)`` of a schedule-table row: a zoo model, BERT-base (int8: quantised by
     ONNX Runtime's quantiser on two seeded calibration inputs), or a decoder's prefill blocks."""
-    from .. import quantize
+    from ... import quantize
     from .zoo import ZOO, quantized_for_zoo
 
     if model == "llama_prefill":
-        from .llama import build_prefill_blocks, get_config
+        from ..models.llama import build_prefill_blocks, get_config
 
         config = get_config("llama-gpt2s").replace(dtype="fp32")  # lpx stores it in ``dtype``; the graph is fp32
         return build_prefill_blocks(config, PREFILL_TOKENS), None
@@ -203,7 +203,7 @@ def _workload(model: str, dtype: str):
         return (quantized_for_zoo(entry, float_model) if dtype == "int8" else float_model), entry.input_shapes
     import numpy as np
 
-    from .transformers import bert_base
+    from ..models.transformers import bert_base
 
     float_model = bert_base()
     if dtype != "int8":
@@ -220,7 +220,7 @@ def schedule_bench(model: str = "resnet50", config: str = "tsp", dtypes=SCHEDULE
     Useful-MAC utilisation is MACs ÷ (peak MACs per cycle at the dtype × cycles);
     each plane's share is the fraction of the cycles its array streamed.
     """
-    from .. import compile as lpx_compile
+    from ... import compile as lpx_compile
 
     records = []
     for dtype in dtypes:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-from ..runtime_sim.errors import LpxUserError
+from ...runtime_sim.errors import LpxUserError
 
 _HERE = Path(__file__).with_name("gpu_systems")
 _FILE = json.loads((_HERE / "gpus.json").read_text())
@@ -148,7 +148,7 @@ def missing_data() -> tuple:
 def model_dir(model) -> str:
     """A folder holding the model's ``config.json`` for AIConfigurator: the preset's or the user's file, with an
     ``architectures`` entry (Llama, or Mixtral where it has experts) where it has none."""
-    from .plan_model import PRESETS
+    from .model import PRESETS
 
     name = str(model)
     if name in PRESETS:
@@ -156,7 +156,7 @@ def model_dir(model) -> str:
     elif Path(name).is_file():
         data = json.loads(Path(name).read_text())
     else:
-        raise GpuError(f"model {name!r}: the GPU side needs a preset of lpx_tvm/app/configs or a config.json file")
+        raise GpuError(f"model {name!r}: the GPU side needs a preset of lpx_tvm/app/plan/configs or a config.json file")
     if "architectures" not in data:
         moe = bool(data.get("num_local_experts"))
         data.update(architectures=["MixtralForCausalLM" if moe else "LlamaForCausalLM"],

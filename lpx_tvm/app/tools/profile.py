@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from ..codegen.graph import onnx_tensor
-from ..runtime_sim.critical import LEGEND
-from ..runtime_sim.system_sim import SystemSimulator
+from ...codegen.graph import onnx_tensor
+from ...runtime_sim.critical import LEGEND
+from ...runtime_sim.system_sim import SystemSimulator
 
 _PREFIX = re.compile(r"^lpx\d+_[0-9a-f]+/")
 _INDEX = re.compile(r"_\d+")
@@ -127,7 +127,7 @@ def profile(compiled) -> dict:
 def streamed_weights(name: str, program, chip) -> list:
     """Each layer whose weights stream from host memory: its bytes, and what forced it (the program's
     resident weights and activations beside the bytes that stream, against the chip's SRAM)."""
-    from ..runtime_sim import Opcode
+    from ...runtime_sim import Opcode
 
     by_layer = {}
     for ins in program.instructions:
@@ -154,8 +154,8 @@ def stream(model, copies: int, config: str | None = "tsp", input_shapes: dict | 
         ``copies``, ``cycles`` (the whole stream), ``cycles_per_inference``, ``inferences_per_s`` at the
         preset's clock, and ``first_output_cycle`` (when the first inference's last result is stored).
     """
-    from ..compiler import compile_stream
-    from ..runtime_sim import Opcode, Simulator
+    from ...compiler import compile_stream
+    from ...runtime_sim import Opcode, Simulator
 
     program = compile_stream(model, copies, config, input_shapes, dtype)
     sim = Simulator(program, timing_only=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from math import ceil
 
-from .plan_model import PlanError, _widths, evaluate, stage_hops
+from .model import PlanError, _widths, evaluate, stage_hops
 
 
 def handoff_cycles(cache_bytes: int, pool_chips: int, decode_chips: int, hops: int, system) -> int:

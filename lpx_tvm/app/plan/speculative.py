@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from math import inf
 
-from .plan_model import Mapping, PlanError, evaluate
+from .model import Mapping, PlanError, evaluate
 
 MAX_DRAFT_TOKENS = 8
 
@@ -33,7 +33,7 @@ def speculate(spec, system, dtype: str, target: Mapping, draft: dict, accept_rat
     target : Mapping
         The target's chosen mapping (its one-row step is ``target.per_token_cycles``).
     draft : dict
-        The draft's own plan (``lpx_tvm.app.plan.plan``): its chips and its ``per_token_us``.
+        The draft's own plan (``lpx_tvm.app.plan.search.plan``): its chips and its ``per_token_us``.
     accept_rate : float
         The probability that the target accepts a draft token, in [0, 1].
     draft_tokens : int, optional

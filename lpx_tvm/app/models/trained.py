@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..runtime_sim.errors import LpxUserError
+from ...runtime_sim.errors import LpxUserError
 
 RAPIDOCR_PACKAGE = "rapidocr-onnxruntime"
 # name -> (file in the wheel's models/, pinned NCHW shape of input "x")

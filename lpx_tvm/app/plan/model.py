@@ -28,11 +28,11 @@ from math import ceil
 from numbers import Integral
 from pathlib import Path
 
-from ..codegen.parallel.collectives import CollectiveError
-from ..runtime_sim import ChipConfig, DType
-from ..runtime_sim.errors import LpxUserError
-from ..runtime_sim.system import SystemConfig, load_system
-from .plan_graph import BlockShape, block_graph, head_graph
+from ...codegen.parallel.collectives import CollectiveError
+from ...runtime_sim import ChipConfig, DType
+from ...runtime_sim.errors import LpxUserError
+from ...runtime_sim.system import SystemConfig, load_system
+from .graph import BlockShape, block_graph, head_graph
 
 
 _HF_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -209,7 +209,7 @@ def model_spec(model) -> ModelSpec:
     its model type's config class fills in by default is taken from there. Every key is read, known to cost
     nothing (``_HF_IGNORED``), or said in the plan (``_HF_NOTED``); any other is an error naming it.
     """
-    from . import llama
+    from ..models import llama
 
     if isinstance(model, ModelSpec):
         return model
@@ -357,9 +357,9 @@ class ShardCost:
 def _measure(graph, chip: ChipConfig) -> ShardCost | None:
     """A block shard through the codegen's own stages (tile to emit, as a pipeline stage holds its weights),
     timed by the timing-only simulator; None when it does not fit the chip."""
-    from ..codegen import CapacityError, Target, Compilation, run_stages
-    from ..codegen.parallel.base import weight_budget
-    from ..runtime_sim import Simulator
+    from ...codegen import CapacityError, Target, Compilation, run_stages
+    from ...codegen.parallel.base import weight_budget
+    from ...runtime_sim import Simulator
 
     budget = weight_budget(graph, chip)
     weights = sum(graph.tensors[k].nbytes for k in range(len(graph.tensors)) if graph.is_constant(k))
@@ -381,7 +381,7 @@ def _as_built(chip: ChipConfig, dtype: str) -> tuple:
     dequantise steps are not modelled)."""
     if dtype != "int8":
         return chip, dtype
-    from ..runtime_sim import derive_config
+    from ...runtime_sim import derive_config
 
     return derive_config(chip, {"mxm_passes": {"fp8": chip.mxm_passes["int8"]}}, f"{chip.name}+int8-as-fp8"), "fp8"
 
@@ -488,7 +488,7 @@ def floor_cycles(spec: ModelSpec, system: SystemConfig, dtype: str, context: int
     hidden = batch * spec.hidden * item
     latent = batch * (spec.mla[0] + spec.mla[1] + spec.mla[2]) * item if spec.mla else 0
     total = spec.chip_params() * item + spec.cache_bytes(context, batch, dtype)
-    from ..codegen.parallel.collectives import choose
+    from ...codegen.parallel.collectives import choose
 
     best = None
     for width in _widths(spec, chips, system):
@@ -657,7 +657,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
                                         if part))
     try:
         if width > 1 and shape.system:
-            from ..codegen.parallel.collectives import choose
+            from ...codegen.parallel.collectives import choose
 
             choose(load_system(shape.system), width)
     except CollectiveError:  # no group of ``width`` chips the compiler could run the collectives on

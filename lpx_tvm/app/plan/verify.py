@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime_sim import DType
-from .plan_model import PlanError, _as_built, _measure, block_cost, shard_shape
-from .plan_graph import block_graph
+from ...runtime_sim import DType
+from .model import PlanError, _as_built, _measure, block_cost, shard_shape
+from .graph import block_graph
 
 
 def stage_cycles(chip, shape, dtype: str, layers: int) -> int | None:
@@ -69,7 +69,7 @@ def qdq_block_cycles(spec, shape, chip: str, context: int, seed: int = 0) -> int
     Runtime's static quantiser on a seeded step and compiled for ``chip`` as int8 kernels."""
     import lpx_tvm
 
-    from . import llama
+    from ..models import llama
 
     cycles = []
     for layers in (1, 2):

@@ -27,8 +27,8 @@ from __future__ import annotations
 import time
 from math import ceil
 
-from ..runtime_sim import DType
-from ..runtime_sim.errors import LpxUserError
+from ...runtime_sim import DType
+from ...runtime_sim.errors import LpxUserError
 from . import gpu as gpus
 from .afd import exchange_us, ffn_cost, ffn_stages, pingpong, return_itemsize, verify_ffn_stage
 
@@ -94,8 +94,8 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
         ``modes`` (mode → its report: the figures of :func:`_point`, or ``error``), ``candidates`` (each
         mode's own frontier) and ``frontier`` (tokens/s per user against tokens/s per MW, or per rack), the GPU system and the link.
     """
-    from .plan import _chips_per_rack, model_spec
-    from ..runtime_sim.system import load_system
+    from .search import _chips_per_rack, model_spec
+    from ...runtime_sim.system import load_system
 
     start = time.perf_counter()
     if mode != "auto" and mode not in MODES:
@@ -205,7 +205,7 @@ class _Context:
     def plan(self) -> dict:
         """The LPX plan of the whole decode (the compiler's), measured once for lpx-only and lpx-decode."""
         if self._plan is None:
-            from .plan import plan
+            from .search import plan
 
             self._plan = plan(self.model, self.lpx.name, dtype=self.dtype, context=self.context,
                               prompt=self.prompt, batches=(1, 4), progress=self.progress)
@@ -384,7 +384,7 @@ def _lpx_decode(ctx) -> list:
 def _afd(ctx) -> list:
     """Attention on the GPUs (each width, batch and micro-batch count), every layer's FFN on LPX (each width the
     compiler can time), the exchange over the link."""
-    from .plan_model import _widths
+    from .model import _widths
 
     spec, g, lpx = ctx.spec, ctx.gpu, ctx.lpx
     clock, item = lpx.chip.clock_hz, DType.from_name(ctx.dtype).itemsize
@@ -480,7 +480,7 @@ def _afd_point(ctx, tp, batch, micro, t_a, width, stages, replicas, costs, clock
 def _verify(ctx, chosen: dict) -> dict:
     """A mode's LPX half compiled whole: the decode's stages (``plan --verify`` at the chosen mapping), or AFD's
     FFN stage (:func:`.afd.verify_ffn_stage`); ``error`` where it cannot be."""
-    from .plan import plan
+    from .search import plan
 
     c = chosen["config"]
     if chosen["mode"] == "afd":
@@ -498,7 +498,7 @@ def _verify(ctx, chosen: dict) -> dict:
 
 def _lpx_draft(ctx, draft, accept_rate: float) -> list:
     """The draft on LPX at its own plan's figures, the verify step on the GPUs, each (width, batch, k)."""
-    from .plan import plan, model_spec
+    from .search import plan, model_spec
     from .speculative import expected_tokens
 
     if draft is None:

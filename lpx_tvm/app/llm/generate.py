@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..frontend import mapped_external_data
-from ..runtime_sim.errors import LpxUserError
-from . import llama
+from ...frontend import mapped_external_data
+from ...runtime_sim.errors import LpxUserError
+from ..models import llama
 from .hf_decoder import GRAPH_FILES, HFDecoder, graph_file
 
 
@@ -96,7 +96,7 @@ class _BuiltDecoder:
         """Check a given prompt against the length the prefill graph was built or saved for."""
         if given is not None and len(given) != self.prompt_len:
             raise LpxUserError(f"{self.name}'s prefill graph takes {self.prompt_len} prompt tokens, the prompt has "
-                               f"{len(given)} (save it again with lpx_tvm.app.llama.save_llama for {len(given)})")
+                               f"{len(given)} (save it again with lpx_tvm.app.models.llama.save_llama for {len(given)})")
 
     def context_for(self, positions: int, context: int | None) -> int:
         """The cache's slots: the decode graph's own (``_open_decoder`` checked a given one)."""
@@ -221,7 +221,7 @@ def _open_decoder(model, prompt_len: int, seed: int, context: int | None, dtype:
             return decoder
         missing = [f for f in ("prefill.onnx", "decode.onnx") if f not in own]
         raise LpxUserError(f"{path} is not a decoder folder: it has no {' or '.join(missing)} (write one with "
-                           "lpx_tvm.app.llama.save_llama), nor a graph in Hugging Face form (past_key_values.N "
+                           "lpx_tvm.app.models.llama.save_llama), nor a graph in Hugging Face form (past_key_values.N "
                            f"inputs, present.N outputs: an .onnx file, or an optimum folder with "
                            f"{' or '.join(GRAPH_FILES)}); or give a preset: {', '.join(llama.PRESETS)}")
     config = llama.get_config(model)

@@ -21,10 +21,10 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from ..runtime_sim.errors import LpxUserError
-from .light_models import LIGHT_MODELS, light_model
-from .trained import OCR_MODELS, ocr_input_shapes, ocr_model, text_image
-from .transformers import bert_encoder, gpt2_decoder
+from ...runtime_sim.errors import LpxUserError
+from ..models.light_models import LIGHT_MODELS, light_model
+from ..models.trained import OCR_MODELS, ocr_input_shapes, ocr_model, text_image
+from ..models.transformers import bert_encoder, gpt2_decoder
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,8 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
     import tvm
     from tvm import relax
 
-    from .. import compile as lpx_compile
-    from ..runtime import total_offloaded_calls
+    from ... import compile as lpx_compile
+    from ...runtime import total_offloaded_calls
 
     record = {"model": entry.name, "family": entry.family, "ok": False, "config": config, "dtype": dtype}
     with tempfile.TemporaryDirectory(prefix="lpx-zoo-") as tmp:
@@ -226,7 +226,7 @@ def run_model(entry: ZooModel, config: str = "tsp", llvm: bool = True, repeat: i
 def fast_against_reference(compiled, args, outputs) -> dict:
     """The model run again tile by tile (:func:`reference_arithmetic`), against the fast path's ``outputs``:
     ``fast_bit_equal``, and ``fast_max_diff``, the largest difference over the output's largest magnitude."""
-    from ..runtime_sim import reference_arithmetic
+    from ...runtime_sim import reference_arithmetic
 
     with reference_arithmetic():
         references = compiled(*args)
@@ -241,8 +241,8 @@ def llvm_build(model, input_shapes: dict | None = None):
     """TVM's own llvm build of an ONNX model (the host-only baseline), its native log lines kept for --debug."""
     import tvm
 
-    from ..diagnostics import native_output_to_log
-    from ..frontend import from_onnx
+    from ...diagnostics import native_output_to_log
+    from ...frontend import from_onnx
 
     mod = from_onnx(model, input_shapes)
     with native_output_to_log("TVM llvm build"):
@@ -315,7 +315,7 @@ def constant_weights(model: onnx.ModelProto) -> bool:
     """Whether every matrix weight (a Conv, Gemm or MatMul's second input) is one value repeated: made by
     ``ConstantOfShape`` (onnx's light models; a ``Constant`` once the frontend folds it) or a constant
     holding a single value."""
-    from ..frontend import onnx_constants
+    from ...frontend import onnx_constants
 
     constants = onnx_constants(model.graph)
     made_constant = {n.output[0] for n in model.graph.node if n.op_type == "ConstantOfShape"}
@@ -340,7 +340,7 @@ def _saved_for_run(entry: ZooModel, dtype: str, directory: Path) -> tuple:
         model = quantized_for_zoo(entry, model)
     elif dtype == "fp8":  # judged on the logits, as int8 is: a softmax magnifies a 3-bit mantissa's rounding
         model = without_final_softmax(model)
-    from ..frontend import set_shape
+    from ...frontend import set_shape
 
     for value_info in model.graph.input:  # the shapes it is compared at: `lpx-tvm run FILE` needs no flags
         if value_info.name in feeds:
@@ -396,7 +396,7 @@ def without_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def quantized_for_zoo(entry: ZooModel, model: onnx.ModelProto) -> onnx.ModelProto:
     """``lpx_tvm.quantize`` of a zoo model (trailing Softmax removed), calibrated on four seeded inputs."""
-    from ..quantization import quantize
+    from ...quantization import quantize
 
     prepared = without_final_softmax(model)
     # a model with its own (fixed) input calibrates on it once; min/max calibration needs no copies

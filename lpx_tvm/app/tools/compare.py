@@ -14,7 +14,7 @@ import copy
 import numpy as np
 import onnx
 
-from ..runtime_sim.errors import LpxUserError
+from ...runtime_sim.errors import LpxUserError
 
 _SKIP = {"Shape", "Constant", "ConstantOfShape", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
          "DequantizeLinear", "Cast", "Transpose", "Gather", "Concat", "Slice"}
@@ -90,8 +90,8 @@ def compare(model, config: str = "tsp", dtype: str = "fp32", input_shapes: dict 
     """
     import onnxruntime as ort
 
-    from .. import compile as lpx_compile
-    from ..frontend import load_onnx, prepare_onnx
+    from ... import compile as lpx_compile
+    from ...frontend import load_onnx, prepare_onnx
     from .zoo import seeded_inputs
 
     if not -1 <= min_cosine <= 1:  # (a cosine is in [-1, 1]: above 1, every layer would part ways)

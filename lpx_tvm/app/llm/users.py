@@ -21,7 +21,7 @@ from math import ceil
 import numpy as np
 
 from . import generate as single
-from ..runtime_sim.errors import LpxUserError
+from ...runtime_sim.errors import LpxUserError
 
 
 def repeated(program, period: int, copies: int):
@@ -39,7 +39,7 @@ def conflict(program, chip, period: int):
     """The first rule a chip's step breaks when repeated every ``period`` cycles on the same addresses (its
     units, shared rates, weight buffers, links' ports, and no SRAM hazard between one user's step and the
     next's), as the simulator names it; None where it keeps them all."""
-    from ..runtime_sim import ScheduleError, Simulator
+    from ...runtime_sim import ScheduleError, Simulator
 
     copies = -(-program.predicted_cycles // period) + 1  # every step that can be in flight beside the first
     try:

@@ -1,0 +1,1 @@
+"""Decoders run token by token: generate, many users at once, Hugging Face graphs."""

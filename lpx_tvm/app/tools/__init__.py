@@ -1,0 +1,1 @@
+"""The commands' engines: the zoo, profile, compare, bench, design sweeps and plots."""

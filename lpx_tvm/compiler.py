@@ -185,6 +185,12 @@ class _ProgramBytes(Mapping):
     def __getitem__(self, name):
         return bytes(memoryview(self._arrays[name]))
 
+    def write(self, name, path) -> None:
+        """Write program ``name``'s bytes to ``path`` from where the executable holds them (no copy: a program is
+        mostly weights)."""
+        with open(path, "wb") as out:
+            out.write(memoryview(self._arrays[name]))
+
     def __iter__(self):
         return iter(self._arrays)
 

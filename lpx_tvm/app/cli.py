@@ -129,13 +129,12 @@ def emit_programs(compiled, path) -> list:
     from pathlib import Path
 
     path = Path(path)
-    programs = list(compiled.programs.values())
-    if not programs:
+    names = list(compiled.programs)
+    if not names:
         raise LpxUserError("nothing was offloaded to lpx, so there is no program to write")
-    paths = [path] if len(programs) == 1 else [path.with_name(f"{path.stem}.{k}{path.suffix}")
-                                               for k in range(len(programs))]
-    for target, blob in zip(paths, programs):
-        target.write_bytes(blob)
+    paths = [path] if len(names) == 1 else [path.with_name(f"{path.stem}.{k}{path.suffix}") for k in range(len(names))]
+    for target, name in zip(paths, names):
+        compiled.programs.write(name, target)  # (from where the executable holds it: a program is mostly weights)
     return [str(p) for p in paths]
 
 

@@ -10,7 +10,7 @@ What is registered: the target tag ``lpx``, the relax pipelines ``"lpx"`` and
 ``"default"`` (TVM's default, with lpx offload first when the target has the
 ``lpx`` key), the BYOC codegen ``relax.ext.lpx`` and the runtime function
 ``lpx.runtime.execute``; and the simulator's product of few rows by an fp16 tile becomes a kernel TVM
-compiles (:mod:`.host_kernels`). The pipelines and the codegen hook import
+compiles (:mod:`.kernels.host`). The pipelines and the codegen hook import
 :mod:`lpx_tvm.pipeline` only when called, so nothing here imports a module of
 ours that imports TVM at its top (which could be the very module whose
 ``import tvm`` fired the hook).
@@ -56,11 +56,11 @@ def register_with_tvm() -> None:
 
 
 def _install_host_kernels() -> None:
-    """Make :func:`.host_kernels.half_product` the simulator's product of few rows and an fp16 tile,
-    :func:`.host_kernels.depthwise_sums` its depthwise convolution, :func:`.fused_kernels.kernel` the builder
-    of its fused elementwise runs, and :mod:`.window_kernels` its IM2COL and max pooling. (Here, not in
-    host_kernels: the fused and window kernels build on host_kernels' helpers, so it cannot import them.)"""
-    from . import fused_kernels, host_kernels, window_kernels
+    """Make :func:`.kernels.host.half_product` the simulator's product of few rows and an fp16 tile,
+    :func:`.kernels.host.depthwise_sums` its depthwise convolution, :func:`.kernels.fused.kernel` the builder
+    of its fused elementwise runs, and :mod:`.kernels.window` its IM2COL and max pooling. (Here, not in
+    kernels.host: the fused and window kernels build on its helpers, so it cannot import them.)"""
+    from .kernels import fused as fused_kernels, host as host_kernels, window as window_kernels
     from .runtime_sim import fusion, semantics
 
     semantics.use_half_product(host_kernels.half_product)

@@ -15,7 +15,7 @@ comparisons with numpy's rules for NaN and signed zeros. A step whose numpy
 result comes from a library (``exp``, ``tanh``, ``erf``) ends the run. A
 fused run computes the last step's destination; the results between its
 steps are read by the next step alone (a chain carries them in buffers of
-its own, :mod:`.merge`), so none of them is stored.
+its own, :mod:`.fast_path`), so none of them is stored.
 
 A run is described to the kernel builder by a key: ``(nodes, broadcast)``.
 ``nodes`` are ``(name, operands, constants)`` in order, an operand being

@@ -27,7 +27,7 @@ from .config import ChipConfig
 from .errors import LpxUserError
 from .isa import DType, HostTensor, Opcode, Space
 from .program import Program, aligned_array, decoded_columns, validated_columns
-from .merge import fast_entries
+from .fast_path import fast_entries
 from .semantics import SEMANTICS, WeightBuffer, host_convert, host_widen
 from .stats import RunStats, run_stats
 
@@ -262,7 +262,7 @@ class Simulator:
             Buffers to write into; allocated when omitted.
         reference : bool, optional
             Run every instruction on its own, tile by tile (the definition the fast path, which runs the
-            tiles of one product as one call, is tested against: :mod:`.merge`). By default, as
+            tiles of one product as one call, is tested against: :mod:`.fast_path`). By default, as
             :func:`reference_arithmetic` says (off outside it).
 
         Returns

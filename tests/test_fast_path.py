@@ -352,7 +352,7 @@ def test_a_tile_with_many_subnormals_widens_whole_to_numpys_cast(columns):
 def test_merged_entries_share_their_gather_buffers_slot_by_slot():
     """An entry needs its gather and scatter buffers only during its own call: the k-th buffer every entry
     asks for (of one dtype) is one buffer, as large as the largest asked for, never one an entry."""
-    from lpx_tvm.runtime_sim.merge import _Scratch
+    from lpx_tvm.runtime_sim.fast_path import _Scratch
 
     scratch = _Scratch()
     first, second = scratch.user(), scratch.user()

@@ -1,4 +1,4 @@
-"""The fast path's elementwise runs as one kernel (``runtime_sim.fusion``, ``lpx_tvm.fused_kernels``).
+"""The fast path's elementwise runs as one kernel (``runtime_sim.fusion``, ``lpx_tvm.kernels.fused``).
 
 Each case builds the steps a chain runs (the simulator's own semantics functions, on views shaped as the
 fast path binds them), fuses them, and checks that one kernel step replaced them and that it writes

@@ -1,4 +1,4 @@
-"""The simulator's host kernel for few fp32 rows times an fp16 tile (``lpx_tvm.host_kernels``), against numpy.
+"""The simulator's host kernel for few fp32 rows times an fp16 tile (``lpx_tvm.kernels.host``), against numpy.
 
 The kernel adds each sum's K products in order, each fused with its addition. numpy has no fused
 multiply-add, so the reference works each step in float64: the product of an fp32 and an fp16 is exact
@@ -13,7 +13,7 @@ import pytest
 
 import lpx_tvm  # noqa: F401  (registers with TVM, which installs the kernel)
 import tvm  # noqa: F401
-from lpx_tvm import host_kernels
+from lpx_tvm.kernels import host as host_kernels
 from lpx_tvm.runtime_sim import semantics
 
 
@@ -191,7 +191,7 @@ _WINDOWS = [  # (input shape, kernel, stride, dilation, pad, groups)
 def test_im2col_by_the_kernel_is_numpys_to_the_bit(dtype, shape, kernel, stride, dilation, pad, groups):
     """The kernel's columns are numpy's tap-by-tap copy's, the pad value around them included, for every element
     type a program's IM2COL moves; the input a band of rows of a larger array (a view that starts inside it)."""
-    from lpx_tvm import window_kernels
+    from lpx_tvm.kernels import window as window_kernels
 
     rng = np.random.default_rng(sum(shape))
     whole = (rng.standard_normal((shape[0], shape[1], shape[2] + 3, shape[3])) * 50).astype(dtype)
@@ -214,7 +214,7 @@ def test_im2col_by_the_kernel_is_numpys_to_the_bit(dtype, shape, kernel, stride,
 def test_max_pooling_by_the_kernel_is_numpys_to_the_bit_nans_and_signed_zeros_included():
     """numpy's maximum keeps a NaN and, of two equal values, the second (so -0.0 then 0.0 gives 0.0): the
     kernel takes the taps in numpy's order by the same rule, into a strided band of a larger output."""
-    from lpx_tvm import window_kernels
+    from lpx_tvm.kernels import window as window_kernels
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 5, 17, 35)).astype(np.float32)
@@ -238,7 +238,7 @@ def test_max_pooling_by_the_kernel_is_numpys_to_the_bit_nans_and_signed_zeros_in
 def test_the_window_kernels_decline_what_they_cannot_lay_out():
     """An output whose positions are not adjacent (or an int8 max pool) is left to numpy: the kernel says no
     and writes nothing."""
-    from lpx_tvm import window_kernels
+    from lpx_tvm.kernels import window as window_kernels
 
     x = np.ones((1, 2, 4, 4), np.float32)
     attrs = {"kernel": (1, 1), "stride": (1, 1), "dilation": (1, 1), "pad": (0, 0, 0, 0), "groups": 1,
@@ -250,6 +250,6 @@ def test_the_window_kernels_decline_what_they_cannot_lay_out():
 
 
 def test_lpx_installs_the_window_kernels():
-    from lpx_tvm import window_kernels
+    from lpx_tvm.kernels import window as window_kernels
 
     assert semantics._window_kernels == (window_kernels.im2col, window_kernels.max_pool)

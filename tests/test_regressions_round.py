@@ -56,7 +56,7 @@ def _refuse_to_build(*window):
 def test_a_large_pooling_window_runs_numpys_passes_not_a_kernel_build(rng, monkeypatch):
     # the onnx package's pytorch-converted test_MaxPool2d_stride_padding_dilation: 4,800 taps, whose kernel
     # (every tap written out) had not built after 150 s
-    from lpx_tvm import window_kernels
+    from lpx_tvm.kernels import window as window_kernels
 
     monkeypatch.setattr(window_kernels, "_build_maxpool", _refuse_to_build)
     node = helper.make_node("MaxPool", ["X"], ["Y"], kernel_shape=[60, 80], dilations=[10, 10],
@@ -73,7 +73,7 @@ def test_a_large_pooling_window_runs_numpys_passes_not_a_kernel_build(rng, monke
 
 def test_a_large_convolution_window_runs_numpys_im2col_not_a_kernel_build(rng, monkeypatch):
     # 9 x 9 = 81 taps: its IM2COL kernel took 17 s to build, more than numpy's copies cost over many runs
-    from lpx_tvm import window_kernels
+    from lpx_tvm.kernels import window as window_kernels
     from lpx_tvm.runtime_sim import Opcode, decode
 
     monkeypatch.setattr(window_kernels, "_build_im2col", _refuse_to_build)
@@ -94,7 +94,7 @@ def test_a_large_convolution_window_runs_numpys_im2col_not_a_kernel_build(rng, m
 
 @pytest.mark.parametrize("kernel, built", [((7, 7), True), ((1, 49), True), ((5, 10), False), ((1, 50), False)])
 def test_a_window_kernel_is_built_up_to_a_7x7_stems_taps(kernel, built, monkeypatch):
-    from lpx_tvm import window_kernels
+    from lpx_tvm.kernels import window as window_kernels
 
     windows = []
 

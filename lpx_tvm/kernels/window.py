@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fused_kernels import _maximum, vector_loop
-from .host_kernels import _compiled, _target, padded_copy
+from .fused import _maximum, vector_loop
+from .host import _compiled, _target, padded_copy
 
 # the most taps a window's kernel is built for (a 7 x 7 stem's): past it the build would not pay for itself
 # in the per-tap numpy calls it saves

@@ -20,7 +20,7 @@ calling thread.
 
 from __future__ import annotations
 
-from .host_kernels import _LANES, _compiled, _target
+from .host import _LANES, _compiled, _target
 
 
 def vector_loop(T, count, body) -> None:

@@ -185,7 +185,7 @@ def depthwise_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     zeros and dropped."""
     import tvm_ffi
 
-    from .runtime_sim.shapes import window_out
+    from ..runtime_sim.shapes import window_out
 
     (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["stride"], attrs["dilation"]
     top, left, bottom, right = attrs["pad"]

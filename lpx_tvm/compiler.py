@@ -17,7 +17,7 @@ from .diagnostics import native_output_to_log
 from .frontend import FrontendError, from_onnx
 from .patterns import partition_for_lpx
 from .pipeline import lower_lpx_calls, lpx_functions
-from .report import OffloadReport, offload_report
+from .report import ModelStats, OffloadReport, model_stats, offload_report
 from .runtime import load_program, program_key, release
 from .runtime_sim.config import ChipConfig, register_config
 from .runtime_sim.errors import LpxUserError
@@ -76,6 +76,12 @@ class CompiledModel:
     def simulators(self) -> dict:
         """Offloaded function name -> loaded (verified) simulator of its program."""
         return {name: load_program(blob) for name, blob in self._programs.items()}
+
+    @property
+    def stats(self) -> ModelStats:
+        """The model's figures on lpx: cycles and µs of its programs one after another, useful-MAC and unit
+        utilisation over every chip, and each program's chips (:class:`~lpx_tvm.report.ModelStats`)."""
+        return model_stats(self.simulators)
 
     def _state_parts(self, name: str) -> list:
         """``(view, cut, full shape)`` for every resident copy of state input ``name``: ``cut`` is ``(axis, lo,

@@ -89,3 +89,83 @@ def offload_report(mod) -> OffloadReport:
                 report.host_ops[call.op.name] += 1
         _walk_calls(func, visit)
     return report
+
+
+@dataclass(frozen=True)
+class ProgramFigures:
+    """One lpx program's figures: a system program's are its chips' makespan, each chip's utilisation weighed."""
+
+    name: str
+    cycles: int
+    predicted_cycles: int
+    chips: tuple  # the system chips it ran on; (0,) on one chip
+    mac_utilisation: float
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """A compiled model's figures on lpx, its programs one after another (the host runs between them).
+
+    Every unit's busy cycles and capacity, and the MAC work and capacity, are summed over every chip of every
+    program, so a utilisation is the whole model's.
+    """
+
+    programs: tuple
+    clock_hz: int
+    unit_busy: dict
+    unit_capacity: dict
+    peak_macs_cycles: float
+    mac_capacity: float
+
+    @property
+    def cycles(self) -> int:
+        return sum(p.cycles for p in self.programs)
+
+    @property
+    def predicted_cycles(self) -> int:
+        return sum(p.predicted_cycles for p in self.programs)
+
+    @property
+    def microseconds(self) -> float:
+        return 1e6 * self.cycles / self.clock_hz if self.clock_hz else 0.0
+
+    @property
+    def mac_utilisation(self) -> float:
+        """Useful MACs ÷ (peak MACs per cycle × cycles) over every chip, each MATMUL at its dtype's peak."""
+        return self.peak_macs_cycles / self.mac_capacity if self.mac_capacity else 0.0
+
+    @property
+    def utilisation(self) -> dict:
+        """Each unit kind's busy share of all its instances' cycles, over every chip."""
+        return {u: busy / self.unit_capacity[u] if self.unit_capacity[u] else 0.0 for u, busy in self.unit_busy.items()}
+
+    @property
+    def chips(self) -> int:
+        """The most chips one program ran on."""
+        return max((len(p.chips) for p in self.programs), default=0)
+
+    def to_dict(self) -> dict:
+        return {"cycles": self.cycles, "predicted_cycles": self.predicted_cycles, "microseconds": self.microseconds,
+                "mac_utilisation": self.mac_utilisation, "chips": self.chips,
+                "utilisation": {str(u): v for u, v in self.utilisation.items()},
+                "programs": [{"name": p.name, "cycles": p.cycles, "predicted_cycles": p.predicted_cycles,
+                              "chips": list(p.chips), "mac_utilisation": p.mac_utilisation} for p in self.programs]}
+
+
+def model_stats(simulators: dict) -> ModelStats:
+    """The :class:`ModelStats` of a compiled model's loaded simulators (``CompiledModel.simulators``)."""
+    programs, busy, capacity, clock = [], {}, {}, 0
+    weighted = peak = 0.0
+    for name, sim in simulators.items():
+        chip_stats = list(sim.stats.chips.items()) if hasattr(sim, "sims") else [(0, sim.stats)]
+        clock = sim.stats.clock_hz
+        work = sum(s.peak_macs_cycles for _, s in chip_stats)
+        room = sum(s.planes * s.array_macs * s.cycles for _, s in chip_stats)
+        programs.append(ProgramFigures(name, sim.stats.cycles, sim.stats.predicted_cycles,
+                                       tuple(chip for chip, _ in chip_stats), work / room if room else 0.0))
+        weighted, peak = weighted + work, peak + room
+        for _, s in chip_stats:
+            for unit, cycles in s.unit_busy.items():
+                busy[unit] = busy.get(unit, 0) + cycles
+                capacity[unit] = capacity.get(unit, 0) + s.unit_instances[unit] * s.cycles
+    return ModelStats(tuple(programs), clock, busy, capacity, weighted, peak)

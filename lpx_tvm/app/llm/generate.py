@@ -266,10 +266,6 @@ def _chip_of(compiled):
     return sim.chip_config
 
 
-def _cycles(compiled) -> int:
-    return sum(sim.stats.cycles for sim in compiled.simulators.values())
-
-
 def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, parallel: str = "pipeline",
              config: str | None = None, chips: int | None = None, dtype: str = "fp32", prompt_len: int = 8,
              seed: int = 0, progress=None, prompt_ids=None, prompt: str | None = None, temperature: float = 0.0,
@@ -371,7 +367,7 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     say("running the prefill ...")
     got = dict(zip(decoder.outputs, prefill(**decoder.prefill_feeds(prompt))))
     token = check(got["logits"][0, -1], lambda: reference.prefill(prompt))
-    prefill_cycles, prefill_programs = _cycles(prefill), prefill.report.lpx_functions
+    prefill_cycles, prefill_programs = prefill.stats.cycles, prefill.report.lpx_functions
     held = prefill.held
     # the prefill has run: its programs go before the decode program is built (they name the weights held
     # apart, where there are such; any they carry, converted or cut, the host never holds twice at once)
@@ -409,14 +405,14 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
     decode_wall_s = time.perf_counter() - stepping  # simulating the steps and checking each against ORT
     chip = _chip_of(decode)
     write_cycles = _write_back_cycles(decode, names, nbytes)  # a step writes one slot a cache
-    step_cycles = _cycles(decode) + write_cycles
+    step_cycles = decode.stats.cycles + write_cycles
     report = {"model": str(model), "system": system or chip.name, "parallel": parallel if system else "single chip",
               "dtype": dtype, "prompt_len": prompt_len, "context": context, "new_tokens": tokens,
               "prompt": prompt.tolist(), "tokens": chosen, "reference_tokens": [s["reference_token"] for s in steps],
               "sampling": {"temperature": temperature, "top_k": top_k} if temperature else "greedy",
               "agree": all(s["token"] == s["reference_token"] for s in steps), "steps": steps,
               "ttft_cycles": ttft_cycles, "ttft_us": 1e6 * ttft_cycles / chip.clock_hz,
-              "decode_cycles": _cycles(decode), "kv_write_cycles": write_cycles, "per_token_cycles": step_cycles,
+              "decode_cycles": decode.stats.cycles, "kv_write_cycles": write_cycles, "per_token_cycles": step_cycles,
               "per_token_us": 1e6 * step_cycles / chip.clock_hz,
               "tokens_per_s_per_user": chip.clock_hz / step_cycles, "compile_s": compile_s,
               "decode_wall_s": decode_wall_s,

@@ -194,7 +194,7 @@ def generate_users(model="llama-tiny", users: int = 2, tokens: int = 16, system:
             agree[user] = agree[user] and compared["token"] == compared["reference_token"]
             caches[user] = _kept(decode, names)
     kv_bytes = single.kv_bytes_per_chip(decode, names, nbytes)
-    step_cycles = single._cycles(decode) + single._write_back_cycles(decode, names, nbytes)
+    step_cycles = decode.stats.cycles + single._write_back_cycles(decode, names, nbytes)
     period = steady_period(decode, kv_bytes)
     chips = sum(len(sim.chips) for sim in decode.simulators.values())
     clock = single._chip_of(decode).clock_hz

@@ -73,7 +73,6 @@ def profile(compiled) -> dict:
         sims.update({f"{name}@chip{chip}" if name in systems else name: chip_sim for chip, chip_sim in sim.chips})
     report = {"dtype": compiled.dtype, "predicted_cycles": 0, "simulated_cycles": 0, "microseconds": 0.0,
               "units": {}, "layers": [], "programs": {}}
-    weighted = capacity = 0.0
     for name, sim in sims.items():
         stats, chip = sim.stats, sim.config
         report["config"] = chip.name
@@ -82,18 +81,9 @@ def profile(compiled) -> dict:
                           "sram_bytes_per_s": chip.sram_bytes_per_cycle * chip.clock_hz,
                           "vector_ops_per_s": chip.vxm_alus * chip.clock_hz,
                           "host_bytes_per_s": chip.host_bytes_per_s}
-        report["predicted_cycles"] += stats.predicted_cycles
-        report["simulated_cycles"] += stats.cycles
-        report["microseconds"] += stats.microseconds
         report["programs"][name] = stats.to_dict()
         report["host_converted_inputs"] = report.get("host_converted_inputs", 0) + len(sim.program.host_converted)
         report.setdefault("streamed", []).extend(streamed_weights(name, sim.program, chip))
-        weighted += stats.peak_macs_cycles
-        capacity += stats.planes * stats.array_macs * stats.cycles
-        for unit, info in stats.to_dict()["units"].items():
-            total = report["units"].setdefault(unit, {"busy_cycles": 0, "capacity": 0})
-            total["busy_cycles"] += info["busy_cycles"]
-            total["capacity"] += info["instances"] * stats.cycles
         shares, idle = exclusive_cycles(sim.program, sim.costs)
         report["programs"][name]["idle_cycles"] = idle
         for layer in stats.layers:
@@ -107,19 +97,15 @@ def profile(compiled) -> dict:
                 "bytes": layer["bytes"], "mac_utilisation": layer["macs"] / (peak * layer["cycles"]) if layer["cycles"]
                 else 0.0, "busy": layer["busy"], "busy_by_instance": layer["busy_by_instance"], "bound": layer["bound"],
                 "critical": layer["critical"]})
-    for info in report["units"].values():
-        info["utilisation"] = info["busy_cycles"] / info["capacity"] if info["capacity"] else 0.0
-    if systems:  # chips run side by side: the model's time is each system's makespan, not the chips' sum
+    # the model's figures: a system program's time is its chips' makespan, not their sum (one writer of them)
+    stats = compiled.stats
+    report.update(predicted_cycles=stats.predicted_cycles, simulated_cycles=stats.cycles,
+                  microseconds=stats.microseconds, mac_utilisation=stats.mac_utilisation)
+    report["units"] = {unit: {"busy_cycles": busy, "capacity": stats.unit_capacity[unit],
+                              "utilisation": stats.utilisation[unit]} for unit, busy in stats.unit_busy.items()}
+    if systems:
         report["systems"] = {name: {"system": sim.system.name, "parallel": sim.program.parallel,
                                     "notes": sim.program.notes, **sim.stats.to_dict()} for name, sim in systems.items()}
-        single = [n for n in compiled.simulators if n not in systems]
-        cycles = sum(s.stats.cycles for s in systems.values()) + sum(sims[n].stats.cycles for n in single)
-        report["predicted_cycles"] = sum(s.stats.predicted_cycles for s in systems.values()) + sum(
-            sims[n].stats.predicted_cycles for n in single)
-        report["simulated_cycles"] = cycles
-        clock = next(iter(systems.values())).system.chip.clock_hz
-        report["microseconds"] = 1e6 * cycles / clock
-    report["mac_utilisation"] = weighted / capacity if capacity else 0.0
     report["layers"].sort(key=lambda r: -r["cycles"])
     return report
 

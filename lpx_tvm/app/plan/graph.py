@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...codegen.graph import Graph
+from ...codegen.graph import PRODUCTS, Graph, NodeKind
 from ...runtime_sim import Opcode
 
 
@@ -74,7 +74,7 @@ class _Builder:
 
     def node(self, kind: str, inputs, shape, **attrs) -> int:
         self.count += 1
-        if kind in ("matmul",):
+        if kind in PRODUCTS:
             attrs = {"act": Opcode.NOP, "act_args": (0.0, 0.0), **attrs}
         return self.g.add_node(kind, inputs, shape, self.dtype, f"block/{kind.lower()}_{self.count}", **attrs)
 
@@ -109,7 +109,7 @@ def summer(b: _Builder, s: BlockShape, group):
         if group is None:
             return partial
         tag = b.count * group.tags()  # (every node its own tags)
-        return b.node("allreduce", [partial], (s.batch, s.tokens, s.hidden), rank=0, ranks=group.ranks,
+        return b.node(NodeKind.ALLREDUCE, [partial], (s.batch, s.tokens, s.hidden), rank=0, ranks=group.ranks,
                       tag=tag, group=group, rotated=False)
     return summed
 
@@ -123,14 +123,14 @@ def ffn_half(b: _Builder, s: BlockShape, x: int, summed) -> int:
 
     def swiglu(n, columns):
         mlp = (s.batch, s.tokens, columns)
-        gate = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
+        gate = b.node(NodeKind.MATMUL, [n, b.weight(s.hidden, columns)], mlp)
         silu = b.node("MUL", [gate, b.node("SIGMOID", [gate], mlp)], mlp)
-        up = b.node("matmul", [n, b.weight(s.hidden, columns)], mlp)
-        return b.node("matmul", [b.node("MUL", [silu, up], mlp), b.weight(columns, s.hidden)], hidden)
+        up = b.node(NodeKind.MATMUL, [n, b.weight(s.hidden, columns)], mlp)
+        return b.node(NodeKind.MATMUL, [b.node("MUL", [silu, up], mlp), b.weight(columns, s.hidden)], hidden)
 
     n = b.rms_norm(x, hidden)
     if s.experts:
-        b.node("matmul", [n, b.weight(s.hidden, s.experts)], (s.batch, s.tokens, s.experts))
+        b.node(NodeKind.MATMUL, [n, b.weight(s.hidden, s.experts)], (s.batch, s.tokens, s.experts))
     terms = [swiglu(n, s.ffn) for _ in range(s.routed if s.experts else 1)]
     if s.shared_ffn:
         terms.append(swiglu(n, s.shared_ffn))
@@ -175,7 +175,7 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
 
     def rope(t, count, dim=hd):
         shape_ = (s.batch, count, s.tokens, dim)
-        rot = b.node("matmul", [t, b.weight(dim, dim)], shape_)
+        rot = b.node(NodeKind.MATMUL, [t, b.weight(dim, dim)], shape_)
         a = b.node("MUL", [t, cos], shape_)
         c = b.node("MUL", [rot, sin], shape_)
         return b.node("ADD", [a, c], shape_)
@@ -195,17 +195,17 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
         scaled = b.node("MUL", [scores, b.weight()], (s.batch, kvh, rep * s.tokens, keys))
         masked = b.node("ADD", [scaled, full_mask], (s.batch, kvh, rep * s.tokens, keys))
         probs = b.node("SOFTMAX", [masked], (s.batch, kvh, rep * s.tokens, keys), axis=3)
-        return b.node("matmul", [probs, values], (s.batch, kvh, rep * s.tokens, width))
+        return b.node(NodeKind.MATMUL, [probs, values], (s.batch, kvh, rep * s.tokens, width))
 
     def latent_attention(n):
         """MLA's decode form (the module docstring): the output projection's partial sums."""
         width = q_lora + kv_lora + rope_dim
         if group is None:
-            latent = b.node("matmul", [n, b.weight(s.hidden, width)], (s.batch, s.tokens, width))
+            latent = b.node(NodeKind.MATMUL, [n, b.weight(s.hidden, width)], (s.batch, s.tokens, width))
         else:  # each chip makes its columns of the down-projections; the all-gather gives every chip all
             piece = -(-width // s.width)
-            part = b.node("matmul", [n, b.weight(s.hidden, piece)], (s.batch, s.tokens, piece))
-            latent = b.node("allgather", [part], (s.batch, s.tokens, piece * s.width), axis=2, rank=0,
+            part = b.node(NodeKind.MATMUL, [n, b.weight(s.hidden, piece)], (s.batch, s.tokens, piece))
+            latent = b.node(NodeKind.ALLGATHER, [part], (s.batch, s.tokens, piece * s.width), axis=2, rank=0,
                             ranks=group.ranks, tag=b.count * group.tags(), group=group)
 
         def cut(begin, size):
@@ -215,28 +215,28 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
         k_rope = cut(q_lora + kv_lora, rope_dim)
 
         def up(columns):
-            proj = b.node("matmul", [c_q, b.weight(q_lora or s.hidden, qh * columns)], (s.batch, s.tokens, qh * columns))
+            proj = b.node(NodeKind.MATMUL, [c_q, b.weight(q_lora or s.hidden, qh * columns)], (s.batch, s.tokens, qh * columns))
             return b.node("TRANSPOSE", [b.alias(proj, (s.batch, s.tokens, qh, columns))],
                           (s.batch, qh, s.tokens, columns), perm=(0, 2, 1, 3))
         q_nope, q_rope = up(nope), rope(up(rope_dim), qh, rope_dim)
         # each head's no-rotary query into the latent space: its slice of the K up-projection, absorbed
-        q_latent = b.node("matmul", [q_nope, b.weight(qh, nope, kv_lora)], (s.batch, qh, s.tokens, kv_lora))
+        q_latent = b.node(NodeKind.MATMUL, [q_nope, b.weight(qh, nope, kv_lora)], (s.batch, qh, s.tokens, kv_lora))
         k_rope = rope(b.alias(k_rope, (s.batch, 1, s.tokens, rope_dim)), 1, rope_dim)
         c_kv = cached(b.alias(c_kv, (s.batch, 1, s.tokens, kv_lora)), kv_lora)
         k_rope = cached(k_rope, rope_dim)
         stacked = (s.batch, 1, qh * s.tokens)
         scores = b.node("ADD", [
-            b.node("matmul", [b.alias(q_latent, stacked + (kv_lora,)),
+            b.node(NodeKind.MATMUL, [b.alias(q_latent, stacked + (kv_lora,)),
                               b.node("TRANSPOSE", [c_kv], (s.batch, 1, kv_lora, keys), perm=(0, 1, 3, 2))],
                    stacked + (keys,)),
-            b.node("matmul", [b.alias(q_rope, stacked + (rope_dim,)),
+            b.node(NodeKind.MATMUL, [b.alias(q_rope, stacked + (rope_dim,)),
                               b.node("TRANSPOSE", [k_rope], (s.batch, 1, rope_dim, keys), perm=(0, 1, 3, 2))],
                    stacked + (keys,))], stacked + (keys,))
         ctx = attend(scores, c_kv, kv_lora)  # the latent cache is the values
-        heads_v = b.node("matmul", [b.alias(ctx, (s.batch, qh, s.tokens, kv_lora)), b.weight(qh, kv_lora, v_dim)],
+        heads_v = b.node(NodeKind.MATMUL, [b.alias(ctx, (s.batch, qh, s.tokens, kv_lora)), b.weight(qh, kv_lora, v_dim)],
                          (s.batch, qh, s.tokens, v_dim))
         back = b.node("TRANSPOSE", [heads_v], (s.batch, s.tokens, qh, v_dim), perm=(0, 2, 1, 3))
-        return b.node("matmul", [b.alias(back, (s.batch, s.tokens, qh * v_dim)), b.weight(qh * v_dim, s.hidden)],
+        return b.node(NodeKind.MATMUL, [b.alias(back, (s.batch, s.tokens, qh * v_dim)), b.weight(qh * v_dim, s.hidden)],
                       hidden)
 
     for _ in range(layers):
@@ -245,7 +245,7 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
             out = latent_attention(n)
         else:
             def heads(count, norm=False):
-                proj = b.node("matmul", [n, b.weight(s.hidden, count * hd)], (s.batch, s.tokens, count * hd))
+                proj = b.node(NodeKind.MATMUL, [n, b.weight(s.hidden, count * hd)], (s.batch, s.tokens, count * hd))
                 split = b.alias(proj, (s.batch, s.tokens, count, hd))
                 t = b.node("TRANSPOSE", [split], (s.batch, count, s.tokens, hd), perm=(0, 2, 1, 3))
                 return b.rms_norm(t, (s.batch, count, s.tokens, hd)) if norm else t
@@ -261,11 +261,11 @@ def block_graph(shape: BlockShape, dtype, layers: int = 1) -> Graph:
                 v = b.node("CONCAT", [cache_v, v], (s.batch, kvh, keys, hd), axis=2)
             kt = b.node("TRANSPOSE", [k], (s.batch, kvh, hd, keys), perm=(0, 1, 3, 2))
             stacked = b.alias(q, (s.batch, kvh, rep * s.tokens, hd))
-            scores = b.node("matmul", [stacked, kt], (s.batch, kvh, rep * s.tokens, keys))
+            scores = b.node(NodeKind.MATMUL, [stacked, kt], (s.batch, kvh, rep * s.tokens, keys))
             ctx = attend(scores, v, hd)
             back = b.node("TRANSPOSE", [b.alias(ctx, (s.batch, qh, s.tokens, hd))], (s.batch, s.tokens, qh, hd),
                           perm=(0, 2, 1, 3))
-            out = b.node("matmul", [b.alias(back, (s.batch, s.tokens, qh * hd)), b.weight(qh * hd, s.hidden)], hidden)
+            out = b.node(NodeKind.MATMUL, [b.alias(back, (s.batch, s.tokens, qh * hd)), b.weight(qh * hd, s.hidden)], hidden)
         out = summed(out)
         x = b.node("ADD", [b.rms_norm(out, hidden) if s.sandwich else out, x], hidden)
         x = ffn_half(b, s, x, summed)
@@ -284,6 +284,6 @@ def head_graph(hidden: int, vocab: int, tokens: int, dtype, after: bool = False,
     g.inputs = [x]
     if after:
         x = b.node("ADD", [x, b.weight(hidden)], shape)
-    g.outputs = [b.node("matmul", [b.rms_norm(x, shape), b.weight(hidden, vocab)], (1, tokens, vocab))
+    g.outputs = [b.node(NodeKind.MATMUL, [b.rms_norm(x, shape), b.weight(hidden, vocab)], (1, tokens, vocab))
                  if head else x]
     return g

@@ -38,6 +38,8 @@ def test_timing_only_gives_a_full_runs_cycles_on_every_zoo_model(name):
         assert proven_timeline(validated_columns(full.program), *where) == walked
         assert timing.stats.cycles == walked.makespan == max(
             ins.cycle + occ.finish for ins, occ in zip(full.program.instructions, walked.occupancies))
+        # and the full run's, whose arithmetic ran above: the figures the test's name promises
+        assert _figures(timing.stats) == _figures(full.stats)
 
 
 def test_timing_only_refuses_to_run_and_still_rejects_a_bad_schedule():

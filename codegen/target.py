@@ -24,6 +24,7 @@ from .parallel import choices
 DTYPES = STORAGE_DTYPES
 DEFAULT_CONFIG = "tsp"  # the chip everything defaults to: patterns, codegen, CLI
 
+
 @dataclass(frozen=True)
 class Target:
     """What is compiled for, validated as it is made.
@@ -149,7 +150,8 @@ class Target:
         return self.chip.name
 
     def key(self) -> str:
-        """A stable id of the target: the chip's and system's parameters, not only their names."""
+        """A stable id of what is compiled for: the chip by its parameters (two chips of one name differ), the
+        system by its name and size, the dtype, the mapping and the schedule mode (not the dump folder)."""
         parts = [self.chip.digest.hex(), "" if self.system is None else f"{self.system.name}:{self.system.chips}",
                  self.dtype, self.parallel, str(self.chips), str(self.in_order)]
         return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()

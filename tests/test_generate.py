@@ -295,3 +295,19 @@ def test_the_reference_step_runs_on_its_own_thread_and_hands_back_its_value_or_i
 
     with pytest.raises(RuntimeError, match="could not run token 7"):
         _meanwhile(broken, 7)()
+
+
+@pytest.mark.slow
+def test_generate_says_how_many_weights_stream_when_the_chips_cannot_hold_them():
+    """llama-small's products are 10,485,760 bytes of fp32: 4 layers of q (256×256), k and v (256×128 each), o
+    (256×256), gate and up (256×512 each) and down (512×256), and the head (256×1024). The tiny chip holds 4 MiB,
+    so at least the rest streams from host memory every step, and the report says how much."""
+    from lpx_tvm.app.llm.generate import table
+
+    products = 4 * 4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512) + 4 * 256 * 1024
+    assert products == 10_485_760
+    small = generate("llama-small", tokens=1, config="tiny")
+    assert products - 4 * 2**20 <= small["streamed_bytes_per_step"] <= products
+    assert f"streamed weights: {small['streamed_bytes_per_step'] / 1e6:.1f} MB" in table(small)
+    fits = generate("llama-tiny", tokens=1, config="tiny")  # 0.43 MB of weights
+    assert "streamed_bytes_per_step" not in fits and "streamed weights" not in table(fits)

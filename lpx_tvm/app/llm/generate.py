@@ -261,6 +261,15 @@ def _write_back_cycles(compiled, names: list, nbytes: dict) -> int:
     return max(ceil(b / chip.host_bytes_per_cycle) for b in per_chip.values()) + chip.latency_cycles["MEM"]
 
 
+def _streamed_bytes(compiled) -> int:
+    """Bytes of weights a call of ``compiled`` streams from host memory (those its chips' SRAM does not hold)."""
+    total = 0
+    for sim in compiled.simulators.values():
+        for _, chip_sim in sim.chips:
+            total += sum(weight.host.nbytes for weight in chip_sim.program.streamed)
+    return total
+
+
 def _chip_of(compiled):
     sim = next(iter(compiled.simulators.values()))
     return sim.chip_config
@@ -425,6 +434,9 @@ def generate(model="llama-tiny", tokens: int = 16, system: str | None = None, pa
                                       "moved_bytes": held.moved}
     if quantised:
         report["quantised"] = quantised
+    streamed = _streamed_bytes(decode)
+    if streamed:  # weights the chips cannot hold cross the host link every step: the figures above count it
+        report["streamed_bytes_per_step"] = streamed
     report.update(_system_figures(decode))
     if decoder.tokenizer is not None:
         report["text"] = decoder.tokenizer.decode(chosen)
@@ -489,6 +501,9 @@ def table(report: dict) -> str:
                 f"{report['sampling']['top_k'] or 'all'}, one draw a step for both)"))
     if "quantised" in report:
         text += f"\nint8: {report['quantised']}; ONNX Runtime runs the same QDQ graphs"
+    if report.get("streamed_bytes_per_step"):
+        text += (f"\nstreamed weights: {report['streamed_bytes_per_step'] / 1e6:.1f} MB of the weights do not fit the "
+                 "chips' SRAM and cross the host link every step (a --system of more chips holds them)")
     if "resident_weights" in report:
         held = report["resident_weights"]
         text += (f"\nresident weights: {held['held_by_name_bytes'] / 1e6:.1f} MB named by the decode program, "

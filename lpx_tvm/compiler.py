@@ -356,11 +356,11 @@ def _experts_spread(model, input_shapes) -> tuple:
     from .expert_forms import dense_experts
     from .frontend import load_onnx, prepare_onnx
 
-    proto = prepare_onnx(load_onnx(model), input_shapes)
-    if not any(node.op_type == "TopK" for node in proto.graph.node):
+    # (a file is first read without its weights: most models have no top-k, and are imported once, after this)
+    if not any(node.op_type == "TopK" for node in load_onnx(model, external_data=False).graph.node):
         return model, None
     try:
-        return dense_experts(proto), None
+        return dense_experts(prepare_onnx(load_onnx(model), input_shapes)), None
     except ValueError as err:
         return model, str(err)
 
@@ -441,12 +441,11 @@ def _lpx_functions(model, config, input_shapes, dtype, weights=None) -> tuple:
 def _prepared(model, target: Target, input_shapes, weights=None) -> tuple:
     """The target (its chip made known by name where derived: its programs are loaded by it) and the imported
     module."""
-    options = target
-    if not _is_preset_name(options.chip):
-        register_config(options.chip)
+    if not _is_preset_name(target.chip):
+        register_config(target.chip)
     mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes, weights)
-    if options.dtype == "int8" and not _has_quantize(mod):
+    if target.dtype == "int8" and not _has_quantize(mod):
         raise LpxUserError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
                            "conv/matmul); make one with `lpx-tvm quantize MODEL.onnx -o MODEL_int8.onnx` or "
                            "lpx_tvm.quantize(model, calibration_inputs)")
-    return options, mod
+    return target, mod

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -54,17 +53,20 @@ def build(directory: Path, vocab: int, seed: int = 0) -> Path:
 
 
 def timed(command: list) -> dict:
-    """Run ``command``; its exit status, wall time and peak resident memory (``/usr/bin/time``'s, or the same
-    kernel figure from ``getrusage`` where that is not installed)."""
-    time_bin = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").is_file() else None)
-    start = time.perf_counter()
+    """Run ``command``; its exit status, wall time and peak resident memory: ``/usr/bin/time``'s, or where that is
+    not installed the same kernel figure (``getrusage``) read by a small parent of its own, so that each command's
+    peak is its own."""
+    time_bin = shutil.which("time")
     if time_bin:
-        done = subprocess.run([time_bin, "-f", "PEAK_KB %M", *command], capture_output=True, text=True)
-        lines = [line for line in done.stderr.splitlines() if line.startswith("PEAK_KB ")]
-        peak_kb = int(lines[-1].split()[1]) if lines else 0
+        wrapped = [time_bin, "-f", "PEAK_KB %M", *command]
     else:
-        done = subprocess.run(command, capture_output=True, text=True)
-        peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        wrapped = [sys.executable, "-c", "import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]); "
+                   "print('PEAK_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+                   "sys.exit(done.returncode)", *command]
+    start = time.perf_counter()
+    done = subprocess.run(wrapped, capture_output=True, text=True)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("PEAK_KB ")]
+    peak_kb = int(lines[-1].split()[1]) if lines else 0
     return {"returncode": done.returncode, "wall_s": round(time.perf_counter() - start, 1),
             "peak_gb": round(peak_kb * 1024 / 1e9, 3), "stdout": done.stdout, "stderr": done.stderr}
 

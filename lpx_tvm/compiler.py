@@ -49,6 +49,7 @@ class CompiledModel:
     def __init__(self, executable, report: OffloadReport, programs: dict, params, dtype: str = "fp32",
                  input_names=None, state_where=None, held=None):
         self.executable = executable
+        self.lowered = None  # the module the executable was built from (export builds it again, see library)
         self.held = held  # the caller's weights its programs name instead of copying (kept alive with them)
         self.held_bytes = 0  # how many bytes of them its programs name
         self.state_where = state_where or {}
@@ -140,34 +141,19 @@ class CompiledModel:
         return _to_numpy(result)
 
     def export_library(self, path) -> None:
-        """Write a shared library that ``tvm.runtime.load_module`` reloads (import lpx_tvm first)."""
+        """Write a shared library that ``tvm.runtime.load_module`` reloads (import lpx_tvm first).
+
+        Its large constants (programs and host weights) lie in a section of their own, which the library maps
+        when it is loaded (:mod:`lpx_tvm.library`): the export copies no weight in memory."""
         if self.held is not None:
             raise LpxUserError("this model's programs read the weights passed to compile(weights=...) where they "
                                "are, by name (hold_weights=True), so a library could not carry them: compile it "
                                "without hold_weights to export it")
-        self.executable.export_library(str(path), fpack_imports=_pack_by_reference)
+        if self.lowered is None:
+            raise LpxUserError("this model was built without the module it came from, so it cannot be exported")
+        from .library import write_library
 
-
-def _pack_by_reference(mod, is_system_lib: bool, prefix: str, workspace: str) -> str:
-    """The library's serialised modules (a program's constants are mostly weights) written to a file once and
-    named from an assembler source (``.incbin``), which the C compiler links in: TVM's own packing builds the
-    same bytes into an LLVM constant, and its object, in memory, several copies of the weights at once."""
-    import os
-
-    from tvm.runtime import _ffi_api
-
-    if is_system_lib:  # (lpx_tvm exports a shared library only; a system library's symbol is prefixed)
-        raise LpxUserError("lpx_tvm exports shared libraries, not system libraries")
-    blob = _ffi_api.ModulePackImportsToTensor(mod)
-    data = os.path.join(workspace, f"{prefix}devc.bin")
-    np.from_dlpack(blob).tofile(data)
-    del blob
-    source = os.path.join(workspace, f"{prefix}devc.S")
-    with open(source, "w") as out:
-        out.write(f'\t.section .lrodata,"a"\n\t.globl __tvm_ffi__library_bin\n\t.type __tvm_ffi__library_bin, @object\n'
-                  f'\t.p2align 6\n__tvm_ffi__library_bin:\n\t.incbin "{data}"\n'
-                  '\t.section .note.GNU-stack,"",@progbits\n')
-    return source
+        write_library(self.lowered, path)
 
 
 def _state_slice(value: np.ndarray, index, cut, full: tuple, name: str) -> np.ndarray:
@@ -345,6 +331,7 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         executable = tvm.compile(lowered, target="lpx", relax_pipeline=relax.pipeline.default_build_pipeline())
     held = held if held is not None and held.named > named else None  # (none lies in the arrays: none held)
     model = CompiledModel(executable, report, programs, params, dtype, input_names, state_where, held)
+    model.lowered = lowered
     model.held_bytes = held.named - named if held is not None else 0
     return model
 

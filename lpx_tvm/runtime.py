@@ -8,6 +8,9 @@ tensors through DLPack (no copies) and runs the arithmetic.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import struct
 import threading
 from collections import Counter
 
@@ -25,6 +28,13 @@ _CHIPS: dict = {}  # SRAM plan id -> the chip its programs share
 _LOCK = threading.Lock()
 _CALLS: Counter = Counter()
 _RELEASED: list = []  # keys a collected model gave up, not yet forgotten (see :func:`release`)
+
+STORED = "lpx.runtime.stored"
+STORED_MAGIC = b"LPXSTORE"
+STORED_HEADER = "<8s16sQ"  # magic, the export's id, the data's bytes (the data starts 64 bytes in)
+_STORED_SECTIONS: dict = {}  # an export's id -> its stored constants, mapped from the library
+_STORED_TENSORS: dict = {}  # (id, offset, dtype, shape) -> the constant as a tensor
+_LOOKED_IN: set = set()  # the loaded files already searched for stored constants
 
 
 def program_key(blob) -> tuple:
@@ -119,3 +129,63 @@ def execute(program, *args) -> None:
     sim.run([np.from_dlpack(a) for a in args[:n_in]], [np.from_dlpack(a) for a in args[n_in:]])
     with _LOCK:
         _CALLS[read_digest(blob).hex()] += 1
+
+
+def stored(stored_id: str, offset: int, dtype: str, shape: str):
+    """A large constant of an exported library (:mod:`lpx_tvm.library`), viewed where the library lies."""
+    key = (stored_id, offset, dtype, shape)
+    tensor = _STORED_TENSORS.get(key)
+    if tensor is None:
+        with _LOCK:
+            section = _STORED_SECTIONS.get(stored_id)
+            if section is None:
+                section = _STORED_SECTIONS[stored_id] = _find_stored(stored_id)
+            dims = tuple(int(d) for d in shape.split(",") if d)
+            count = int(np.prod(dims, dtype=np.int64))
+            array = np.frombuffer(section, np.dtype(dtype), count, offset).reshape(dims)
+            tensor = _STORED_TENSORS[key] = tvm_ffi.from_dlpack(array)
+    return tensor
+
+
+tvm_ffi.register_global_func(STORED, stored, override=True)
+
+
+def _find_stored(stored_id: str) -> np.ndarray:
+    """The data of the stored constants named ``stored_id``, from the loaded library that holds them: found by
+    its symbol, and mapped copy-on-write from the library's file at the symbol's place in it (so a write can
+    never reach the read-only mapping the loader made)."""
+    symbol = f"__lpx_stored_{stored_id}"
+    for path, segments in _mapped_files().items():
+        if path in _LOOKED_IN:
+            continue
+        try:
+            library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            address = ctypes.addressof(ctypes.c_char.in_dll(library, symbol))
+        except (OSError, ValueError):  # not a library, or not this export's
+            _LOOKED_IN.add(path)
+            continue
+        start = next(((lo, at) for lo, hi, at in segments if lo <= address < hi), None)
+        if start is None:
+            continue
+        at = address - start[0] + start[1]
+        with open(path, "rb") as lib:
+            lib.seek(at)
+            magic, found, nbytes = struct.unpack(STORED_HEADER, lib.read(struct.calcsize(STORED_HEADER)))
+        if magic != STORED_MAGIC or found.decode() != stored_id:
+            raise LpxUserError(f"{path}: its stored constants' header is damaged (symbol {symbol})")
+        return np.memmap(path, np.uint8, mode="c", offset=at + 64, shape=(nbytes,))
+    raise LpxUserError(f"the executable reads constants stored in a library (id {stored_id}) that is not "
+                       "loaded in this process: load that library with tvm.runtime.load_module")
+
+
+def _mapped_files() -> dict:
+    """Each file mapped into this process, with its mappings' address ranges and file offsets."""
+    files: dict = {}
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6 or not fields[5].startswith("/"):
+                continue
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            files.setdefault(fields[5].strip(), []).append((lo, hi, int(fields[2], 16)))
+    return files

@@ -49,4 +49,4 @@ def emit(g: Graph, addr: dict, instructions: list, layers: tuple, makespan: int,
     widened = tuple((j, *g.widened[t]) for j, t in enumerate(g.outputs) if t in g.widened)
     return Program(config.name, config.digest, tuple(instructions), tuple(constants),
                    host(g.inputs), host(g.outputs), layers, makespan, streamed=streamed, plan=plan, state=state,
-                   host_converted=converted, widened_outputs=widened)
+                   host_converted=converted, widened_outputs=widened, chip=config)

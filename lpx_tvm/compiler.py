@@ -19,7 +19,6 @@ from .patterns import partition_for_lpx
 from .pipeline import lower_lpx_calls, lpx_functions
 from .report import ModelStats, OffloadReport, model_stats, offload_report
 from .runtime import load_program, program_key, release
-from .runtime_sim.config import ChipConfig, register_config
 from .runtime_sim.errors import LpxUserError
 from .runtime_sim.held import HeldWeights
 from .runtime_sim.simulator import CallError
@@ -352,12 +351,6 @@ def _experts_spread(model, input_shapes) -> tuple:
         return model, str(err)
 
 
-def _is_preset_name(chip: ChipConfig) -> bool:
-    from .runtime_sim.config import available_configs
-
-    return chip.name in available_configs()
-
-
 def _held(hold_weights, weights):
     """The :class:`HeldWeights` a compile names its weights in (see :func:`compile`), or None."""
     if hold_weights is False or hold_weights is None:
@@ -426,10 +419,7 @@ def _lpx_functions(model, config, input_shapes, dtype, weights=None) -> tuple:
 
 
 def _prepared(model, target: Target, input_shapes, weights=None) -> tuple:
-    """The target (its chip made known by name where derived: its programs are loaded by it) and the imported
-    module."""
-    if not _is_preset_name(target.chip):
-        register_config(target.chip)
+    """The target and the imported module."""
     mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes, weights)
     if target.dtype == "int8" and not _has_quantize(mod):
         raise LpxUserError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "

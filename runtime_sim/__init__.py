@@ -6,7 +6,7 @@ LPX program means.
 """
 
 from .errors import LpxError, LpxInternalError, LpxUserError
-from .config import ChipConfig, available_configs, derive_config, load_config, register_config
+from .config import ChipConfig, available_configs, derive_config, load_config
 from .isa import DType, Opcode, Unit, Space, TensorRef, Instruction, OP_TABLE
 from .program import Program, Constant, StreamedWeight, ProgramFormatError, encode, decode, disassemble, validate
 from .check import ScheduleError, check_timing
@@ -15,7 +15,7 @@ from .simulator import Simulator, RunStats, CallError, reference_arithmetic
 
 __all__ = [
     "LpxError", "LpxUserError", "LpxInternalError",
-    "ChipConfig", "load_config", "available_configs", "derive_config", "register_config",
+    "ChipConfig", "load_config", "available_configs", "derive_config",
     "DType", "Opcode", "Unit", "Space", "TensorRef", "Instruction", "OP_TABLE",
     "Program", "Constant", "StreamedWeight", "ProgramFormatError", "encode", "decode", "disassemble", "validate",
     "ScheduleError", "check_timing", "Occupancy", "occupancy", "Simulator", "RunStats", "CallError",

@@ -222,22 +222,10 @@ def config_from_dict(data: dict) -> ChipConfig:
         raise ConfigError(f"chip config: {err}") from None
 
 
-_REGISTERED: dict = {}  # name -> a config made in this process (a design variant): found by name like a preset
-
-
-def register_config(config: ChipConfig) -> ChipConfig:
-    """Make ``config`` loadable by its name in this process (so its programs load through the runtime)."""
-    known = _REGISTERED.get(config.name)
-    if known is not None and known.digest != config.digest:
-        raise ConfigError(f"chip config {config.name!r} is already registered with other parameters")
-    if config.name in available_configs() and _load_preset(config.name).digest != config.digest:
-        raise ConfigError(f"chip config {config.name!r} is a preset's name; give the variant its own")
-    _REGISTERED[config.name] = config
-    return config
-
-
 def derive_config(base: "str | ChipConfig", overrides: dict, name: str | None = None) -> ChipConfig:
-    """A variant of ``base`` with some parameters changed, validated and registered.
+    """A variant of ``base`` with some parameters changed, validated.
+
+    It travels as an object (a program it compiles carries its parameters), never by its name alone.
 
     Parameters
     ----------
@@ -267,7 +255,7 @@ def derive_config(base: "str | ChipConfig", overrides: dict, name: str | None = 
     changes = ",".join(f"{k}={_short(v)}" for k, v in sorted(overrides.items()))
     data.update(name=name or f"{base.name}[{changes}]", sources=sources,
                 description=f"{base.name} with {changes}" if changes else base.description)
-    return register_config(config_from_dict(data))
+    return config_from_dict(data)
 
 
 def _short(value) -> str:
@@ -287,8 +275,6 @@ def load_config(config: "str | Path | ChipConfig") -> ChipConfig:
     if isinstance(config, ChipConfig):
         return config
     text = str(config)
-    if text in _REGISTERED:
-        return _REGISTERED[text]
     if text in available_configs():
         return _load_preset(text)
     path = Path(text)

@@ -15,13 +15,14 @@ evaluated.
 
 from __future__ import annotations
 
+import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from math import isinf, isnan
 
 import numpy as np
 
-from .config import ChipConfig, load_config
+from .config import ChipConfig, config_from_dict, load_config
 from .columns import ProgramColumns
 from .container import HEADER, opened, seal
 from .held import held_bytes, held_rows
@@ -32,10 +33,11 @@ from .rules import (MAX_DIM, MAX_OPERAND_BYTES, ProgramFormatError, _check_ref, 
 
 MAGIC = b"LPXPROG\0"
 SYSTEM_MAGIC = b"LPXSYS\0\0"  # a system program (system_sim): the same header, one program per chip inside
-VERSION = 10  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
+VERSION = 11  # 2: streamed weights; 3: attributes in op-table order; 4: streams, strided views; 5: SRAM plan;
 # 6: resident state; 7: inputs the host converts, outputs it widens; 8: each constant's bytes start at a multiple
 # of 64 from the program's first byte (zeros before them), so a simulator reads them where they lie; 9: a constant
-# may be held by the host by name (.held) instead of carried; 10: so may a streamed weight, as rows a pitch apart
+# may be held by the host by name (.held) instead of carried; 10: so may a streamed weight, as rows a pitch apart;
+# 11: the chip's parameters (so a program of a derived chip loads with no name to look it up by)
 _KEYED_FROM = 9  # from format 9 the checksum covers the version field too (container.body_digest)
 _ALIGN = 64
 _PAD = object()  # in an encoding's parts: zeros up to the next multiple of _ALIGN
@@ -87,6 +89,9 @@ class Program:
         The chip preset it was compiled for.
     config_digest : bytes
         Fingerprint of that config; a program is rejected on any other chip.
+    chip : ChipConfig, optional
+        The chip itself: encoded with the program (its parameters, not its sources), so that a program of a
+        design variant loads with nothing to look its name up in. Without it the name must be a preset's.
     instructions : tuple of Instruction
         In issue order.
     constants : tuple of Constant
@@ -127,6 +132,7 @@ class Program:
     state: tuple = ()
     host_converted: tuple = ()
     widened_outputs: tuple = ()
+    chip: "ChipConfig | None" = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.plan is None:
@@ -170,6 +176,26 @@ _PARTS = (  # what each of a Program's tuples holds: (field, test, in words)
 # ---------------------------------------------------------------------------
 # encode
 # ---------------------------------------------------------------------------
+def _chip_parameters(chip) -> str:
+    """A chip's parameters as JSON (its sources and description are for readers, not for the program)."""
+    if chip is None:
+        return ""
+    return json.dumps({k: v for k, v in asdict(chip).items() if k not in ("sources", "description")},
+                      sort_keys=True, default=dict)
+
+
+def _chip_from_parameters(text: str, name: str, digest: bytes):
+    """The chip a program's parameters describe, which must be the one its name and digest say."""
+    try:
+        chip = config_from_dict(json.loads(text))
+    except (ValueError, TypeError) as err:
+        raise ProgramFormatError(f"program's chip parameters are malformed: {err}") from None
+    if chip.name != name or chip.digest != digest:
+        raise ProgramFormatError(f"program's chip parameters describe {chip.name!r} (digest {chip.digest.hex()}), "
+                                 f"not the {name!r} (digest {digest.hex()}) it names")
+    return chip
+
+
 def _pack_str(text: str) -> bytes:
     raw = text.encode()
     return struct.pack("<H", len(raw)) + raw
@@ -247,7 +273,7 @@ class Encoding:
 
 def _parts(program: Program) -> list:
     plan = program.plan
-    parts = [_pack_str(program.config_name), program.config_digest,
+    parts = [_pack_str(program.config_name), program.config_digest, _pack_str(_chip_parameters(program.chip)),
              struct.pack("<8sQQ", plan.model.ljust(8, b"\0"), plan.sram_bytes, plan.activation_base),
              struct.pack("<QI", program.predicted_cycles, len(program.layer_names))]
     parts += [_pack_str(name[:MAX_NAME]) for name in program.layer_names]
@@ -386,7 +412,7 @@ def decode(blob, config: ChipConfig | str | None = None) -> Program:
 def decoded_columns(blob, config: ChipConfig | str | None = None, verified: bool = False):
     """:func:`decode`, returning the program as :class:`.columns.ProgramColumns` (see :func:`validated_columns`);
     ``verified``: its checksum is not checked again (a system program's checksum covers its chips' bytes)."""
-    version, body, digest = opened(blob, MAGIC, (7, 8, 9, VERSION), "program", verified, _KEYED_FROM)
+    version, body, digest = opened(blob, MAGIC, (7, 8, 9, 10, VERSION), "program", verified, _KEYED_FROM)
     try:
         program = _parse_body(_Reader(body), digest, version)
     except ProgramFormatError:
@@ -399,6 +425,8 @@ def decoded_columns(blob, config: ChipConfig | str | None = None, verified: bool
 def _parse_body(r: _Reader, digest: bytes, version: int = VERSION) -> Program:
     config_name = r.string("config name")
     config_digest = bytes(r.take(8, "config digest"))
+    parameters = r.string("chip parameters") if version >= 11 else ""
+    chip = _chip_from_parameters(parameters, config_name, config_digest) if parameters else None
     model, plan_bytes, activation_base = r.unpack("8sQQ", "SRAM plan")
     plan = SramPlan(b"" if model == bytes(8) else model, plan_bytes, activation_base)
     predicted, n_layers = r.unpack("QI", "program header")
@@ -475,7 +503,7 @@ def _parse_body(r: _Reader, digest: bytes, version: int = VERSION) -> Program:
     if r.pos != len(r.buf):
         raise ProgramFormatError(f"{len(r.buf) - r.pos} trailing bytes after the widened outputs")
     return Program(config_name, config_digest, tuple(instructions), tuple(constants), sigs[0], sigs[1],
-                   layers, predicted, digest, tuple(streamed), plan, tuple(state), converted, widened)
+                   layers, predicted, digest, tuple(streamed), plan, tuple(state), converted, widened, chip)
 
 
 def _check_conversion(what: str, dtype, scale, zero_point) -> None:
@@ -506,7 +534,7 @@ def validated_columns(program: Program, config: ChipConfig | str | None = None):
     """:func:`validate`, returning the program as :class:`.columns.ProgramColumns` (what checking and
     measuring it need next)."""
     try:
-        chip = load_config(config if config is not None else program.config_name)
+        chip = load_config(config) if config is not None else program.chip or load_config(program.config_name)
     except ValueError as err:
         raise ProgramFormatError(f"program names chip config {program.config_name!r}: {err}") from None
     if program.config_digest != chip.digest or program.config_name != chip.name:

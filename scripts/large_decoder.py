@@ -6,7 +6,9 @@ data, ``model.onnx.data``), then runs, each in a process of its own under ``/usr
 
 - ``lpx-tvm generate model.onnx --tokens N``: lpx's tokens against ONNX Runtime's, step by step;
 - ``lpx-tvm compile model.onnx -o model.so`` (``--compile program``: ``--emit-program`` only, no library),
-  the decode step pinned to one token over a past of 8.
+  the decode step pinned to one token over a past of 8;
+- the library reloaded (``tvm.runtime.load_module``) and run on one decode step's seeded inputs, its logits
+  against ONNX Runtime's on the same inputs.
 
 Prints one JSON line: the weights' bytes, and per command its peak resident memory, that peak over the
 weights, the wall time and (for ``generate``) whether every token equals ORT's. The fixed overhead is the
@@ -91,6 +93,52 @@ def run_generate(graph: Path, tokens: int) -> dict:
     return run
 
 
+def decode_inputs(past: int = 8, seed: int = 0) -> dict:
+    """One decode step's inputs for :func:`decode_shapes`: a token at position ``past`` over a seeded past."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    head_dim = HIDDEN // HEADS
+    feeds = {"input_ids": np.array([[7]], np.int64), "attention_mask": np.ones((1, past + 1), np.int64),
+             "position_ids": np.array([[past]], np.int64)}
+    feeds.update({f"past_key_values.{layer}.{kind}": rng.standard_normal((1, KV_HEADS, past, head_dim), np.float32)
+                  for layer in range(LAYERS) for kind in ("key", "value")})
+    return feeds
+
+
+_RUN_LIBRARY = """
+import sys, numpy as np, tvm, lpx_tvm
+from tvm import relax
+feeds = np.load(sys.argv[2])
+vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())
+out = vm["main"](*[tvm.runtime.tensor(feeds[name]) for name in feeds.files])
+np.save(sys.argv[3], out[0].numpy())
+print("lpx calls", lpx_tvm.runtime.total_offloaded_calls())
+"""
+
+
+def run_library(graph: Path) -> dict:
+    """The library ``compile -o`` wrote, reloaded in a process of its own and run on one decode step; its logits
+    against ONNX Runtime's (run here, after it)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    feeds = decode_inputs()
+    np.savez(graph.parent / "feeds.npz", **feeds)
+    logits = graph.parent / "logits.npy"
+    run = timed([sys.executable, "-c", _RUN_LIBRARY, str(graph.with_suffix(".so")), str(graph.parent / "feeds.npz"),
+                 str(logits)])
+    if run["returncode"] == 0:
+        session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        wanted = {i.name for i in session.get_inputs()}
+        reference = session.run(["logits"], {k: v for k, v in feeds.items() if k in wanted})[0]
+        got = np.load(logits)
+        run.update(lpx_calls=int(run["stdout"].split("lpx calls")[-1]),
+                   max_abs_err=float(np.abs(got - reference).max()),
+                   same_token=bool(got[0, -1].argmax() == reference[0, -1].argmax()))
+    return run
+
+
 def run_compile(graph: Path, what: str) -> dict:
     target = ["-o", str(graph.with_suffix(".so"))] if what == "library" else [
         "--emit-program", str(graph.with_suffix(".bin"))]
@@ -111,15 +159,17 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         graph = build(Path(tmp) / "large", vocabulary_for(args.gb))
         result["build_s"] = round(time.perf_counter() - start, 1)
-        weights = sum(f.stat().st_size for f in graph.parent.glob("*.data"))
+        weights = sum(f.stat().st_size for f in graph.parent.glob("model.onnx*"))  # (the graph with its data)
         result["weights_gb"] = round(weights / 1e9, 3)
         runs = {"generate": run_generate(graph, args.tokens)}
         if args.compile != "none":
             runs[f"compile_{args.compile}"] = run_compile(graph, args.compile)
+        if args.compile == "library" and runs["compile_library"]["returncode"] == 0:
+            runs["run_library"] = run_library(graph)
         if args.baseline:
             runs["generate_vocab_1000"] = run_generate(build(Path(tmp) / "small", 1000), args.tokens)
         for name, run in runs.items():
-            if run["returncode"] != 0 or run.get("agree") is False:
+            if run["returncode"] != 0 or run.get("agree") is False or run.get("same_token") is False:
                 ok = False
                 print(f"{name} failed:\n{run['stderr'][-3000:]}", file=sys.stderr)
             run.pop("stdout"), run.pop("stderr")
@@ -128,8 +178,10 @@ def main(argv=None) -> int:
         result.update(runs)
     if "generate_vocab_1000" in result:
         overhead = result["generate_vocab_1000"]["peak_gb"]
-        result["generate"]["peak_less_overhead_over_weights"] = round(
-            (result["generate"]["peak_gb"] - overhead) * 1e9 / weights, 2)
+        for name in ("generate", f"compile_{args.compile}", "run_library"):
+            if name in result:
+                result[name]["peak_less_overhead_over_weights"] = round(
+                    (result[name]["peak_gb"] - overhead) * 1e9 / weights, 2)
     print(json.dumps(result))
     return 0 if ok else 1
 

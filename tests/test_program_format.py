@@ -5,7 +5,7 @@ import pytest
 
 import lpx_tvm
 from lpx_tvm.runtime_sim import ProgramFormatError, decode, disassemble, encode, load_config
-from conftest import cnn_model
+from conftest import assert_close, cnn_model, ort_run
 from programs import program
 
 
@@ -196,3 +196,29 @@ def test_a_widened_output_must_be_a_narrow_output_of_the_program(blob):
 
     with pytest.raises(ProgramFormatError, match="widened output 0 is fp32, not int8/uint8/fp16/bf16"):
         validate(dataclasses.replace(decode(blob), widened_outputs=((0, 1.0, 0),)))
+
+
+def test_a_derived_chips_program_carries_the_chip_and_runs_with_no_name_to_look_up(rng):
+    """A design variant is in no registry: its program carries the chip's parameters, decodes to that chip and
+    runs; its name alone does not load."""
+    from dataclasses import replace
+
+    from lpx_tvm.runtime_sim import Simulator, derive_config
+    from lpx_tvm.runtime_sim.config import ConfigError
+
+    chip = derive_config("tiny", {"sram_bytes": 3 << 20})
+    compiled = lpx_tvm.compile(cnn_model(), target=lpx_tvm.codegen.Target.parse(chip))
+    (blob,) = compiled.programs.values()
+    program = decode(blob)
+    assert (program.chip.name, program.chip.digest, program.chip.sram_bytes) == (chip.name, chip.digest, 3 << 20)
+    with pytest.raises(ConfigError):
+        load_config(chip.name)
+    x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    sim = Simulator(program)
+    out = np.zeros(program.outputs[0].shape, np.float32)
+    sim.run([x], [out])
+    assert_close(out, ort_run(cnn_model(), {"x": x})[0], 1e-4)
+    # parameters that are not the chip its name and digest say are refused, naming both
+    other = replace(program, chip=derive_config("tiny", {"sram_bytes": 2 << 20}))
+    with pytest.raises(ProgramFormatError, match=r"chip parameters describe 'tiny\[sram_bytes=2097152\]'"):
+        decode(encode(other))

@@ -613,9 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write one record per model")
     p.set_defaults(func=cmd_bench)
     for name in ("compile", "run", "profile", "compare", "zoo", "generate", "plan", "sweep", "bench"):
-        sub.choices[name].add_argument("--format", choices=FORMATS, default="text", help="how to print the result: "
-                                       "text (tables), markdown (the same under headings) or json (the whole record, "
-                                       "as --json writes it; lines about files written go to stderr)")
+        sub.choices[name].add_argument("--format", choices=FORMATS, default="text", help="print the result as "
+                                       "text, markdown or json (the record --json writes; lines about files written "
+                                       "then go to stderr)")
     return parser
 
 

@@ -66,6 +66,11 @@ class OffloadReport:
         return (f"{self.lpx_functions} lpx subgraph(s), {self.offloaded_pct:.2f}% of "
                 f"{self.flops_total / 1e9:.3f} GFLOP on lpx; host ops: {host}{dynamic}")
 
+    def to_dict(self) -> dict:
+        return {"lpx_functions": self.lpx_functions, "flops_offloaded": self.flops_offloaded,
+                "flops_host": self.flops_host, "offloaded_pct": self.offloaded_pct,
+                "host_ops": dict(sorted(self.host_ops.items())), "dynamic_host_ops": self.dynamic_host_ops}
+
 
 def offload_report(mod) -> OffloadReport:
     """Count FLOPs in lpx functions and in host code of a partitioned module."""

@@ -16,7 +16,7 @@ def test_the_table_formats_each_figure_as_the_readme_shows_it():
     record = {"model": "m", "sim_s": 0.01234, "reference_s": 0.0201, "ort_s": 0.00602,
               "sim_over_ort": 0.01234 / 0.00602, "reference_over_ort": 0.0201 / 0.00602, "gemm_floor_over_ort": 1.3712, "lpx_compile_s": 1.5, "tvm_llvm_compile_s": 3.0, "compile_over_tvm": 0.5, "sim_peak_rss_mb": 600.4,
               "ort_peak_rss_mb": 250.6}
-    lines = bench_table([record, {"model": "broken", "error": "it failed"}]).splitlines()
+    lines = str(bench_table([record, {"model": "broken", "error": "it failed"}])).splitlines()
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells == ["m", "12.3", "20.1", "6.0", "2.05", "3.34", "1.37", "1.50", "3.00", "0.50", "600", "251"]
     assert [c.strip() for c in lines[3].strip("|").split("|")][:2] == ["broken", "it failed"]

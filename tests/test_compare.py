@@ -243,13 +243,6 @@ def test_two_all_zero_tensors_agree_exactly():
     assert (other["cosine"], other["sqnr_db"], other["max_abs_err"]) == (0.0, float("-inf"), 1.0)
 
 
-def test_json_safe_writes_the_non_finite_as_strings():
-    from lpx_tvm.app.tools.compare import json_safe
-
-    assert json_safe({"a": [float("inf"), 1.5, {"b": float("-inf")}], "c": float("nan")}) == \
-        {"a": ["inf", 1.5, {"b": "-inf"}], "c": "nan"}
-
-
 def test_a_chain_of_weight_only_nodes_is_a_weight_not_a_layer():
     """x ─► MatMul(x, Neg(Mul(w, 2))) y: the Mul and the Neg compute from the weight alone (before, the Neg's
     output was watched as a layer, since one of its inputs is not an initializer); the MatMul m is watched."""

@@ -154,7 +154,7 @@ def test_errors_are_one_line(capsys):
 
 
 def test_without_lpx_watts_the_report_says_per_mw_is_unknown(gpu_only, tmp_path):
-    text = table(gpu_only)
+    text = str(table(gpu_only))
     assert "tokens/s per MW: unknown for modes using LPX" in text and "--lpx-chip-watts" in text
     assert "ASSUMED" in text  # the link's figure
     assert plot(gpu_only, tmp_path / "pareto.png") and (tmp_path / "pareto.png").stat().st_size > 1000
@@ -212,7 +212,7 @@ def test_lpx_decode_and_afd_time_their_exchanges_and_verify_their_lpx_half():
     assert abs(v["verify_error"]) < 0.05, v
     assert v["planned_cycles"] / v["verified_cycles"] - 1 == pytest.approx(v["verify_error"])
     rows = f"{v['rows']} row{'s' if v['rows'] > 1 else ''}"
-    assert f"verify afd: a stage's {v['layers']} FFN layers at {rows} compiled whole: " in table(afd)
+    assert f"verify afd: a stage's {v['layers']} FFN layers at {rows} compiled whole: " in str(table(afd))
 
 
 def test_a_speed_of_light_gpu_is_said_to_price_no_collective():
@@ -225,8 +225,8 @@ def test_a_speed_of_light_gpu_is_said_to_price_no_collective():
                 "link": {"GBps_per_gpu": 200, "GBps_per_lpx_rack": 6400, "latency_us": 5, "assumed": False},
                 "lpx_chip_watts": None, "model": "m", "dtype": "fp8", "system": "lpx-rack", "context": 2048,
                 "prompt": 128, "modes": {}, "frontier": [], "candidates": [], "plan_s": 0.0}
-    assert "prices no collective between GPUs" in table(report("SOL"))
-    assert "prices no collective" not in table(report("SILICON"))
+    assert "prices no collective between GPUs" in str(table(report("SOL")))
+    assert "prices no collective" not in str(table(report("SILICON")))
 
 
 def test_a_mode_aiconfigurator_has_no_data_for_is_named_not_a_crash(monkeypatch):
@@ -277,7 +277,7 @@ def test_gpt_oss_at_fp8_prices_its_experts_in_a_mode_the_tables_hold_and_says_so
     assert "error" not in r and r["config"]["moe_ep"] * r["config"]["moe_tp"] == r["config"]["tp"]
     assert report["gpu"]["quant"]["modes"]["moe"] == "w4a8_mxfp4_mxfp8"
     assert "GPU side in AIConfigurator's modes: gemm fp8, moe w4a8_mxfp4_mxfp8 (AIConfigurator's gb300 trtllm " \
-           "tables have no fp8 MoE" in table(report)
+           "tables have no fp8 MoE" in str(table(report))
     c = r["config"]
     assert r["tpot_ms"] == pytest.approx(
         _direct(path, c["tp"], q, c["moe_ep"]).decode_step_latency(c["batch"], 4096, 2), rel=1e-9)

@@ -257,7 +257,7 @@ def test_a_plan_counts_its_chips_power_at_the_preset_s_tdp():
     assert load_config("tsp").power_watts == 300
     assert planned["power_kw"] == 4 * 300 / 1000
     assert planned["tokens_per_s_per_kw"] == pytest.approx(planned["tokens_per_s"] / 1.2)
-    assert "power: 1.2 kW for the chips at their TDP" in table(planned)
+    assert "power: 1.2 kW for the chips at their TDP" in str(table(planned))
     assert load_config("lp30").power_watts is None
 
 
@@ -365,7 +365,7 @@ def test_verify_compiles_each_stage_whole_and_agrees_with_the_full_simulation():
     assert planned["verified_cycles"] == pytest.approx(simulated["per_token_cycles"], rel=0.05)
     assert planned["per_token_us"] * 900 == pytest.approx(simulated["per_token_cycles"], rel=0.05)
     assert abs(planned["verify_error"]) < 0.05
-    assert "verified: every stage compiled and timed whole (4 of 1 block: " in table(planned)
+    assert "verified: every stage compiled and timed whole (4 of 1 block: " in str(table(planned))
 
 
 @pytest.mark.slow
@@ -389,7 +389,7 @@ def test_verify_measures_what_the_int8_plan_leaves_out():
     planned = plan("llama-small", "tsp-node", dtype="int8", context=128, prompt=8, mapping=(1, 1), verify=True)
     measured = planned["int8_as_compiled"]
     assert measured["per_token_cycles"] == pytest.approx(simulated["per_token_cycles"], rel=0.05)
-    assert "int8 as compiled: a block of this shard through the QDQ flow" in table(planned)
+    assert "int8 as compiled: a block of this shard through the QDQ flow" in str(table(planned))
 
 
 def test_a_tokens_cycles_are_its_blocks_head_links_and_cache_write_worked_by_hand():

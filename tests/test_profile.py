@@ -112,7 +112,7 @@ def test_the_profile_names_each_streamed_weight_and_what_forced_it(rng):
     (row,) = report["streamed"]
     assert row["bytes"] == 768 * 1440 * 4 and row["layer"].startswith("matmul")
     assert "streamed 4423680 B exceed the 4194304 B of SRAM" in row["why"]
-    assert f"  {row['layer']}: 4423680 B" in table(report)
+    assert f"  {row['layer']}: 4423680 B" in str(table(report))
 
 
 def test_exclusive_cycles_split_each_cycle_among_the_layers_busy_in_it():
@@ -152,7 +152,7 @@ def test_under_tensor_parallelism_each_row_names_its_program_and_chip():
     from lpx_tvm.app.tools.profile import profile, table
 
     report = profile(lpx_tvm.compile(mlp_model(), system="tiny-2", parallel="tensor"))
-    text = table(report, top=0)
+    text = str(table(report, top=0))
     assert text.startswith("| program    | layer")
     body = [line.split("|")[1:4] for line in text.splitlines()[2:] if line.startswith("| lpx")]
     by_layer = {}
@@ -160,7 +160,7 @@ def test_under_tensor_parallelism_each_row_names_its_program_and_chip():
         by_layer.setdefault((layer.strip(), ops.strip()), []).append(program.strip())
     assert by_layer.pop(("store output 0 [4, 10]", "")) == ["lpx0@chip0"]
     assert by_layer and all(sorted(chips) == ["lpx0@chip0", "lpx0@chip1"] for chips in by_layer.values())
-    assert not table(profile(lpx_tvm.compile(mlp_model(), config="tiny"))).startswith("| program")
+    assert not str(table(profile(lpx_tvm.compile(mlp_model(), config="tiny")))).startswith("| program")
 
 
 def test_the_roofline_draws_one_series_per_bound_and_every_ceiling(tmp_path, monkeypatch):

@@ -100,7 +100,7 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(model_files, tmp_path
     records = sweep.run_sweep(_spec([model_files[1], str(broken)]), tmp_path / "r.jsonl", workers=0, progress=False)
     assert [r["ok"] for r in records] == [True, False, True, False]
     assert all("not a readable ONNX model" in r["error"] for r in records if not r["ok"])
-    assert "failed points:" in sweep.table(records)
+    assert "failed points:" in str(sweep.table(records))
 
 
 ADD_GRID = {"host_bytes_per_s": ["1x", "2x"], "mxm_planes": [1, 2]}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import logging
 import os
 import sys
@@ -19,6 +18,7 @@ import traceback
 import warnings
 
 from ..runtime_sim.errors import LpxUserError
+from .output import FORMATS, Report, write
 
 
 def _at_least(lowest: int):
@@ -30,6 +30,21 @@ def _at_least(lowest: int):
         return value
     parse.__name__ = {0: "non-negative integer", 1: "positive integer"}[lowest]  # (argparse's error names it)
     return parse
+
+
+def _show(args, report: Report) -> None:
+    """Print a command's result in its ``--format``, and write its JSON to ``--json PATH`` where given."""
+    write(report, args.format, sys.stdout)
+    if getattr(args, "json", None):
+        with open(args.json, "w") as fh:
+            write(report, "json", fh)
+        _say(args, f"wrote {args.json}")
+
+
+def _say(args, line: str) -> None:
+    """A line about a file written: on stdout beside text, on stderr beside JSON or markdown (stdout stays the
+    one document)."""
+    print(line, file=sys.stdout if getattr(args, "format", "text") == "text" else sys.stderr)
 
 
 def _input_shapes(values) -> dict:
@@ -109,18 +124,23 @@ def placement(compiled) -> list:
     return lines
 
 
+def _offload(compiled) -> dict:
+    """What went to lpx and where, for a record: the offload's figures and the placement lines."""
+    return {"offload": compiled.report.to_dict(), "placement": placement(compiled)}
+
+
 def cmd_compile(args) -> int:
     if not args.output and not args.emit_program:
         raise LpxUserError("say what to write: -o MODEL.so (the library) and/or --emit-program PROGRAM.bin")
     compiled = _compile(args)
+    lines, record = [], {"library": args.output, **_offload(compiled), "programs": []}
     if args.output:
         compiled.export_library(args.output)
-        print(f"wrote {args.output}: {compiled.report.summary()}")
-        for line in placement(compiled):
-            print(line)
+        lines += [f"wrote {args.output}: {compiled.report.summary()}", *record["placement"]]
     if args.emit_program:
-        for path in emit_programs(compiled, args.emit_program):
-            print(f"wrote {path} (read it with: lpx-tvm disasm {path})")
+        record["programs"] = emit_programs(compiled, args.emit_program)
+        lines += [f"wrote {path} (read it with: lpx-tvm disasm {path})" for path in record["programs"]]
+    _show(args, Report(f"{args.model} compiled", ["\n".join(lines)], record))
     return 0
 
 
@@ -149,17 +169,19 @@ def cmd_run(args) -> int:
                       UserWarning, stacklevel=1)
     compiled = _compile(args)
     outputs = compiled(*[feeds[name] for name, _, _ in compiled.input_signature])
-    print(compiled.report.summary())
-    for line in placement(compiled):
-        print(line)
-    for i, out in enumerate(outputs):
-        print(f"output {i}: {out.dtype}{list(out.shape)} mean {float(out.mean()):.6g}")
+    record = {**_offload(compiled), "outputs": [{"dtype": str(out.dtype), "shape": list(out.shape),
+                                                 "mean": float(out.mean())} for out in outputs]}
+    lines = [compiled.report.summary(), *record["placement"]]
+    lines += [f"output {i}: {o['dtype']}{o['shape']} mean {o['mean']:.6g}" for i, o in enumerate(record["outputs"])]
     try:
         import onnxruntime as ort
     except ImportError:
-        return 0
-    refs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    print("vs ONNX Runtime: " + ", ".join(f"{k} {v:.3g}" for k, v in compare(outputs, refs).items()))
+        ort = None
+    if ort is not None:
+        refs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        record["vs_onnxruntime"] = compare(outputs, refs)
+        lines.append("vs ONNX Runtime: " + ", ".join(f"{k} {v:.3g}" for k, v in record["vs_onnxruntime"].items()))
+    _show(args, Report(f"{args.model} on lpx", ["\n".join(lines)], record))
     return 0
 
 
@@ -167,36 +189,31 @@ def cmd_profile(args) -> int:
     from ..runtime_sim.trace import write_trace
     from .tools.profile import profile, table
 
+    if args.stream and getattr(args, "system", None):
+        raise LpxUserError("--stream times one chip; leave out --system")
     compiled = _compile(args)
-    report = profile(compiled)
-    print(table(report, args.top))
-    print(compiled.report.summary())
-    for line in placement(compiled):
-        print(line)
+    report = {**profile(compiled), **_offload(compiled)}
+    notes = [compiled.report.summary(), *report["placement"]]
     if args.stream:
         from .tools.profile import stream
 
-        if getattr(args, "system", None):
-            raise LpxUserError("--stream times one chip; leave out --system")
-        run = stream(_model(args), args.stream, args.config, _input_shapes(args.input_shape), args.dtype)
-        one = report["simulated_cycles"]
-        print(f"stream of {run['copies']} back-to-back inferences: {run['cycles']} cycles, "
-              f"{run['cycles_per_inference']:.0f} per inference = {run['inferences_per_s']:.0f} inferences/s "
-              f"(one alone: {one} cycles, {report['microseconds']:.1f} µs latency, "
-              f"{1e6 / report['microseconds']:.0f} inferences/s)")
-        report["stream"] = run
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=1)
-        print(f"wrote {args.json}")
+        run = report["stream"] = stream(_model(args), args.stream, args.config, _input_shapes(args.input_shape),
+                                        args.dtype)
+        notes.append(f"stream of {run['copies']} back-to-back inferences: {run['cycles']} cycles, "
+                     f"{run['cycles_per_inference']:.0f} per inference = {run['inferences_per_s']:.0f} inferences/s "
+                     f"(one alone: {report['simulated_cycles']} cycles, {report['microseconds']:.1f} µs latency, "
+                     f"{1e6 / report['microseconds']:.0f} inferences/s)")
+    result = table(report, args.top)
+    result.notes += notes
+    _show(args, result)
     if args.trace:
         write_trace(args.trace, list(compiled.simulators.items()))
-        print(f"wrote {args.trace}: open it in https://ui.perfetto.dev or chrome://tracing")
+        _say(args, f"wrote {args.trace}: open it in https://ui.perfetto.dev or chrome://tracing")
     if args.plot:
         from .tools.plots import roofline
 
         report["model"] = args.model
-        print(f"wrote {roofline(report, args.plot)} (the layers' roofline)")
+        _say(args, f"wrote {roofline(report, args.plot)} (the layers' roofline)")
     if args.timeline:
         import tempfile
 
@@ -206,12 +223,12 @@ def cmd_profile(args) -> int:
             trace = args.trace or os.path.join(tmp, f"{os.path.splitext(os.path.basename(args.model))[0]}.json")
             if not args.trace:
                 write_trace(trace, list(compiled.simulators.items()))
-            print(f"wrote {timeline(trace, args.timeline)} (the programs' timeline, a row per track)")
+            _say(args, f"wrote {timeline(trace, args.timeline)} (the programs' timeline, a row per track)")
     return 0
 
 
 def cmd_compare(args) -> int:
-    from .tools.compare import compare, json_safe, table
+    from .tools.compare import compare, table
 
     feeds = None
     if args.inputs:
@@ -220,11 +237,7 @@ def cmd_compare(args) -> int:
         feeds = file_inputs(_static(args, _pinned(args)), args.inputs)
     report = compare(_model(args), config=args.config or "tsp", dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
                      min_cosine=args.min_cosine, feeds=feeds)
-    print(table(report))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(json_safe(report), fh, indent=1, allow_nan=False)
-        print(f"wrote {args.json}")
+    _show(args, table(report))
     return 0
 
 
@@ -254,7 +267,7 @@ def cmd_quantize(args) -> int:
 
 def cmd_zoo(args) -> int:
     from ..runtime_sim import load_config
-    from .tools.zoo import COLUMNS, DEFAULT_MODELS, check_names, run_zoo, save, summary, table
+    from .tools.zoo import COLUMNS, DEFAULT_MODELS, check_names, run_zoo, save, table
 
     names = check_names(args.models or DEFAULT_MODELS)
     if args.save:
@@ -262,15 +275,11 @@ def cmd_zoo(args) -> int:
             raise LpxUserError(f"--save {args.save}: a .onnx file holds one model; give a directory for "
                                f"{len(names)}")
         for name in names:
-            print(f"wrote {save(name, args.save, 'int8' if args.dtype == 'int8' else 'fp32')}")
+            _say(args, f"wrote {save(name, args.save, 'int8' if args.dtype == 'int8' else 'fp32')}")
         return 0
     load_config(args.config)  # a bad --config fails once, before any model
     records = run_zoo(names, config=args.config, llvm=not args.skip_llvm, dtype=args.dtype)
-    print(table(records))
-    print(summary(records))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(records, fh, indent=1)
+    _show(args, table(records))
     if args.csv:  # the table's columns in its order, then the rest of each record
         shown = [key for key, _ in COLUMNS]
         keys = shown + sorted({k for r in records for k in r} - set(shown))
@@ -282,23 +291,12 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .tools.bench import SCHEDULE_WORKLOADS, bench_table, compile_scaling, run_bench, schedule_bench, schedule_table
+    from .tools.bench import SCHEDULE_WORKLOADS, compile_scaling, run_bench, schedule_bench, table
     from .tools.zoo import check_names
 
     records = run_bench(check_names(args.models), args.repeat)
-    print(bench_table(records))
     schedule = [row for model, dtypes in SCHEDULE_WORKLOADS for row in schedule_bench(model, dtypes=dtypes)]
-    print("\nOn tsp, the static schedule (bert_base: BERT-base's 12 layers at sequence 128; llama_prefill: "
-          "llama-gpt2s's 12 decoder blocks on a 512-token prompt):\n"
-          + schedule_table(schedule))
-    scaling = compile_scaling()
-    n, m = scaling["layers"], scaling["layers"] * scaling["factor"]
-    print(f"\nCompile time against model size: a chain of {n} layers {scaling['seconds'][n]:.2f} s, of {m} layers "
-          f"{scaling['seconds'][m]:.2f} s: {scaling['ratio']:.2f}× for {scaling['factor']}× the layers (linear: "
-          f"{scaling['factor']})")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"speed": records, "schedule": schedule, "compile_scaling": scaling}, fh, indent=1)
+    _show(args, table({"speed": records, "schedule": schedule, "compile_scaling": compile_scaling()}))
     return 0 if all("error" not in r for r in records) else 1
 
 
@@ -309,19 +307,19 @@ def cmd_sweep(args) -> int:
     out = args.out or str(args.spec).rsplit(".", 1)[0] + ".csv"
     records = run_sweep(spec, store_path(out), workers=args.workers, address=args.address,
                         progress=not args.no_progress)
-    print(table(records, spec.metrics))
+    _show(args, table(records, spec.metrics))
     ok = sum(bool(r.get("ok")) for r in records)
-    print(f"{ok}/{len(records)} points ok; wrote {write_results(records, out)} (every point also in "
-          f"{store_path(out)}: a re-run skips what is there)")
+    _say(args, f"{ok}/{len(records)} points ok; wrote {write_results(records, out)} (every point also in "
+         f"{store_path(out)}: a re-run skips what is there)")
     if args.plot:
         from .tools.plots import pareto
 
-        print(f"wrote {pareto(records, args.plot)} (latency against the die-area proxy; Pareto fronts in red)")
+        _say(args, f"wrote {pareto(records, args.plot)} (latency against the die-area proxy; Pareto fronts in red)")
     return 0 if ok == len(records) else 1
 
 
 def cmd_generate(args) -> int:
-    from .llm.generate import generate, table, write_json
+    from .llm.generate import generate, table
 
     prompt_ids = None
     if args.prompt_ids is not None:
@@ -340,20 +338,14 @@ def cmd_generate(args) -> int:
         report = generate_users(args.model, users=args.users, tokens=args.tokens, system=args.system,
                                 chips=args.chips, dtype=args.dtype, prompt_len=args.prompt_len, seed=args.seed,
                                 context=args.context, progress=lambda text: print(text, file=sys.stderr, flush=True))
-        print(users_table(report))
-        if args.json:
-            write_json(report, args.json)
-            print(f"wrote {args.json}")
+        _show(args, users_table(report))
         return 0 if report["agree"] else 1
     report = generate(args.model, tokens=args.tokens, system=args.system, parallel=args.parallel or "pipeline",
                       config=args.config, chips=args.chips, dtype=args.dtype, prompt_len=args.prompt_len,
                       progress=lambda text: print(text, file=sys.stderr, flush=True), prompt_ids=prompt_ids,
                       prompt=args.prompt, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                       context=args.context)
-    print(table(report))
-    if args.json:
-        write_json(report, args.json)
-        print(f"wrote {args.json}")
+    _show(args, table(report))
     return 0 if report["agree"] else 1
 
 
@@ -364,7 +356,7 @@ _PLAN_BESIDE_GPUS = {"gpu_link": None, "gpu_quant": None, "lpx_chip_watts": None
 
 
 def cmd_plan(args) -> int:
-    from .plan.search import plan, table, write_json
+    from .plan.search import plan, table
 
     target = args.target_tps_per_user
     if args.target_tpot_ms is not None:
@@ -390,21 +382,17 @@ def cmd_plan(args) -> int:
                   users=args.users, target_ttft_ms=args.target_ttft_ms, draft=args.draft,
                   draft_tokens=args.draft_tokens, accept_rate=args.accept_rate, prefill_chips=args.prefill_chips,
                   verify=args.verify)
-    print(table(report))
-    if args.json:
-        write_json(report, args.json)
-        print(f"wrote {args.json}")
+    _show(args, table(report))
     if args.plot:
         from .tools.plots import plan_frontier
 
-        print(f"wrote {plan_frontier(report, args.plot)} (tokens/s per user against tokens/s per chip)")
+        _say(args, f"wrote {plan_frontier(report, args.plot)} (tokens/s per user against tokens/s per chip)")
     return 0
 
 
 def _plan_beside_gpus(args, target) -> int:
     """``plan --gpu``: LPX beside GPUs in one mode or all (:mod:`.hetero`)."""
     from .plan.hetero import hetero_plan, plot, table
-    from .plan.search import write_json
 
     if args.gpu is None:
         raise LpxUserError(f"--mode {args.mode} needs --gpu (the GPUs beside LPX, e.g. --gpu gb300:72)")
@@ -415,12 +403,9 @@ def _plan_beside_gpus(args, target) -> int:
                          draft=args.draft, accept_rate=0.7 if args.accept_rate is None else args.accept_rate,
                          progress=lambda line: print(line, file=sys.stderr, flush=True), gpu_quant=args.gpu_quant,
                          verify=args.verify)
-    print(table(report))
-    if args.json:
-        write_json(report, args.json)
-        print(f"wrote {args.json}")
+    _show(args, table(report))
     if args.plot:
-        print(f"wrote {plot(report, args.plot)} (tokens/s per MW against tokens/s per user, every mode)")
+        _say(args, f"wrote {plot(report, args.plot)} (tokens/s per MW against tokens/s per user, every mode)")
     return 0
 
 
@@ -627,6 +612,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=_at_least(1), default=10, help="timed calls per engine (median)")
     p.add_argument("--json", help="write one record per model")
     p.set_defaults(func=cmd_bench)
+    for name in ("compile", "run", "profile", "compare", "zoo", "generate", "plan", "sweep", "bench"):
+        sub.choices[name].add_argument("--format", choices=FORMATS, default="text", help="print the result as "
+                                       "text, markdown or json (the record --json writes; lines about files written "
+                                       "then go to stderr)")
     return parser
 
 

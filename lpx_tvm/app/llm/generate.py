@@ -16,7 +16,6 @@ apart their logits are.
 from __future__ import annotations
 
 import gc
-import json
 import threading
 import time
 from concurrent.futures import Future
@@ -28,6 +27,7 @@ import numpy as np
 from ...frontend import mapped_external_data
 from ...runtime_sim.errors import LpxUserError
 from ..models import llama
+from ..output import Report, Table
 from .hf_decoder import GRAPH_FILES, HFDecoder, graph_file
 
 
@@ -476,21 +476,18 @@ def _system_figures(compiled) -> dict:
     return {"chips": chips, "links": links, "notes": sim.notes}
 
 
-def table(report: dict) -> str:
-    """The run as text: the steps, then the timing, the chips and the links."""
-    from tabulate import tabulate
-
+def table(report: dict) -> Report:
+    """The run's :class:`~lpx_tvm.app.output.Report`: the steps, the chips and the links, then the timing."""
     rows = [[k, s["token"], s["reference_token"],
              "yes" if s["token"] == s["reference_token"] else f"NO (ORT's margin {s['reference_margin']:.2g})",
              f"{s['cosine']:.6f}", f"{s['max_abs_err']:.2e}"] for k, s in enumerate(report["steps"])]
-    text = tabulate(rows, headers=["step", "lpx token", "ORT token", "same", "logits cosine", "max abs err"],
-                    tablefmt="github")
+    blocks = [Table(["step", "lpx token", "ORT token", "same", "logits cosine", "max abs err"], rows, name="steps")]
     chips = [[c, v["cycles"], f"{100 * v['mac_utilisation']:.1f}"] for c, v in report["chips"].items()]
-    text += "\n\n" + tabulate(chips, headers=["chip", "decode cycles", "% MAC peak"], tablefmt="github")
+    blocks.append(Table(["chip", "decode cycles", "% MAC peak"], chips, name="chips"))
     if report["links"]:
         links = [[f"{l['from']} ─► {l['peer']}", l["transfers"], l["bytes"]] for l in report["links"]]
-        text += "\n\n" + tabulate(links, headers=["link", "transfers a step", "bytes a step"], tablefmt="github")
-    text += (f"\n\n{report['model']} on {report['system']} ({report['parallel']}, {report['dtype']}): "
+        blocks.append(Table(["link", "transfers a step", "bytes a step"], links, name="links"))
+    text = (f"{report['model']} on {report['system']} ({report['parallel']}, {report['dtype']}): "
              f"{report['notes']}\n"
              f"time to first token {report['ttft_us']:.1f} µs ({report['prompt_len']} prompt tokens); "
              f"{report['per_token_us']:.1f} µs a token ({report['decode_cycles']} cycles decoding + "
@@ -517,8 +514,5 @@ def table(report: dict) -> str:
     text += f"\nprompt ids {report['prompt']}; generated ids {report['tokens']}"
     if "text" in report:
         text += f"\ntext: {report['text']!r}"
-    return text
-
-
-def write_json(report: dict, path) -> None:
-    Path(path).write_text(json.dumps(report, indent=1))
+    blocks.append(text)
+    return Report(f"{report['model']} on {report['system']}, token by token against ONNX Runtime", blocks, report)

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import generate as single
 from ...runtime_sim.errors import LpxUserError
+from ..output import Report
 
 
 def repeated(program, period: int, copies: int):
@@ -216,8 +217,8 @@ def _put_back(compiled, kept: dict) -> None:
             view[...] = copy
 
 
-def table(report: dict) -> str:
-    """The run as text: each user's agreement, then the steady state."""
+def table(report: dict) -> Report:
+    """The run's :class:`~lpx_tvm.app.output.Report`: each user's agreement, then the steady state."""
     lines = [f"user {u + 1}: {len(t) - 1} token{'s' if len(t) != 2 else ''} after the prompt, "
              f"{'each equal to ONNX Runtime' if ok else 'NOT equal to ONNX Runtime'}'s"
              for u, (t, ok) in enumerate(zip(report["tokens"], report["agree_by_user"]))]
@@ -227,4 +228,4 @@ def table(report: dict) -> str:
                  f"the machine's rules): "
                  f"{report['tokens_per_s']:,.0f} tokens/s, {report['tokens_per_s_per_user']:,.0f} per user, "
                  f"{report['tokens_per_s_per_chip']:,.1f} per chip")
-    return "\n".join(lines)
+    return Report(f"{report['model']}: {report['users']} users on {report['system']}", ["\n".join(lines)], report)

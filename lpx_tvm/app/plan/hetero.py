@@ -544,9 +544,10 @@ def _fmt(value, spec=".0f", none="-"):
     return none if value is None else format(value, spec)
 
 
-def table(report: dict) -> str:
-    """The heterogeneous plan as text: the pair, the link, then a row a mode and what binds it."""
-    from tabulate import tabulate
+def table(report: dict):
+    """The heterogeneous plan's :class:`~lpx_tvm.app.output.Report`: the pair, the link, then a row a mode and
+    what binds it."""
+    from ..output import Report, Table
 
     g, link = report["gpu"], report["link"]
     watts = report["lpx_chip_watts"]
@@ -573,9 +574,8 @@ def table(report: dict) -> str:
                      _fmt(r["tokens_per_s_per_lpu"], ".1f"), f"{r['gpu_racks']}+{r['lpx_racks']}",
                      _fmt(r["tokens_per_s_per_rack"]), _fmt(r["tokens_per_s_per_mw"], ",.0f", "unknown"),
                      _fmt(r.get("vs_gpu_only"), ".2f"), r["bound"]])
-    body = tabulate(rows, headers=["mode", "configuration", "tok/s/user", "TPOT ms", "TTFT ms", "tok/s",
-                                   "per GPU", "per LPU", "racks GPU+LPX", "per rack", "tok/s per MW",
-                                   "× gpu-only", "bound"], tablefmt="github")
+    headers = ["mode", "configuration", "tok/s/user", "TPOT ms", "TTFT ms", "tok/s", "per GPU", "per LPU",
+               "racks GPU+LPX", "per rack", "tok/s per MW", "× gpu-only", "bound"]
     for name, r in report["modes"].items():
         v = r.get("verify")
         if v is None:
@@ -586,9 +586,10 @@ def table(report: dict) -> str:
         notes.append(f"  verify {name}: {what} compiled whole: " + (v["error"] if "error" in v else
                      f"{v['verified_cycles']:,} cycles against the plan's {v['planned_cycles']:,} "
                      f"(the plan's error {100 * v['verify_error']:+.1f}%)"))
-    return head + body + ("\n" + "\n".join(notes) if notes else "") + (
-        f"\n  {len(report['frontier'])} candidates on the frontier of {len(report['candidates'])}; "
-        f"planned in {report['plan_s']:.1f} s")
+    notes.append(f"  {len(report['frontier'])} candidates on the frontier of {len(report['candidates'])}; "
+                 f"planned in {report['plan_s']:.1f} s")
+    return Report(f"{report['model']} beside {g['gpus']} {g['name']} GPUs: every mode",
+                  [Table(headers, rows, name="modes", above=head.rstrip("\n"), below="\n".join(notes))], report)
 
 
 def _quant_line(report: dict) -> str:

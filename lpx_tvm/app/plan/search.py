@@ -9,15 +9,14 @@ decoding (:mod:`.speculative`) and a prefill pool (:mod:`.prefill_pool`) build o
 
 from __future__ import annotations
 
-import json
 import time
 from math import ceil, inf
 from numbers import Real
-from pathlib import Path
 
 from ...runtime_sim import DType
 from ...runtime_sim.system import load_system
 from ...codegen.parallel.collectives import CollectiveError
+from ..output import Report, Table
 from .model import Mapping, _check_sizes, _group_system, _widths, evaluate, floor_cycles
 # the plan command's own vocabulary, for its callers (the CLI's preset list, the sweep's model check)
 from .model import PRESETS, PlanError, model_spec  # noqa: F401
@@ -302,10 +301,8 @@ def _power(chip, chips: int, tokens_per_s: float) -> dict:
     return {"power_kw": kw, "tokens_per_s_per_kw": tokens_per_s / kw}
 
 
-def table(report: dict) -> str:
-    """The plan as text: the chosen mapping and its split, then the frontier."""
-    from tabulate import tabulate
-
+def table(report: dict) -> Report:
+    """The plan's :class:`~lpx_tvm.app.output.Report`: the chosen mapping and its split, then the frontier."""
     m = report["mapping"]
     total = sum(report["split_cycles"].values())
     split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in report["split_cycles"].items() if v)
@@ -359,8 +356,9 @@ def table(report: dict) -> str:
         head += "\n" + describe(report["speculative"])
     rows = [[r["chips"], f"{r['stages']}×{r['width']}", r["batch"], r["users"], f"{r['per_token_us']:.1f}",
              f"{r['tokens_per_s_per_user']:.0f}", f"{r['tokens_per_s_per_chip']:.2f}"] for r in report["frontier"]]
-    return head + "\n\n" + tabulate(rows, headers=["chips", "stages×TP", "batch", "users", "µs a token", "tokens/s per user",
-                                                   "tokens/s per chip"], tablefmt="github")
+    headers = ["chips", "stages×TP", "batch", "users", "µs a token", "tokens/s per user", "tokens/s per chip"]
+    return Report(f"{report['model']} on {report['system']}: the plan", [head, Table(headers, rows, name="frontier")],
+                  report)
 
 
 def frontier(rows: list) -> list:
@@ -369,8 +367,3 @@ def frontier(rows: list) -> list:
 
     negated = [{"u": -r["tokens_per_s_per_user"], "c": -r["tokens_per_s_per_chip"]} for r in rows]
     return [rows[k] for k in pareto_front(negated, "c", "u")]
-
-
-def write_json(report: dict, path) -> None:
-    Path(path).write_text(json.dumps(report, indent=1, default=float))
-

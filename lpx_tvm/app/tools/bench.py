@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from ..output import Report, Table
+
 DEFAULT_BENCH_MODELS = ("resnet50", "bert_encoder", "ppocr_rec")
 
 
@@ -160,10 +162,8 @@ def run_bench(models=DEFAULT_BENCH_MODELS, repeat: int = 10, progress=None) -> l
     return records
 
 
-def bench_table(records: list) -> str:
-    """The benchmark table (tabulate)."""
-    from tabulate import tabulate
-
+def bench_table(records: list) -> Table:
+    """The speed table: a row a model, its error in place of its figures where it failed."""
     rows = []
     for r in records:
         if "error" in r:
@@ -173,10 +173,10 @@ def bench_table(records: list) -> str:
                      f"{r['sim_over_ort']:.2f}", f"{r['reference_over_ort']:.2f}", f"{r['gemm_floor_over_ort']:.2f}",
                      f"{r['lpx_compile_s']:.2f}", f"{r['tvm_llvm_compile_s']:.2f}", f"{r['compile_over_tvm']:.2f}",
                      f"{r['sim_peak_rss_mb']:.0f}", f"{r['ort_peak_rss_mb']:.0f}"])
-    return tabulate(rows, headers=["model", "sim ms", "tile by tile ms", "ORT ms", "sim/ORT", "tile by tile/ORT",
-                                   "GEMM floor/ORT", "lpx compile s", "llvm compile s",
-                                   "compile/llvm", "sim RSS MB", "ORT RSS MB"], tablefmt="github",
-                    disable_numparse=True)  # (its digits as formatted: tabulate would print 0.50 as 0.5)
+    return Table(["model", "sim ms", "tile by tile ms", "ORT ms", "sim/ORT", "tile by tile/ORT", "GEMM floor/ORT",
+                  "lpx compile s", "llvm compile s", "compile/llvm", "sim RSS MB", "ORT RSS MB"], rows,
+                 name="The simulator against ONNX Runtime, and the compile against TVM's llvm",
+                 numparse=False)  # (its digits as formatted: tabulate would print 0.50 as 0.5)
 
 
 SCHEDULE_DTYPES = ("int8", "fp16", "fp32")
@@ -241,14 +241,27 @@ def schedule_bench(model: str = "resnet50", config: str = "tsp", dtypes=SCHEDULE
     return records
 
 
-def schedule_table(records: list) -> str:
-    from tabulate import tabulate
-
+def schedule_table(records: list) -> Table:
+    """The static schedule's table: a row a workload and dtype."""
     rows = [[r["model"], r["dtype"], r["cycles"], f"{r['microseconds']:.1f}", f"{100 * r['mac_utilisation']:.1f}",
              " ".join(f"{100 * p:.0f}" for p in r["plane_busy_share"]), r["programs"], r["host_ops"],
              r["streamed_weights"], r["instructions"]] for r in records]
-    return tabulate(rows, headers=["model", "dtype", "cycles", "µs", "useful-MAC util %", "plane busy %",
-                                   "programs", "host ops", "streamed weights", "instructions"], tablefmt="github")
+    return Table(["model", "dtype", "cycles", "µs", "useful-MAC util %", "plane busy %", "programs", "host ops",
+                  "streamed weights", "instructions"], rows, name="The static schedule",
+                 above="On tsp, the static schedule (bert_base: BERT-base's 12 layers at sequence 128; llama_prefill: "
+                       "llama-gpt2s's 12 decoder blocks on a 512-token prompt):")
+
+
+def table(record: dict) -> Report:
+    """The bench's :class:`~lpx_tvm.app.output.Report` of ``{"speed": run_bench's records, "schedule":
+    schedule_bench's, "compile_scaling": compile_scaling's}``."""
+    scaling = record["compile_scaling"]
+    n, m = scaling["layers"], scaling["layers"] * scaling["factor"]
+    growth = (f"Compile time against model size: a chain of {n} layers {scaling['seconds'][n]:.2f} s, of {m} layers "
+              f"{scaling['seconds'][m]:.2f} s: {scaling['ratio']:.2f}× for {scaling['factor']}× the layers (linear: "
+              f"{scaling['factor']})")
+    return Report("The flow's own speed", [bench_table(record["speed"]), schedule_table(record["schedule"]), growth],
+                  record)
 
 
 def _layer_chain(layers: int, width: int = 256, rows: int = 64, seed: int = 0):

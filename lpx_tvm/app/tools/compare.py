@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from ...runtime_sim.errors import LpxUserError
+from ..output import Report, Table
 
 _SKIP = {"Shape", "Constant", "ConstantOfShape", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
          "DequantizeLinear", "Cast", "Transpose", "Gather", "Concat", "Slice"}
@@ -117,29 +118,17 @@ def compare(model, config: str = "tsp", dtype: str = "fp32", input_shapes: dict 
             "min_cosine": min_cosine}
 
 
-def table(report: dict) -> str:
-    from tabulate import tabulate
-
+def table(report: dict) -> Report:
+    """The comparison's :class:`~lpx_tvm.app.output.Report`: a row a watched layer, then the first below
+    ``min_cosine`` and each output's agreement."""
     rows = [[i, r["tensor"][-40:], r["op"], f"{r['cosine']:.6f}", f"{r['sqnr_db']:.1f}", f"{r['max_abs_err']:.3g}",
              f"{r['within_one_step_pct']:.1f}" if "within_one_step_pct" in r else ""]
             for i, r in enumerate(report["layers"])]
-    text = tabulate(rows, headers=["#", "tensor", "op", "cosine", "SQNR dB", "max abs err", "% within 1 step"],
-                    tablefmt="github")
     first = report["first_below"]
     verdict = (f"first layer below cosine {report['min_cosine']}: {first['tensor']} ({first['op']}, cosine "
                f"{first['cosine']:.6f}, SQNR {first['sqnr_db']:.1f} dB)" if first else
                f"every layer at cosine >= {report['min_cosine']}")
     outs = "; ".join(f"{o['tensor']}: cosine {o['cosine']:.6f}, SQNR {o['sqnr_db']:.1f} dB" for o in report["outputs"])
-    return f"{text}\n\n{verdict}\noutputs: {outs}"
-
-
-def json_safe(value):
-    """``value`` with its infinite and NaN floats as the strings ``"inf"``, ``"-inf"``, ``"nan"``: JSON has
-    no such numbers (Python's ``json`` writes ``Infinity``, which strict parsers refuse)."""
-    if isinstance(value, float) and not np.isfinite(value):
-        return "nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
+    headers = ["#", "tensor", "op", "cosine", "SQNR dB", "max abs err", "% within 1 step"]
+    return Report(f"{report['model']} against ONNX Runtime, layer by layer ({report['dtype']} on {report['config']})",
+                  [Table(headers, rows), f"{verdict}\noutputs: {outs}"], report)

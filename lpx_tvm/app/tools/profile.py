@@ -7,6 +7,7 @@ import re
 from ...codegen.graph import onnx_tensor
 from ...runtime_sim.critical import LEGEND
 from ...runtime_sim.system_sim import SystemSimulator
+from ..output import Report, Table
 
 _PREFIX = re.compile(r"^lpx\d+_[0-9a-f]+/")
 _INDEX = re.compile(r"_\d+")
@@ -154,10 +155,9 @@ def stream(model, copies: int, config: str | None = "tsp", input_shapes: dict | 
             "inferences_per_s": copies * sim.config.clock_hz / cycles, "first_output_cycle": first}
 
 
-def table(report: dict, top: int | None = None) -> str:
-    """The profile as text: the slowest layers first, then the totals."""
-    from tabulate import tabulate
-
+def table(report: dict, top: int | None = None) -> Report:
+    """The profile's :class:`~lpx_tvm.app.output.Report`: the slowest ``top`` layers first (all where None or 0),
+    each system's chips and links, the weights streamed from the host, then the totals."""
     layers = report["layers"][:top] if top else report["layers"]
     programs = len({r["program"] for r in report["layers"]}) > 1  # (several programs, or chips: say whose row)
     rows = [([short_program(r["program"])] if programs else [])
@@ -166,27 +166,27 @@ def table(report: dict, top: int | None = None) -> str:
                " ".join(f"{u}:{b}" for u, b in sorted(r["busy"].items()))] for r in layers]
     headers = ["layer (ONNX tensor)", "ops", "start", "span", "exclusive", "µs (span)", "MACs", "% MAC peak", "bound",
                "busy cycles by unit (all instances)"]
-    text = tabulate(rows, headers=(["program"] if programs else []) + headers, tablefmt="github")
-    text += ("\n(span: its first issue to its last result; layers overlap, so spans add up to more than the "
-             "program. exclusive: each cycle split evenly among the layers busy in it; these add up to the "
-             "program's cycles, less the cycles nothing ran. " + LEGEND + ")")
+    legend = ("(span: its first issue to its last result; layers overlap, so spans add up to more than the "
+              "program. exclusive: each cycle split evenly among the layers busy in it; these add up to the "
+              "program's cycles, less the cycles nothing ran. " + LEGEND + ")")
     if top and len(report["layers"]) > top:
-        text += f"\n({len(report['layers']) - top} more layers; --top 0 shows all)"
-    units = ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items() if i["busy_cycles"])
+        legend += f"\n({len(report['layers']) - top} more layers; --top 0 shows all)"
+    blocks = [Table((["program"] if programs else []) + headers, rows, name="layers", below=legend)]
     for name, info in report.get("systems", {}).items():
         chips = [[c, v["cycles"], f"{100 * v['mac_utilisation']:.1f}"] for c, v in info["chips"].items()]
         links = [[f"{l['from']} ─► {l['peer']}", l["port"], l["transfers"], l["bytes"], l["busy_cycles"],
                   f"{100 * l['busy_cycles'] / max(info['cycles'], 1):.1f}"] for l in info["links"]]
-        text += (f"\n\n{info['system']}: {info['notes']}\n"
-                 + tabulate(chips, headers=["chip", "cycles", "% MAC peak"], tablefmt="github")
-                 + "\n\n" + (tabulate(links, headers=["link", "port", "transfers", "bytes", "busy cycles",
-                                                        "% of the run"], tablefmt="github") if links
-                              else "(no chip-to-chip transfers)"))
+        blocks.append(Table(["chip", "cycles", "% MAC peak"], chips, name=f"{info['system']}: chips",
+                            above=f"{info['system']}: {info['notes']}"))
+        blocks.append(Table(["link", "port", "transfers", "bytes", "busy cycles", "% of the run"], links,
+                            name=f"{info['system']}: links") if links else "(no chip-to-chip transfers)")
     if report.get("streamed"):
-        text += "\n\nweights streamed from host memory each call (" + report["streamed"][0]["why"] + "):\n" + "\n".join(
-            f"  {r['layer']}: {r['bytes']} B" for r in report["streamed"])
-    return (f"{text}\n\ntotal ({report['dtype']} on {report.get('config', '?')}): "
-            f"{report['simulated_cycles']} cycles (predicted {report['predicted_cycles']}) = "
-            f"{report['microseconds']:.1f} µs; useful-MAC utilisation {report['mac_utilisation']:.1%}; "
-            f"busy: {units}" + (f"; {report['host_converted_inputs']} input(s) narrowed on the host before the link"
-                                if report.get("host_converted_inputs") else ""))
+        blocks.append("weights streamed from host memory each call (" + report["streamed"][0]["why"] + "):\n"
+                      + "\n".join(f"  {r['layer']}: {r['bytes']} B" for r in report["streamed"]))
+    units = ", ".join(f"{u} {i['utilisation']:.1%}" for u, i in report["units"].items() if i["busy_cycles"])
+    blocks.append(f"total ({report['dtype']} on {report.get('config', '?')}): "
+                  f"{report['simulated_cycles']} cycles (predicted {report['predicted_cycles']}) = "
+                  f"{report['microseconds']:.1f} µs; useful-MAC utilisation {report['mac_utilisation']:.1%}; "
+                  f"busy: {units}" + (f"; {report['host_converted_inputs']} input(s) narrowed on the host before "
+                                      "the link" if report.get("host_converted_inputs") else ""))
+    return Report(f"Profile ({report['dtype']} on {report.get('config', '?')})", blocks, report)

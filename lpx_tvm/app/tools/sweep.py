@@ -38,6 +38,7 @@ from pathlib import Path
 from ...runtime_sim import ChipConfig, derive_config, load_config
 from ...runtime_sim.config import ConfigError
 from ...runtime_sim.errors import LpxUserError
+from ..output import Report, Table
 from ..plan.cost import AreaModel, pareto_front
 
 METRICS = ("cycles", "latency_us", "mac_utilisation", "offloaded_pct", "fits", "streamed_mb", "host_fallbacks",
@@ -461,10 +462,9 @@ COLUMNS = [("variant", "chip"), ("model", "model"), ("dtype", "dtype"), ("ok", "
            ("area_mm2", "area mm² (proxy)"), ("pareto", "Pareto")]
 
 
-def table(records: list, metrics=METRICS) -> str:
-    """The results as a table (the spec's metrics only), failures listed under it."""
-    from tabulate import tabulate
-
+def table(records: list, metrics=METRICS) -> Report:
+    """The sweep's :class:`~lpx_tvm.app.output.Report`: a row a point (of the spec's metrics only), the failed
+    points under it."""
     shown = [(k, h) for k, h in COLUMNS if k not in METRICS or k in metrics]
     rows = []
     for r in records:
@@ -477,9 +477,11 @@ def table(records: list, metrics=METRICS) -> str:
                 value = f"{value:.4g}"
             row.append("" if value is None else value)
         rows.append(row)
-    text = tabulate(rows, headers=[h for _, h in shown], tablefmt="github", disable_numparse=True)
+    blocks = [Table([h for _, h in shown], rows, numparse=False)]
     failures = [f"{r['variant']} {r['model']} {r['dtype']}: {r['error']}" for r in records if not r.get("ok")]
-    return text + ("\n\nfailed points:\n  " + "\n  ".join(failures) if failures else "")
+    if failures:
+        blocks.append("failed points:\n  " + "\n  ".join(failures))
+    return Report("Design sweep", blocks, records)
 
 
 def write_results(records: list, path) -> Path:

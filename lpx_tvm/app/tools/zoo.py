@@ -25,6 +25,7 @@ from ...runtime_sim.errors import LpxUserError
 from ..models.light_models import LIGHT_MODELS, light_model
 from ..models.trained import OCR_MODELS, ocr_input_shapes, ocr_model, text_image
 from ..models.transformers import bert_encoder, gpt2_decoder
+from ..output import Report, Table
 
 
 @dataclass(frozen=True)
@@ -458,10 +459,9 @@ COLUMNS = [("model", "model"), ("dtype", "dtype"), ("ok", "ok"), ("lpx_subgraphs
            ("peak_rss_mb", "peak MB")]
 
 
-def table(records: list) -> str:
-    """The zoo table (tabulate); columns no record fills (int8's, say, in an fp32 run) are left out."""
-    from tabulate import tabulate
-
+def table(records: list) -> Report:
+    """The zoo's :class:`~lpx_tvm.app.output.Report`: a row a model (columns no record fills, int8's in an fp32
+    run say, left out), the failures, then :func:`summary`."""
     columns = [(key, head) for key, head in COLUMNS if any(r.get(key) is not None for r in records)]
     rows = []
     for r in records:
@@ -473,6 +473,8 @@ def table(records: list) -> str:
                          else f"{value:.0f}" if key in ("throughput_per_s", "peak_rss_mb") else f"{value:.3g}")
             row.append("" if value is None else value)
         rows.append(row)
-    text = tabulate(rows, headers=[h for _, h in columns], tablefmt="github", disable_numparse=True)
+    blocks = [Table([h for _, h in columns], rows, numparse=False)]
     failures = [f"{r['model']}: {r['error']}" for r in records if r.get("error")]
-    return text + ("\n\nfailures:\n  " + "\n  ".join(failures) if failures else "")
+    if failures:
+        blocks.append("failures:\n  " + "\n  ".join(failures))
+    return Report("The model zoo against ONNX Runtime", blocks, records, notes=[summary(records)])

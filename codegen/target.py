@@ -22,6 +22,7 @@ from ..runtime_sim.system import SystemConfig, load_system
 from .parallel import choices
 
 DTYPES = STORAGE_DTYPES
+TVM_KEY = "lpx.target="  # the key of a TVM target that carries a Target (to_dict's JSON follows it)
 DEFAULT_CONFIG = "tsp"  # the chip everything defaults to: patterns, codegen, CLI
 
 
@@ -114,6 +115,21 @@ class Target:
         if isinstance(config, str) and config.startswith("{"):
             config = config_from_dict(json.loads(config))
         return cls.parse(config, **options)
+
+    def tvm_target(self):
+        """A TVM target that carries this one: ``tvm.compile(mod, target=t.tvm_target())`` offloads to lpx for
+        it (the plain ``"lpx"`` tag means the defaults, ``tsp`` and fp32). TVM targets take no attribute of ours,
+        so the target travels as one of its keys."""
+        import tvm
+
+        carried = TVM_KEY + json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return tvm.target.Target({"kind": "llvm", "keys": ["lpx", "cpu", carried]})
+
+    @classmethod
+    def from_tvm(cls, target) -> "Target":
+        """The target a TVM target carries (:meth:`tvm_target`); the defaults where it carries none."""
+        carried = [str(key)[len(TVM_KEY):] for key in target.keys if str(key).startswith(TVM_KEY)]
+        return cls.from_dict(json.loads(carried[0])) if carried else cls.parse()
 
     @staticmethod
     def add_arguments(parser, system: bool = True, dtypes=DTYPES, dtype_help: str | None = None) -> None:

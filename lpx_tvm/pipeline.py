@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .codegen import DEFAULT_CONFIG, Target, compile_model
+from .codegen import Target, compile_model
 from .patterns import partition_for_lpx
 from .runtime_sim.program import aligned_array, encode
 from .runtime_sim.errors import LpxUserError
@@ -196,14 +196,16 @@ def lower_lpx_calls(mod, options: Target, programs_out: dict | None = None, stat
     return mod, rewriter.count, state_where
 
 
-def lpx_passes(config: str = DEFAULT_CONFIG, in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
-    """Partition for lpx and lower the offloaded functions (run before the default build pipeline)."""
-    options = Target.parse(config=config, in_order=in_order, dump_dir=dump_dir, dtype=dtype)
+def lpx_passes(target: Target | None = None):
+    """Partition for lpx and lower the offloaded functions (run before the default build pipeline), for
+    ``target`` (default: what the current TVM target carries, see :meth:`Target.tvm_target`)."""
 
     @tvm.transform.module_pass(opt_level=0, name="lpx.PartitionAndLower")
     def _passes(mod, _ctx):
+        options = target if target is not None else Target.from_tvm(tvm.target.Target.current(allow_none=True)
+                                                                      or tvm.target.Target("lpx"))
         if not _already_partitioned(mod):
-            mod = partition_for_lpx(mod, config, dtype)
+            mod = partition_for_lpx(mod, options.chip, options.dtype)
         mod, count, _ = lower_lpx_calls(mod, options)
         if count == 0:
             warnings.warn("target lpx: no operator was offloaded to lpx; the whole module runs on the host",
@@ -212,21 +214,21 @@ def lpx_passes(config: str = DEFAULT_CONFIG, in_order: bool = False, dump_dir: s
     return _passes
 
 
-def lpx_pipeline(config: str = DEFAULT_CONFIG, in_order: bool = False, dump_dir: str | None = None, dtype: str = "fp32"):
+def lpx_pipeline(target: Target | None = None, **words):
     """The ``"lpx"`` relax pipeline: lpx offload, then TVM's default build pipeline.
 
     Parameters
     ----------
-    config : str
-        Chip preset (``"tsp"`` or ``"tiny"``) or a path to a JSON preset.
-    in_order : bool
-        Use the in-order reference schedule.
-    dump_dir : str, optional
-        Write each codegen stage's result there.
-    dtype : str
-        Storage type on lpx: fp32, fp16, bf16 or int8.
+    target : Target, optional
+        What to compile for. Default: what the TVM target carries (``Target.tvm_target``), else ``tsp`` and fp32.
+    **words
+        Instead of ``target``: :meth:`Target.parse`'s words (``config``, ``dtype``, ``in_order``, ...).
     """
-    passes = lpx_passes(config, in_order, dump_dir, dtype)
+    if words:
+        if target is not None:
+            raise LpxUserError(f"target= says what to compile for; {', '.join(words)} would say it again")
+        target = Target.parse(**words)
+    passes = lpx_passes(target)
     base = relax.pipeline.default_build_pipeline()
 
     @tvm.transform.module_pass(opt_level=0, name="lpx.Pipeline")
@@ -243,6 +245,6 @@ def default_pipeline(**kwargs):
     def _pipeline(mod, _ctx):
         target = tvm.target.Target.current(allow_none=True)
         if target is not None and "lpx" in target.keys:
-            mod = lpx_passes()(mod)
+            mod = lpx_passes(Target.from_tvm(target))(mod)
         return base(mod)
     return _pipeline

@@ -120,3 +120,26 @@ def test_lrn_runs_on_lpx(rng):
     (out,), calls = _run_counted(compiled, x)
     assert_close(out, ort_run(model, {"x": x})[0], 1e-4)
     assert calls == 1 and not compiled.report.host_ops, compiled.report.summary()
+
+
+def test_a_tvm_target_carries_the_lpx_target_it_was_made_from(rng):
+    """``tvm.compile(mod, target=Target.parse("tiny", dtype="fp16").tvm_target())`` compiles for the tiny chip in
+    fp16 (the plain "lpx" tag would mean tsp and fp32), through both lpx pipelines."""
+    from lpx_tvm.codegen import Target
+
+    model = host_op_between_model()
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    target = Target.parse("tiny", dtype="fp16")
+    assert Target.from_tvm(target.tvm_target()) == target
+    assert Target.from_tvm(tvm.target.Target("lpx")) == Target.parse()
+    for kwargs in ({}, {"relax_pipeline": "lpx"}):
+        runtime.clear()
+        ex = tvm.compile(lpx_tvm.from_onnx(model), target=target.tvm_target(), **kwargs)
+        before = runtime.total_offloaded_calls()
+        out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        assert runtime.total_offloaded_calls() - before == 2, kwargs
+        programs = [sim.program for sim in runtime._SIMULATORS.values()]
+        assert [p.config_name for p in programs] == ["tiny", "tiny"]
+        # fp16 storage: each program's fp32 input is rounded to fp16 by the host, and its inputs are fp16
+        assert [p.inputs[0].dtype.name for p in programs] == ["F16", "F16"]
+        assert_close(out, ort_run(model, {"x": x})[0], 2e-2)

@@ -69,8 +69,10 @@ def compile_model(functions: dict, options: Target | None = None, state_args: di
     dict
         Name -> Program.
     """
+    options = options or Target.parse()
+    options.check_compilable()
     with _older_objects_unscanned():
-        return _compile_model(functions, options or Target.parse(), state_args or {})
+        return _compile_model(functions, options, state_args or {})
 
 
 def _compile_model(functions: dict, options: Target, state_args: dict) -> dict:

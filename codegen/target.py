@@ -47,6 +47,9 @@ class Target:
         The in-order reference schedule instead of the list scheduler.
     dump_dir : str, optional
         Write each codegen stage's result there.
+    gpu : optional
+        For ``plan``: the GPU pool beside the LPX system (the app's ``GpuSystem``, parsed at its door; the
+        compiler never reads it).
     """
 
     chip: ChipConfig
@@ -56,6 +59,7 @@ class Target:
     chips: int | None = None
     in_order: bool = False
     dump_dir: str | None = None
+    gpu: object = None
 
     def __post_init__(self):
         if not isinstance(self.chip, ChipConfig):
@@ -64,9 +68,6 @@ class Target:
             if not isinstance(self.system, SystemConfig):
                 raise LpxUserError(f"a Target's system is a SystemConfig (Target.parse takes a name), got "
                                    f"{self.system!r}")
-            if not self.system.simulated:
-                raise LpxUserError(f"system {self.system.name!r} is described, not listed link by link: plan for it "
-                                   "with lpx-tvm plan; compile for a node or a rack")
             if self.system.chip.digest != self.chip.digest:
                 raise LpxUserError(f"system {self.system.name!r} is made of {self.system.chip.name!r} chips, not "
                                    f"{self.chip.name!r}")
@@ -84,16 +85,28 @@ class Target:
         if self.dtype not in DTYPES:
             raise LpxUserError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         self.chip.check_dtype(self.dtype)
+        if self.gpu is not None and not (isinstance(getattr(self.gpu, "name", None), str)
+                                         and isinstance(getattr(self.gpu, "gpus", None), int)):
+            raise LpxUserError(f"a Target's gpu is a GPU pool (a name and a count of GPUs), got {self.gpu!r}")
+
+    def check_compilable(self) -> None:
+        """Refuse what a plan can target but a compile cannot: a system described by its figures alone (a
+        compile needs its links listed one by one) or a GPU pool."""
+        if self.system is not None and not self.system.simulated:
+            raise LpxUserError(f"system {self.system.name!r} is described, not listed link by link: plan for it "
+                               "with lpx-tvm plan; compile for a node or a rack")
+        if self.gpu is not None:
+            raise LpxUserError("a GPU pool is planned beside LPX (lpx-tvm plan --gpu), not compiled for")
 
     # ---- the doors ------------------------------------------------------------------------------------------
     @classmethod
     def parse(cls, config=None, system=None, dtype: str = "fp32", parallel: str = "pipeline",
-              chips: int | None = None, in_order: bool = False, dump_dir: str | None = None) -> "Target":
+              chips: int | None = None, in_order: bool = False, dump_dir: str | None = None, gpu=None) -> "Target":
         """A target from the words a user writes: a chip preset name, JSON file or config (default: the system's
         chip, else ``tsp``), a system preset name, JSON file or config; the rest as the fields."""
-        system = None if system is None else load_system(system)
-        chip = system.chip if config is None and system is not None else load_config(config or DEFAULT_CONFIG)
-        return cls(chip, system, dtype, parallel, chips, in_order, dump_dir)
+        system = None if system is None else system_of(system)
+        chip = system.chip if config is None and system is not None else chip_of(config or DEFAULT_CONFIG)
+        return cls(chip, system, dtype, parallel, chips, in_order, dump_dir, gpu)
 
     def to_dict(self) -> dict:
         """Plain values for ``RunCodegen(target_options={"lpx": ...})`` and sweep specs: names, or a chip's own
@@ -170,7 +183,21 @@ class Target:
         system by its name and size, the dtype, the mapping and the schedule mode (not the dump folder)."""
         parts = [self.chip.digest.hex(), "" if self.system is None else f"{self.system.name}:{self.system.chips}",
                  self.dtype, self.parallel, str(self.chips), str(self.in_order)]
+        if self.gpu is not None:
+            parts.append(f"{self.gpu.name}:{self.gpu.gpus}")
         return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
+
+
+def chip_of(config) -> ChipConfig:
+    """The chip a user's words name: a preset name, a JSON file or a :class:`ChipConfig` (returned as it is).
+    With :func:`system_of`, the one place outside the presets that turns names into machines."""
+    return load_config(config)
+
+
+def system_of(system) -> SystemConfig:
+    """The system a user's words name: a preset name (``tsp-node``, ``lpx-rack``, ...), a JSON file or a
+    :class:`SystemConfig` (returned as it is)."""
+    return load_system(system)
 
 
 def _is_preset(chip: ChipConfig) -> bool:

@@ -289,6 +289,7 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
             raise LpxUserError(f"target must be an lpx_tvm.codegen.Target (Target.parse(...)), got {target!r}")
     else:
         target = Target.parse(config, system, dtype, parallel, chips, in_order, dump_dir)
+    target.check_compilable()
     dtype, system, parallel = target.dtype, target.system, target.parallel
     held = _held(hold_weights, weights)
     if isinstance(state, (str, bytes)):  # (a name alone would be taken letter by letter)

@@ -20,10 +20,9 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 from tvm.relax.transform import FuseOpsByPattern, MergeCompositeFunctions
 
 from .attention import attention_in_query_blocks
-from .codegen.target import DEFAULT_CONFIG
+from .codegen.target import DEFAULT_CONFIG, chip_of
 from .codegen.relax_ops import PRIM_TYPES, RELAX_OPS, RELAX_PATTERNS, Constant
 from .codegen.tile import stream_tile_bytes
-from .runtime_sim import load_config
 
 SUPPORTED_DTYPES = ("float32",)
 NARROW_DTYPES = ("float16",)  # a weight stored in fp16 and widened by the graph: lpx keeps its bytes
@@ -233,7 +232,7 @@ def pattern_table(config: str = DEFAULT_CONFIG, dtype: str = "fp32") -> list:
         Storage type on lpx; with ``"int8"`` an op without an int8 kernel runs in float between its
         dequantise and quantise.
     """
-    chip = load_config(config)
+    chip = chip_of(config)
     check = _make_check(chip, dtype)
     table = [(row.pattern_name, _single_op_pattern(row), check) for row in RELAX_OPS.values()]
     table += [(name, idiom.build(), _make_check(chip, dtype, idiom)) for name, idiom in RELAX_PATTERNS.items()]
@@ -274,7 +273,7 @@ def partition_for_lpx(mod, config: str = DEFAULT_CONFIG, dtype: str = "fp32"):
         The partitioned module; run ``relax.transform.RunCodegen()`` or
         ``tvm.compile(mod, target="lpx")`` next.
     """
-    chip = load_config(config)
+    chip = chip_of(config)
     chip.check_dtype(dtype)
     mod = attention_in_query_blocks(mod, chip.sram_bytes)  # a long prompt's scores, a block of queries at a time
     # FuseOpsByPattern tries patterns in list order (first wins); the table lists lowest priority first,

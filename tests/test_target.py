@@ -80,3 +80,64 @@ def test_compile_takes_a_target_and_refuses_it_said_twice():
     np.testing.assert_array_equal(by_target(x)[0], by_words(x)[0])
     with pytest.raises(LpxUserError, match="target= says what to compile for; dtype would say it again"):
         lpx_tvm.compile(model, target=Target.parse("tiny"), dtype="fp16")
+
+
+def test_no_name_is_turned_into_a_machine_outside_the_target_parser():
+    """``load_config``/``load_system`` appear only in codegen/target.py (chip_of, system_of) and among the presets
+    (runtime_sim): every other layer receives the objects."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"\bload_(config|system)\b")
+    found = [f"{path.relative_to(root)}:{n}" for folder in ("lpx_tvm", "codegen")
+             for path in sorted((root / folder).rglob("*.py")) if path != root / "codegen" / "target.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []
+
+
+@pytest.fixture
+def targets_made(monkeypatch):
+    """Every Target made while the test runs."""
+    made = []
+    post_init = Target.__post_init__
+
+    def counted(self):
+        post_init(self)
+        made.append(self)
+    monkeypatch.setattr(Target, "__post_init__", counted)
+    return made
+
+
+def test_each_compile_door_builds_one_target(tmp_path, targets_made):
+    """The command line, lpx_tvm.compile and a TVM target each parse the user's words into one Target, which
+    every layer below receives (a layer that parsed again would make a second)."""
+    import onnx
+    import tvm
+
+    from lpx_tvm.app import cli
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_stack(np.random.default_rng(0), [64, 64, 64], batch=2), path)
+    doors = {
+        "lpx-tvm compile": lambda: cli.main(["compile", str(path), "--config", "tiny", "--dtype", "fp16",
+                                             "--emit-program", str(tmp_path / "p.bin")]),
+        "lpx_tvm.compile": lambda: lpx_tvm.compile(str(path), config="tiny", dtype="fp16"),
+        "lpx_tvm.compile on a system": lambda: lpx_tvm.compile(str(path), system="tiny-2", parallel="tensor"),
+    }
+    for door, run in doors.items():
+        targets_made.clear()
+        run()
+        assert len(targets_made) == 1, (door, targets_made)
+    tvm_target = Target.parse("tiny", dtype="fp16").tvm_target()
+    targets_made.clear()
+    tvm.compile(lpx_tvm.from_onnx(str(path)), target=tvm_target)
+    assert [(t.chip.name, t.dtype) for t in targets_made] == [("tiny", "fp16")]
+
+
+def test_a_plan_target_may_be_described_but_a_compile_refuses_it():
+    """A Target may name a system described by its figures (what plan searches); compiling for it is refused."""
+    target = Target.parse(system="lpx-system-2", dtype="fp8")
+    assert not target.system.simulated and target.system.chips == 512
+    with pytest.raises(LpxUserError, match="'lpx-system-2' is described, not listed link by link"):
+        lpx_tvm.compile(mlp_stack(np.random.default_rng(0), [64, 64], batch=2), target=target)

@@ -266,7 +266,7 @@ def cmd_quantize(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    from ..runtime_sim import load_config
+    from ..codegen.target import chip_of
     from .tools.zoo import COLUMNS, DEFAULT_MODELS, check_names, run_zoo, save, table
 
     names = check_names(args.models or DEFAULT_MODELS)
@@ -277,7 +277,7 @@ def cmd_zoo(args) -> int:
         for name in names:
             _say(args, f"wrote {save(name, args.save, 'int8' if args.dtype == 'int8' else 'fp32')}")
         return 0
-    load_config(args.config)  # a bad --config fails once, before any model
+    chip_of(args.config)  # a bad --config fails once, before any model
     records = run_zoo(names, config=args.config, llvm=not args.skip_llvm, dtype=args.dtype)
     _show(args, table(records))
     if args.csv:  # the table's columns in its order, then the rest of each record

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...runtime_sim import ChipConfig, load_config
+from ...codegen.target import chip_of
+from ...runtime_sim import ChipConfig
 
 TSP_DIE_MM2 = 725.0  # ISCA 2020: 25 × 29 mm
 _SHARES = {"sram": 0.40, "mxm": 0.27, "vxm": 0.05, "switch_and_control": 0.15, "io": 0.09, "other": 0.04}
@@ -36,7 +37,7 @@ class AreaModel:
 
     @classmethod
     def from_tsp(cls) -> "AreaModel":
-        tsp = _units(load_config("tsp"))
+        tsp = _units(chip_of("tsp"))
         return cls({block: share * TSP_DIE_MM2 / tsp[block] for block, share in _SHARES.items()})
 
     def breakdown(self, chip: ChipConfig) -> dict:

@@ -98,9 +98,9 @@ def collective_group(s: BlockShape):
     if s.width == 1 or not s.system:
         return None
     from ...codegen.parallel.collectives import choose
-    from ...runtime_sim.system import load_system
+    from ...codegen.target import system_of
 
-    return choose(load_system(s.system), s.width)
+    return choose(system_of(s.system), s.width)
 
 
 def summer(b: _Builder, s: BlockShape, group):

@@ -95,7 +95,7 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
         mode's own frontier) and ``frontier`` (tokens/s per user against tokens/s per MW, or per rack), the GPU system and the link.
     """
     from .search import _chips_per_rack, model_spec
-    from ...runtime_sim.system import load_system
+    from ...codegen.target import system_of
 
     start = time.perf_counter()
     if mode != "auto" and mode not in MODES:
@@ -108,7 +108,7 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
         raise HeteroError(f"--max-racks must be a positive integer, got {max_racks}")
     gpus.require_aiconfigurator()
     g = gpus.gpu_system(gpu, gpu_link)
-    lpx = load_system(system)
+    lpx = system_of(system)
     if lpx.chip.name != "lp30":  # the modes are NVIDIA's LPX deployments: LP30s beside the GPUs
         raise HeteroError(f"plan --gpu plans LPX (LP30 chips) beside GPUs; {lpx.name} is made of {lpx.chip.name} "
                           "chips (lpx-node, lpx-rack or lpx-system-N)")

@@ -29,9 +29,10 @@ from numbers import Integral
 from pathlib import Path
 
 from ...codegen.parallel.collectives import CollectiveError
+from ...codegen.target import system_of
 from ...runtime_sim import ChipConfig, DType
 from ...runtime_sim.errors import LpxUserError
-from ...runtime_sim.system import SystemConfig, load_system
+from ...runtime_sim.system import SystemConfig
 from .graph import BlockShape, block_graph, head_graph
 
 
@@ -496,7 +497,7 @@ def floor_cycles(spec: ModelSpec, system: SystemConfig, dtype: str, context: int
         if stages * width > chips or stages > spec.layers:
             continue
         try:  # the group the compiler would run the width's collectives on (as the plan's search does)
-            group = choose(system if system.simulated else load_system(_group_system(system)), width)
+            group = choose(system if system.simulated else system_of(_group_system(system)), width)
         except CollectiveError:
             continue
 
@@ -659,7 +660,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
         if width > 1 and shape.system:
             from ...codegen.parallel.collectives import choose
 
-            choose(load_system(shape.system), width)
+            choose(system_of(shape.system), width)
     except CollectiveError:  # no group of ``width`` chips the compiler could run the collectives on
         return None
     blocks = {}

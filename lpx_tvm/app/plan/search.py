@@ -14,7 +14,7 @@ from math import ceil, inf
 from numbers import Real
 
 from ...runtime_sim import DType
-from ...runtime_sim.system import load_system
+from ...codegen.target import system_of
 from ...codegen.parallel.collectives import CollectiveError
 from ..output import Report, Table
 from .model import Mapping, _check_sizes, _group_system, _widths, evaluate, floor_cycles
@@ -89,7 +89,7 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         raise PlanError(f"--verify compiles a stage as one kind of Llama-style block repeated: {spec.name}'s layers "
                         "differ (dense and expert MLPs, or sliding and full attention) or are not the project's "
                         "decoder's; its plan prices each kind's block compiled on its own")
-    system = load_system(system)
+    system = system_of(system)
     chip = system.chip
     chip.check_dtype(dtype)
     limit = min(chips or system.chips, system.chips)
@@ -110,7 +110,7 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
             from ...codegen.parallel.collectives import choose
 
             try:
-                choose(load_system(_group_system(system)), mapping[1])
+                choose(system_of(_group_system(system)), mapping[1])
             except CollectiveError as err:
                 raise PlanError(f"{mapping[1]}-way tensor parallel: {err}") from None
         found = evaluate(spec, system, dtype, mapping[0], mapping[1], batch, context, prompt)

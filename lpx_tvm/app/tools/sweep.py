@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ...runtime_sim import ChipConfig, derive_config, load_config
+from ...codegen.target import chip_of
+from ...runtime_sim import ChipConfig, derive_config
 from ...runtime_sim.config import ConfigError
 from ...runtime_sim.errors import LpxUserError
 from ..output import Report, Table
@@ -67,13 +68,13 @@ class SweepSpec:
     metrics: tuple = METRICS
 
     def configs(self) -> list:
-        """Each variant's config (validated and registered in this process)."""
+        """Each variant's config (validated)."""
         return [variant_config(self.base, overrides) for overrides in self.variants]
 
 
 def variant_config(base: str, overrides: dict) -> ChipConfig:
-    """The base preset with ``overrides`` (validated and registered in this process), or the base itself."""
-    return derive_config(base, overrides) if overrides else load_config(base)
+    """The base preset with ``overrides`` (validated), or the base itself."""
+    return derive_config(base, overrides) if overrides else chip_of(base)
 
 
 def load_spec(path) -> SweepSpec:
@@ -116,7 +117,7 @@ def spec_from_dict(data: dict, where: str = "spec") -> SweepSpec:
         raise SpecError(f"{where}: unknown key {', '.join(unknown)} (a spec has {', '.join(sorted(SPEC_KEYS))})")
     base = str(data.get("base", "tsp"))
     try:
-        base_config = load_config(base)
+        base_config = chip_of(base)
     except ValueError as err:
         raise SpecError(f"{where}: base: {err}") from None
     grid = data.get("grid", {}) or {}
@@ -153,7 +154,7 @@ def spec_from_dict(data: dict, where: str = "spec") -> SweepSpec:
 
 def _plan_target(model: str, where: str = "spec") -> tuple:
     """``plan:MODEL@SYSTEM`` ─► (ModelSpec, SystemConfig), both checked."""
-    from ...runtime_sim.system import load_system
+    from ...codegen.target import system_of
     from ..plan.search import PlanError, model_spec
 
     name, at, system = model[len(PLAN_PREFIX):].partition("@")
@@ -161,7 +162,7 @@ def _plan_target(model: str, where: str = "spec") -> tuple:
         raise SpecError(f"{where}: model {model!r}: an LLM point is written {PLAN_PREFIX}MODEL@SYSTEM, e.g. "
                         f"{PLAN_PREFIX}llama-3-8b@tsp-rack")
     try:
-        return model_spec(name), load_system(system)
+        return model_spec(name), system_of(system)
     except (PlanError, ValueError) as err:
         raise SpecError(f"{where}: model {model!r}: {err}") from None
 

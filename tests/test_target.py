@@ -141,3 +141,23 @@ def test_a_plan_target_may_be_described_but_a_compile_refuses_it():
     assert not target.system.simulated and target.system.chips == 512
     with pytest.raises(LpxUserError, match="'lpx-system-2' is described, not listed link by link"):
         lpx_tvm.compile(mlp_stack(np.random.default_rng(0), [64, 64], batch=2), target=target)
+
+
+def test_the_plan_door_builds_one_target(targets_made, capsys, monkeypatch):
+    """``lpx-tvm plan`` parses --system and --dtype into one Target, which the search receives whole (the
+    compiles of its mappings' blocks make their own, one chip or group each)."""
+    from lpx_tvm.app import cli
+    from lpx_tvm.app.plan import search
+
+    received = []
+    plan = search.plan
+
+    def spying(*args, **kwargs):
+        received.append(kwargs.get("target"))
+        return plan(*args, **kwargs)
+    monkeypatch.setattr(search, "plan", spying)
+    assert cli.main(["plan", "--model", "llama-tiny", "--system", "tiny-4", "--dtype", "fp32"]) == 0
+    (where,) = received
+    assert (where.system.name, where.system.chips, where.dtype) == ("tiny-4", 4, "fp32")
+    assert targets_made[0] is where  # the first made is the door's, and it is what plan got
+    assert "llama-tiny" in capsys.readouterr().out

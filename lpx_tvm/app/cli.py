@@ -356,6 +356,7 @@ _PLAN_BESIDE_GPUS = {"gpu_link": None, "gpu_quant": None, "lpx_chip_watts": None
 
 
 def cmd_plan(args) -> int:
+    from ..codegen import Target
     from .plan.search import plan, table
 
     target = args.target_tps_per_user
@@ -375,8 +376,8 @@ def cmd_plan(args) -> int:
                            "e.g. --gpu gb300:72)")
     if beside_gpus:
         return _plan_beside_gpus(args, target)
-    report = plan(args.model, args.system or "tsp-rack", dtype=args.dtype or "fp16", context=args.context,
-                  prompt=args.prompt,
+    where = Target.parse(system=args.system or "tsp-rack", dtype=args.dtype or "fp16")  # parsed once, here
+    report = plan(args.model, target=where, context=args.context, prompt=args.prompt,
                   batch=args.batch, chips=args.chips, target_tps_per_user=target,
                   batches=args.batches, progress=lambda line: print(line, file=sys.stderr, flush=True),
                   users=args.users, target_ttft_ms=args.target_ttft_ms, draft=args.draft,

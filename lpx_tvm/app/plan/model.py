@@ -29,7 +29,7 @@ from numbers import Integral
 from pathlib import Path
 
 from ...codegen.parallel.collectives import CollectiveError
-from ...codegen.target import system_of
+from ...codegen.target import Target, system_of
 from ...runtime_sim import ChipConfig, DType
 from ...runtime_sim.errors import LpxUserError
 from ...runtime_sim.system import SystemConfig
@@ -766,3 +766,14 @@ def _check_sizes(**sizes) -> None:
         if any(isinstance(v, bool) or not isinstance(v, Integral) or v < 1 for v in many) \
                 or (name == "mapping" and len(many) != 2):
             raise PlanError(f"{name} must be {wanted}, got {value!r}")
+
+
+def plan_target(system, dtype: str, target=None, gpu=None) -> Target:
+    """A plan's one :class:`~lpx_tvm.codegen.Target`: ``target`` as a door parsed it, or the ``system`` and
+    ``dtype`` words parsed here (the chip is the system's; ``gpu``, a GPU pool beside it). A target without a
+    system is refused."""
+    if target is None:
+        return Target.parse(system=system, dtype=dtype, gpu=gpu)
+    if not isinstance(target, Target) or target.system is None:
+        raise PlanError(f"a plan's target is an lpx_tvm.codegen.Target with a system, got {target!r}")
+    return target

@@ -14,10 +14,10 @@ from math import ceil, inf
 from numbers import Real
 
 from ...runtime_sim import DType
-from ...codegen.target import system_of
+from ...codegen.target import Target, system_of
 from ...codegen.parallel.collectives import CollectiveError
 from ..output import Report, Table
-from .model import Mapping, _check_sizes, _group_system, _widths, evaluate, floor_cycles
+from .model import Mapping, _check_sizes, _group_system, _widths, evaluate, floor_cycles, plan_target
 # the plan command's own vocabulary, for its callers (the CLI's preset list, the sweep's model check)
 from .model import PRESETS, PlanError, model_spec  # noqa: F401
 
@@ -26,7 +26,8 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
          chips: int | None = None, target_tps_per_user: float | None = None, batches=(1,),
          mapping: tuple | None = None, progress=None, users: int | None = None,
          target_ttft_ms: float | None = None, draft=None, draft_tokens: int | None = None,
-         accept_rate: float | None = None, prefill_chips: int | None = None, verify: bool = False) -> dict:
+         accept_rate: float | None = None, prefill_chips: int | None = None, verify: bool = False,
+         target: Target | None = None) -> dict:
     """Plan an LLM's decode on a system: the mapping, its speed, its chips and racks, and what bounds it.
 
     Parameters
@@ -69,6 +70,9 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         Compile and time every stage of the chosen mapping whole (:mod:`.verify`): the report gains
         ``verified_cycles``, ``verify_error`` (a fraction: the plan's cycles ÷ the verified − 1) and
         ``verify_stages``.
+    target : Target, optional
+        The system and dtype parsed already (a door's :class:`~lpx_tvm.codegen.Target`), instead of ``system``
+        and ``dtype``.
     """
     start = time.perf_counter()
     _check_sizes(context=context, prompt=prompt, batch=batch, chips=chips, batches=batches, mapping=mapping,
@@ -89,9 +93,11 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         raise PlanError(f"--verify compiles a stage as one kind of Llama-style block repeated: {spec.name}'s layers "
                         "differ (dense and expert MLPs, or sliding and full attention) or are not the project's "
                         "decoder's; its plan prices each kind's block compiled on its own")
-    system = system_of(system)
+    if target is not None and (system, dtype) != ("tsp-rack", "fp16"):
+        raise PlanError("target= says what to plan for; system= and dtype= would say it again")
+    where = plan_target(system, dtype, target)
+    system, dtype = where.system, where.dtype
     chip = system.chip
-    chip.check_dtype(dtype)
     limit = min(chips or system.chips, system.chips)
     if prefill_chips is not None:
         if prefill_chips >= limit:

@@ -114,3 +114,37 @@ def test_profile_prints_in_each_format_the_same_figures(tmp_path, capsys):
     assert markdown.startswith("## Profile (fp32 on tiny)\n\n### layers\n\n| layer (ONNX tensor)")
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert "\n".join(table) in markdown
+
+
+def test_a_page_gets_the_block_between_its_markers_and_keeps_the_rest(tmp_path, monkeypatch):
+    """``bench --markdown docs/results.md``: the block it wrote last time is replaced, the page around it kept;
+    a page without the markers gets it at its end; the block says which commit, machine and day."""
+    from lpx_tvm.app import output
+
+    monkeypatch.setattr(output, "provenance", lambda: "abc1234 on x86_64, a CPU, 2 CPUs, 2026-12-06")
+    report = output.Report("Speed", [output.Table(["model", "cycles"], [["m", 12]], name="Schedule")])
+    page = tmp_path / "results.md"
+    page.write_text("# Measured figures\n\nprose before\n")
+    output.write_into(report, page, "lpx-tvm bench --markdown")
+    block = ("<!-- written by lpx-tvm bench --markdown: begin -->\n"
+             "Written by `lpx-tvm bench --markdown` at commit abc1234 on x86_64, a CPU, 2 CPUs, 2026-12-06.\n\n"
+             "## Speed\n\n### Schedule\n\n| model   |   cycles |\n|---------|----------|\n| m       |       12 |\n"
+             "<!-- written by lpx-tvm bench --markdown: end -->")
+    assert page.read_text() == f"# Measured figures\n\nprose before\n\n{block}\n"
+    page.write_text(page.read_text() + "\n## Kept after\n")
+    report.blocks[0].rows[0][1] = 13
+    output.write_into(report, page, "lpx-tvm bench --markdown")
+    assert page.read_text() == ("# Measured figures\n\nprose before\n\n" + block.replace("|       12 |", "|       13 |")
+                                + "\n\n## Kept after\n")
+
+
+def test_provenance_names_this_checkouts_commit():
+    import subprocess
+    from pathlib import Path
+
+    from lpx_tvm.app.output import provenance
+
+    root = Path(__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=root).stdout.strip() or "none (not a git checkout)"
+    assert provenance().startswith(f"{commit} on ")

@@ -296,7 +296,13 @@ def cmd_bench(args) -> int:
 
     records = run_bench(check_names(args.models), args.repeat)
     schedule = [row for model, dtypes in SCHEDULE_WORKLOADS for row in schedule_bench(model, dtypes=dtypes)]
-    _show(args, table({"speed": records, "schedule": schedule, "compile_scaling": compile_scaling()}))
+    report = table({"speed": records, "schedule": schedule, "compile_scaling": compile_scaling()})
+    _show(args, report)
+    if args.markdown:
+        from .output import write_into
+
+        write_into(report, args.markdown, "lpx-tvm bench --markdown")
+        _say(args, f"wrote {args.markdown}")
     return 0 if all("error" not in r for r in records) else 1
 
 
@@ -611,7 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", nargs="+", metavar="NAME", default=list(DEFAULT_BENCH_MODELS),
                    help=f"zoo models (default: {' '.join(DEFAULT_BENCH_MODELS)})")
     p.add_argument("--repeat", type=_at_least(1), default=10, help="timed calls per engine (median)")
-    p.add_argument("--json", help="write one record per model")
+    p.add_argument("--json", help="write the run as JSON (its speed, schedule and compile-scaling records)")
+    p.add_argument("--markdown", metavar="PAGE", help="write the tables into a markdown page (docs/results.md) "
+                   "between this command's markers, with the commit, machine and day that measured them")
     p.set_defaults(func=cmd_bench)
     for name in ("compile", "run", "profile", "compare", "zoo", "generate", "plan", "sweep", "bench"):
         sub.choices[name].add_argument("--format", choices=FORMATS, default="text", help="print the result as "

@@ -112,6 +112,59 @@ def write(report: Report, fmt: str, stream) -> None:
     stream.write(render(report, fmt) + "\n")
 
 
+BEGIN, END = "<!-- written by {command}: begin -->", "<!-- written by {command}: end -->"
+
+
+def write_into(report: Report, path, command: str) -> None:
+    """Write ``report`` as markdown into the page at ``path``, between the markers of ``command`` (the block
+    that command wrote last time is replaced, the rest of the page kept; a page without them gets the block at
+    its end, a missing page is made), under a line saying which commit, machine and day measured it.
+
+    Parameters
+    ----------
+    report : Report
+    path : str or Path
+        A markdown page (``docs/results.md``).
+    command : str
+        What wrote it, as a user would type it (``lpx-tvm bench --markdown``).
+    """
+    from pathlib import Path
+
+    begin, end = BEGIN.format(command=command), END.format(command=command)
+    page = Path(path).read_text() if Path(path).exists() else ""
+    block = "\n".join([begin, f"Written by `{command}` at commit {provenance()}.", "",
+                       render(report, "markdown"), end])
+    if begin in page and end in page:
+        head, rest = page.split(begin, 1)
+        page = head + block + rest.split(end, 1)[1]
+    else:
+        page = (page.rstrip("\n") + "\n\n" if page else "") + block + "\n"
+    Path(path).write_text(page)
+
+
+def provenance() -> str:
+    """``abc1234 on x86_64, <the CPU>, 2 CPUs, 2026-12-06``: the checkout's commit (or that it is none), the
+    machine and the day, for a page of measured figures."""
+    import datetime
+    import os
+    import platform
+    import subprocess
+    from pathlib import Path
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                                cwd=Path(__file__).resolve().parent).stdout.strip() or "none (not a git checkout)"
+    except (OSError, subprocess.SubprocessError):
+        commit = "none (git not found)"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{commit} on {platform.machine()}, {cpu}, {os.cpu_count()} CPUs, {datetime.date.today().isoformat()}"
+
+
 def json_safe(value):
     """``value`` as plain JSON values: numpy scalars and arrays as Python numbers and lists, tuples as lists,
     and the non-finite floats as the strings ``"inf"``, ``"-inf"`` and ``"nan"`` (JSON has no such numbers;

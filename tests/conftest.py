@@ -124,3 +124,18 @@ def mlp_stack(rng, widths, batch, act="Relu"):
             nodes.append(helper.make_node(act, [x], [f"a{i}"]))
             x = f"a{i}"
     return make_model(nodes, [tensor_info("x", [batch, widths[0]])], [tensor_info(x, [batch, widths[-1]])], inits)
+
+
+@pytest.fixture
+def targets_made(monkeypatch):
+    """Every Target made while the test runs."""
+    from lpx_tvm.codegen import Target
+
+    made = []
+    post_init = Target.__post_init__
+
+    def counted(self):
+        post_init(self)
+        made.append(self)
+    monkeypatch.setattr(Target, "__post_init__", counted)
+    return made

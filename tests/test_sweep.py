@@ -235,19 +235,10 @@ def test_a_bad_llm_point_is_rejected_naming_it(model, named):
         sweep.spec_from_dict({"base": "tsp", "models": [model]})
 
 
-def test_each_sweep_point_builds_one_target_of_its_own_chip(tmp_path, monkeypatch):
+def test_each_sweep_point_builds_one_target_of_its_own_chip(tmp_path, targets_made):
     """A sweep's door is its spec: each point's chip is built once (``variant_config``) and parsed into one
     Target for its compile, the variant's own."""
-    from lpx_tvm.codegen import Target
-
-    made = []
-    post_init = Target.__post_init__
-
-    def counted(self):
-        post_init(self)
-        made.append(self)
-    monkeypatch.setattr(Target, "__post_init__", counted)
     records = _add_sweep(tmp_path, workers=0)
     wanted = [sweep.variant_config("tiny", r["overrides"]) for r in records]
-    assert [(t.chip.digest, t.dtype) for t in made] == [(chip.digest, "fp32") for chip in wanted]
+    assert [(t.chip.digest, t.dtype) for t in targets_made] == [(chip.digest, "fp32") for chip in wanted]
     assert len({chip.digest for chip in wanted}) == 4

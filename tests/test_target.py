@@ -96,19 +96,6 @@ def test_no_name_is_turned_into_a_machine_outside_the_target_parser():
     assert found == []
 
 
-@pytest.fixture
-def targets_made(monkeypatch):
-    """Every Target made while the test runs."""
-    made = []
-    post_init = Target.__post_init__
-
-    def counted(self):
-        post_init(self)
-        made.append(self)
-    monkeypatch.setattr(Target, "__post_init__", counted)
-    return made
-
-
 def test_each_compile_door_builds_one_target(tmp_path, targets_made):
     """The command line, lpx_tvm.compile and a TVM target each parse the user's words into one Target, which
     every layer below receives (a layer that parsed again would make a second)."""

@@ -78,6 +78,10 @@ def test_a_draft_architecture_the_plan_does_not_model_is_refused_by_name():
     nextn = {**config("deepseek-v3-nextn"), "num_nextn_predict_layers": 0}
     with pytest.raises(PlanError, match="DeepseekV3ForCausalLMNextN without num_nextn_predict_layers"):
         model_spec(nextn)
+    from lpx_tvm.app.plan.search import plan
+
+    with pytest.raises(PlanError, match="come after a multi-token-prediction module's fusion"):
+        plan("deepseek-v3-nextn", "lpx-rack", dtype="fp8", verify=True)  # (its stage's blocks lack the fusion)
 
 
 # ---- which draft ---------------------------------------------------------------------------------------------

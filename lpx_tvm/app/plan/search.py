@@ -84,12 +84,14 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     if prompt > context:
         raise PlanError(f"a prompt of {prompt} tokens does not fit a cache of {context} positions")
     spec = model_spec(model)
-    # --verify compiles a stage as one kind of block repeated, and its int8 check builds the project's decoder
-    if verify and (len(set(spec.kinds())) > 1 or (dtype == "int8" and (spec.mla or spec.sliding or spec.qk_norm
-                                                                       or spec.sandwich))):
+    # --verify compiles a stage as one kind of block repeated (no MTP module's fusion before it), and its int8
+    # check builds the project's decoder
+    if verify and (len(set(spec.kinds())) > 1 or spec.fusion or (dtype == "int8" and (
+            spec.mla or spec.sliding or spec.qk_norm or spec.sandwich))):
         raise PlanError(f"--verify compiles a stage as one kind of Llama-style block repeated: {spec.name}'s layers "
-                        "differ (dense and expert MLPs, or sliding and full attention) or are not the project's "
-                        "decoder's; its plan prices each kind's block compiled on its own")
+                        "differ (dense and expert MLPs, or sliding and full attention), come after a "
+                        "multi-token-prediction module's fusion, or are not the project's decoder's; its plan prices "
+                        "each kind's block compiled on its own")
     system = load_system(system)
     chip = system.chip
     chip.check_dtype(dtype)

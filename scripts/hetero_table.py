@@ -1,9 +1,11 @@
 """The closing table of LPX beside GPUs (issue 51): each model on one NVL72 beside the LPX system that holds it.
 
 For every model: the smallest of ``--systems`` (1, 2 or 4 LPX racks) whose SRAM holds its weights and one
-sequence's cache (the plan's own check), and with ``--every-system`` each larger one too; a model that needs more
-says how many racks, and gets its gpu-only rows alone. One ``plan --gpu --mode auto`` a model, one at a time, each in a child process with ``--timeout``
-(a run past it is named and skipped); a markdown row per mode and target speed is printed as each mode is
+sequence's cache (the plan's own check; the smallest where none does), and with ``--every-system`` every one of
+them, those that do not hold it too: lpx-draft needs only its draft to fit (the target verifies on the GPUs), and
+the modes that put the target on LPX say the racks they need and what binds (the plan's own error). One ``plan
+--gpu --mode auto`` a model and system, one at a time, each in a child process with ``--timeout`` (a run past it
+is named and skipped); a markdown row per mode and target speed is printed as each mode is
 planned: racks, tokens/s per user, tokens/s per MW (with ``--lpx-chip-watts``, an assumed figure: LP30 has no
 public one) and the ratio to gpu-only's tokens/s per MW at the same target.
 
@@ -22,15 +24,13 @@ import time
 
 MODELS = ("kimi-k2", "deepseek-v3", "gpt-oss-120b", "llama-3.3-70b", "qwen3-235b-a22b")
 SYSTEMS = ("lpx-rack", "lpx-system-2", "lpx-system-4")
-# lpx-draft's draft where llama-3.2-1b's vocabulary is not the target's: a smaller model of the same vocabulary
-DRAFTS = {"gpt-oss-120b": "gpt-oss-20b"}
 HEADER = ("| model | LPX | mode | target tok/s/user | configuration | tok/s/user | tok/s per MW | racks GPU+LPX "
           "| × gpu-only | × gpu-only best | bound / note |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def holding_system(model: str, systems, dtype: str, context: int):
-    """The first of ``systems`` whose chips' SRAM holds the model's weights and one sequence's cache, and the
-    LPX racks it would need at least (256 LP30s a rack)."""
+    """The first of ``systems`` whose chips' SRAM holds the model's weights and one sequence's cache, and None;
+    or None and the LPX racks it would need at least (256 LP30s a rack)."""
     from lpx_tvm.app.plan.search import _chips_per_rack, model_spec
     from lpx_tvm.runtime_sim import DType
     from lpx_tvm.runtime_sim.system import load_system
@@ -76,9 +76,7 @@ def one(args) -> int:
     from lpx_tvm.app.plan.hetero import _choose, hetero_plan
 
     logging.disable(logging.WARNING)
-    lpx = args.system
-    system = lpx or SYSTEMS[0]
-    label = lpx if lpx else f"needs {args.racks} racks"
+    system = args.system
     bases = {}
 
     from lpx_tvm.app.plan.gpu import gpu_system
@@ -92,18 +90,17 @@ def one(args) -> int:
                 bases[target] = r
                 fits = [p["tokens_per_s_per_mw"] for p in points if p["fits"] and p["tokens_per_s_per_mw"]]
                 bases["best"] = max(fits, default=None)
-            print(_row(args.model, label, name, target, r, bases.get(target), bases.get("best")), flush=True)
+            print(_row(args.model, system, name, target, r, bases.get(target), bases.get("best")), flush=True)
         if name == "gpu-only" and points:  # the GPUs at their most tokens/s per MW, whatever the speed
             fits = [p for p in points if p["fits"]]
             if fits:
                 top = max(fits, key=lambda p: p["tokens_per_s_per_mw"] or p["tokens_per_s_per_rack"])
-                print(_row(args.model, label, name, "any (most per MW)", top, top, bases.get("best")), flush=True)
+                print(_row(args.model, system, name, "any (most per MW)", top, top, bases.get("best")), flush=True)
 
-    modes = "auto" if lpx else "gpu-only"
     start = time.perf_counter()
+    # (lpx-draft's draft: the target's own, lpx_tvm.app.plan.hetero.DRAFTS)
     report = hetero_plan(args.model, system, args.gpu, dtype=args.dtype, context=args.context, prompt=args.prompt,
-                         mode=modes, lpx_chip_watts=args.lpx_chip_watts, on_mode=on_mode,
-                         draft=DRAFTS.get(args.model))
+                         mode="auto", lpx_chip_watts=args.lpx_chip_watts, on_mode=on_mode)
     q = report["gpu"]["quant"]
     print(f"<!-- {args.model}: GPU side {q.get('text') or q.get('error')}; planned in "
           f"{time.perf_counter() - start:.0f} s -->", flush=True)
@@ -122,10 +119,9 @@ def main(argv=None) -> int:
     p.add_argument("--lpx-chip-watts", type=float, help="an LP30's power, assumed (none is published)")
     p.add_argument("--timeout", type=float, default=600, help="seconds a model's plan may take (default 600)")
     p.add_argument("--every-system", action="store_true",
-                   help="plan each model beside every one of --systems that holds it, not only the smallest")
+                   help="plan each model beside every one of --systems, not only the smallest that holds it")
     p.add_argument("--one", metavar="MODEL", help=argparse.SUPPRESS)
-    p.add_argument("--system", help=argparse.SUPPRESS)
-    p.add_argument("--racks", help=argparse.SUPPRESS)
+    p.add_argument("--system", default=SYSTEMS[0], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
         args.model = args.one
@@ -135,15 +131,16 @@ def main(argv=None) -> int:
     print(HEADER, flush=True)
     runs = []
     for model in args.models:
-        system, racks = holding_system(model, args.systems, args.dtype, args.context)
-        runs.append((model, system, racks))
-        if system and args.every_system:
-            runs += [(model, larger, None) for larger in args.systems[args.systems.index(system) + 1:]]
-    for model, system, racks in runs:
+        system, _ = holding_system(model, args.systems, args.dtype, args.context)
+        # with --every-system beside each system, one that does not hold the model too (lpx-draft needs only its
+        # draft to fit; the modes with the target on LPX say the racks they need); else the smallest that holds it,
+        # or the smallest where none does
+        runs += [(model, s) for s in args.systems] if args.every_system else [(model, system or args.systems[0])]
+    for model, system in runs:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", model, "--gpu", args.gpu, "--dtype", args.dtype,
                "--context", str(args.context), "--prompt", str(args.prompt), "--targets",
                *map(str, args.targets)]
-        cmd += ["--system", system] if system else ["--racks", str(racks)]
+        cmd += ["--system", system]
         if args.lpx_chip_watts is not None:
             cmd += ["--lpx-chip-watts", str(args.lpx_chip_watts)]
         start = time.perf_counter()
@@ -160,7 +157,7 @@ def main(argv=None) -> int:
             sys.stdout.flush()
         child.wait()
         timer.cancel()
-        where = system or f"needs {racks} racks"
+        where = system
         if late.is_set():
             print(f"| {model} | {where} | (the rest) | - | - | - | - | - | - | - | skipped: the plan took over "
                   f"{args.timeout:.0f} s |")

@@ -18,7 +18,7 @@ CONFIGS = Path(__file__).parent.parent / "lpx_tvm" / "app" / "plan" / "configs"
 PUBLISHED = {"deepseek-v3": "deepseek-ai/DeepSeek-V3", "kimi-k2": "moonshotai/Kimi-K2-Instruct",
              "gpt-oss-120b": "openai/gpt-oss-120b", "gpt-oss-20b": "openai/gpt-oss-20b",
              "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B", "llama-3.3-70b": "meta-llama/Llama-3.3-70B-Instruct",
-             "gemma-3-27b": "google/gemma-3-27b-it"}
+             "gemma-3-27b": "google/gemma-3-27b-it", "qwen3-0.6b": "Qwen/Qwen3-0.6B"}
 
 
 def config(name: str) -> dict:
@@ -108,7 +108,8 @@ def test_gemma_3_reads_its_text_config_with_the_defaults_transformers_fills_in()
     assert spec.sliding == tuple(i for i in range(62) if (i + 1) % 6) and len(spec.sliding) == 52
     assert spec.window == 1024 and spec.vocab == 262208 and spec.tied
     h = 5376
-    layer = h * 128 * 2 * (32 + 16) + 3 * h * 21504 + 4 * h  # four RMSNorms a layer (Gemma's sandwich)
+    # four RMSNorms a layer (Gemma's sandwich), and the query's and the key's per-head RMSNorms (128 each)
+    layer = h * 128 * 2 * (32 + 16) + 3 * h * 21504 + 4 * h + 2 * 128
     assert spec.params() == 62 * layer + 262208 * h + h
     assert spec.params() == pytest.approx(27e9, rel=0.01)
     assert any("image encoder" in note for note in spec.notes)

@@ -569,7 +569,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-chips", type=_at_least(1), metavar="N", help="a separate prefill pool of N chips: "
                    "decode takes the others, and the KV cache is handed over the network (timed)")
     p.add_argument("--draft", metavar="MODEL", help="speculative decoding: this draft model (a preset or a config "
-                   "file) on the chips the target leaves; the target verifies its tokens in one step")
+                   "file) on the chips the target leaves; the target verifies its tokens in one step. With --gpu, "
+                   "lpx-draft's draft (default: the target's own, e.g. qwen3-0.6b for qwen3-235b-a22b, "
+                   "deepseek-v3-nextn for deepseek-v3; one of another vocabulary is refused)")
     p.add_argument("--draft-tokens", type=_at_least(1), metavar="K", help="tokens the draft proposes a round "
                    "(default: the k that serves a user fastest)")
     p.add_argument("--accept-rate", type=float, metavar="A", help="the chance the target accepts a draft token "

@@ -287,3 +287,26 @@ def head_graph(hidden: int, vocab: int, tokens: int, dtype, after: bool = False,
     g.outputs = [b.node(NodeKind.MATMUL, [b.rms_norm(x, shape), b.weight(hidden, vocab)], (1, tokens, vocab))
                  if head else x]
     return g
+
+
+def fusion_graph(hidden: int, fusion: int, tokens: int, dtype, width: int = 1, system: str = "") -> Graph:
+    """A multi-token-prediction module's input (DeepSeek-V3's NextN, ``eh_proj``), for ``tokens`` positions: the
+    token's embedding and the target's hidden state come from the host, each is RMSNormed (``enorm``,
+    ``hnorm``), the two are concatenated (``fusion`` = 2 × hidden wide) and projected to the hidden size. On
+    ``width`` chips of ``system`` each chip makes its ⌈hidden ÷ width⌉ columns and the all-gather the compiler
+    emits for the group gives every chip the whole hidden state (as MLA's down-projections are split)."""
+    b = _Builder(dtype)
+    g = b.g
+    half = (1, tokens, fusion // 2)
+    embedded, state = g.add_tensor(half, b.dtype), g.add_tensor(half, b.dtype)
+    g.inputs = [embedded, state]
+    joined = b.node("CONCAT", [b.rms_norm(embedded, half), b.rms_norm(state, half)], (1, tokens, fusion), axis=2)
+    group = collective_group(BlockShape(hidden, 1, 1, 1, 1, tokens, 0, 1, system=system, width=width))
+    if group is None:
+        g.outputs = [b.node(NodeKind.MATMUL, [joined, b.weight(fusion, hidden)], (1, tokens, hidden))]
+        return g
+    piece = -(-hidden // width)
+    part = b.node(NodeKind.MATMUL, [joined, b.weight(fusion, piece)], (1, tokens, piece))
+    g.outputs = [b.node(NodeKind.ALLGATHER, [part], (1, tokens, piece * width), axis=2, rank=0, ranks=group.ranks,
+                        tag=b.count * group.tags(), group=group)]
+    return g

@@ -13,7 +13,8 @@ Vera Rubin NVL72 racks, and the two sides alone:
   layer; ping-pong micro-batches hide the exchange when there are enough (:func:`.afd.pingpong`).
 * ``lpx-draft``: a draft model on LPX (its own plan), the target verifying its tokens on the GPUs (an
   AIConfigurator prefill of ``k + 1`` tokens after the cached context); a round yields
-  :func:`.speculative.expected_tokens`.
+  :func:`.speculative.expected_tokens`. The draft is the target's own in :data:`DRAFTS` (or ``--draft``, of the
+  target's vocabulary); only the draft need fit the LPX system, so a model LPX cannot hold has this mode too.
 
 Every mode's GPUs also prefill: a turn of ``prompt`` tokens in and ``context − prompt`` out, so a mode
 serving T tokens/s keeps ``T ÷ (context − prompt)`` prefills a second going, each AIConfigurator's prefill
@@ -38,6 +39,17 @@ GPU_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 VERIFIED = ("lpx-only", "lpx-decode", "afd")  # the modes whose LPX half --verify compiles whole
 LPX_ROWS = (1, 4)  # rows an FFN program is compiled for; a larger micro-batch runs as passes of it
 DRAFT_TOKENS = (1, 2, 3, 4, 6, 8)
+# lpx-draft's draft for each target preset, every one a preset of lpx_tvm/app/plan/configs (its source there):
+# a smaller model of the target's family and vocabulary, or the target's own multi-token-prediction module
+DRAFTS = {"llama-3-8b": "llama-3.2-1b", "llama-3-70b": "llama-3.2-1b", "llama-3.1-405b": "llama-3.2-1b",
+          "llama-3.3-70b": "llama-3.2-1b", "gpt-oss-120b": "gpt-oss-20b", "qwen3-235b-a22b": "qwen3-0.6b",
+          "deepseek-v3": "deepseek-v3-nextn"}
+# targets with no draft the plan can price, and why (said by lpx-draft without --draft)
+# (Kimi K2 publishes no multi-token-prediction layer, num_nextn_predict_layers 0; its public EAGLE-3 draft is a
+# Llama layer over three of the target's hidden states fused, whose config.json could not be read to price it)
+NO_DRAFT = {"kimi-k2": "no MTP layer, and the plan does not model its EAGLE-3 draft (AQ-MedAI/Kimi-K2-Instruct-eagle3)"}
+# a target of these drafts' vocabulary that is not in DRAFTS (a config file's, say) is drafted by them
+VOCABULARY_DRAFTS = ("llama-3.2-1b", "qwen3-0.6b")
 
 
 class HeteroError(LpxUserError):
@@ -75,7 +87,7 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
     target_tps_per_user : float, optional
         Each mode's report is then its most efficient candidate reaching this speed.
     draft : str, optional
-        The draft model of ``lpx-draft`` (default ``llama-3.2-1b`` for a target of its vocabulary).
+        The draft model of ``lpx-draft`` (default: :func:`default_draft`); one of another vocabulary is refused.
     accept_rate : float
         The chance the target accepts a draft token.
     gpu_quant : str, optional
@@ -113,6 +125,9 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
         raise HeteroError(f"plan --gpu plans LPX (LP30 chips) beside GPUs; {lpx.name} is made of {lpx.chip.name} "
                           "chips (lpx-node, lpx-rack or lpx-system-N)")
     spec = model_spec(model)
+    if spec.fusion:
+        raise HeteroError(f"{spec.name} is a multi-token-prediction module, a draft (plan its target with "
+                          "--mode lpx-draft), not a model to serve")
     if gpu_quant is not None:
         gpus.parse_gpu_quant(gpu_quant)  # a malformed --gpu-quant fails once, before any mode
     ctx = _Context(spec, model, g, lpx, _chips_per_rack(lpx), dtype, context, prompt, lpx_chip_watts, progress,
@@ -203,13 +218,28 @@ class _Context:
             self.progress(line)
 
     def plan(self) -> dict:
-        """The LPX plan of the whole decode (the compiler's), measured once for lpx-only and lpx-decode."""
+        """The LPX plan of the whole decode (the compiler's), measured once for lpx-only and lpx-decode. Where the
+        system cannot hold the weights and one sequence's cache (the plan's own check, and its refusal), the LPX
+        racks they need at least and what they are, in one short line (a table's note)."""
         if self._plan is None:
             from .search import plan
 
+            weights = self.spec.chip_params() * DType.from_name(self.dtype).itemsize
+            cache = self.spec.cache_bytes(self.context, 1, self.dtype)
+            if weights + cache > self.lpx.chips * self.lpx.chip.sram_bytes:
+                raise HeteroError(f"needs {self.racks_for(weights + cache)} LPX racks: {weights / 1e9:.1f} GB of "
+                                  f"{self.dtype} weights and {cache / 1e9:.1f} GB of KV cache; {self.holds()}")
             self._plan = plan(self.model, self.lpx.name, dtype=self.dtype, context=self.context,
                               prompt=self.prompt, batches=(1, 4), progress=self.progress)
         return self._plan
+
+    def racks_for(self, nbytes: int) -> int:
+        """The LPX racks whose chips' SRAM holds ``nbytes`` at least."""
+        return ceil(nbytes / (self.lpx_per_rack * self.lpx.chip.sram_bytes))
+
+    def holds(self) -> str:
+        """``lpx-rack holds 128.0 GB``: the LPX system's SRAM."""
+        return f"{self.lpx.name} holds {self.lpx.chips * self.lpx.chip.sram_bytes / 1e9:.1f} GB"
 
     def prefill(self) -> dict:
         """The GPUs' prefill of one prompt: the width spending the fewest GPU-seconds a prompt (a prefill pool
@@ -390,6 +420,10 @@ def _afd(ctx) -> list:
     clock, item = lpx.chip.clock_hz, DType.from_name(ctx.dtype).itemsize
     from aiconfigurator_core.sdk.backends.factory import get_backend
 
+    ffn_bytes = sum(spec.mlp_params(i) for i in range(spec.layers)) * item
+    if ffn_bytes > lpx.chips * lpx.chip.sram_bytes:  # (before any FFN is compiled)
+        raise HeteroError(f"needs {ctx.racks_for(ffn_bytes)} LPX racks: the FFN's {ffn_bytes / 1e9:.1f} GB of "
+                          f"{ctx.dtype} weights; {ctx.holds()}")
     pre = ctx.prefill()
     # the GPUs hold attention's weights and the caches: AIConfigurator's memory less the FFN's share of weights
     ffn_share = sum(spec.mlp_params(i) for i in range(spec.layers)) / spec.params()
@@ -496,20 +530,45 @@ def _verify(ctx, chosen: dict) -> dict:
             "verify_error": report["verify_error"], "stages": report["verify_stages"]}
 
 
+def default_draft(spec) -> str:
+    """lpx-draft's draft for a target: its own in :data:`DRAFTS`, else a draft of :data:`VOCABULARY_DRAFTS` of
+    its vocabulary; a :class:`HeteroError` naming why where there is none."""
+    from .model import model_spec
+
+    if spec.name in DRAFTS:
+        return DRAFTS[spec.name]
+    if spec.name in NO_DRAFT:
+        raise HeteroError(f"no draft for {spec.name}: {NO_DRAFT[spec.name]}")
+    for name in VOCABULARY_DRAFTS:
+        if model_spec(name).vocab == spec.vocab:
+            return name
+    raise HeteroError(f"lpx-draft needs --draft MODEL (a draft of the target's vocabulary, {spec.vocab:,} tokens; "
+                      f"the presets draft {', '.join(sorted(DRAFTS))})")
+
+
+def check_draft(target, draft) -> None:
+    """A draft proposes the target's tokens: a draft of another vocabulary is refused, naming both."""
+    if draft.vocab != target.vocab:
+        raise HeteroError(f"the draft {draft.name} has a vocabulary of {draft.vocab:,} tokens, the target "
+                          f"{target.name} {target.vocab:,}: a draft must propose the target's tokens")
+
+
 def _lpx_draft(ctx, draft, accept_rate: float) -> list:
-    """The draft on LPX at its own plan's figures, the verify step on the GPUs, each (width, batch, k)."""
+    """The draft on LPX at its own plan's figures, the verify step on the GPUs, each (width, batch, k). A draft
+    that reads the target's hidden state (a multi-token-prediction module) takes the verified positions' states
+    over the link each round (in bf16, as the FFN's output returns in AFD)."""
     from .search import plan, model_spec
     from .speculative import expected_tokens
 
-    if draft is None:
-        if ctx.spec.vocab != model_spec("llama-3.2-1b").vocab:
-            raise HeteroError("lpx-draft needs --draft MODEL (a draft of the target's vocabulary)")
-        draft = "llama-3.2-1b"
+    draft = default_draft(ctx.spec) if draft is None else draft
+    draft_spec = model_spec(draft)
+    check_draft(ctx.spec, draft_spec)
     if not 0 <= accept_rate <= 1:
         raise HeteroError(f"the acceptance rate must be in [0, 1], got {accept_rate}")
     drafted = plan(draft, ctx.lpx.name, dtype=ctx.dtype, context=ctx.context, prompt=ctx.prompt, batches=(1, 4),
                    progress=ctx.progress)
     g, pre, points = ctx.gpu, ctx.prefill(), []
+    state_bytes = ctx.spec.hidden * return_itemsize(DType.from_name(ctx.dtype).itemsize) if draft_spec.fusion else 0
     for row in drafted["frontier"]:
         draft_us = 1e6 / row["tokens_per_s_per_user"]  # a draft step, each user's
         for tp in ctx.widths():
@@ -518,8 +577,12 @@ def _lpx_draft(ctx, draft, accept_rate: float) -> list:
                     break
                 for k in DRAFT_TOKENS:
                     verify = gpus.verify_ms(ctx.path, g, tp, ctx.quant, batch, k + 1, ctx.context, ctx.moe)
-                    # k draft steps on LPX, the draft tokens to the GPUs and the verdict back (ids: latency)
-                    round_ms = k * draft_us / 1e3 + verify + 2 * g.link.latency_us / 1e3
+                    # k draft steps on LPX, the draft tokens to the GPUs and the verdict back (ids: latency), with
+                    # the k + 1 verified positions' hidden states where the draft reads them (the group's share of
+                    # the link, to the racks the draft's copy is on)
+                    states = exchange_us(batch * (k + 1), 1, state_bytes, g.link.rate(tp, ceil(
+                        row["chips"] / ctx.lpx_per_rack)), 0.0) / 1e3 if state_bytes else 0.0
+                    round_ms = k * draft_us / 1e3 + verify + 2 * g.link.latency_us / 1e3 + states
                     per_user = 1e3 * expected_tokens(k, accept_rate) / round_ms
                     # the prefills' GPUs come out of the verify groups
                     instances = _most_groups(ctx, tp, lambda n: per_user * n * batch)
@@ -532,7 +595,8 @@ def _lpx_draft(ctx, draft, accept_rate: float) -> list:
                                          "GPU verify" if verify > k * draft_us / 1e3 else "LPX draft",
                                          {"tp": tp, "batch": batch, "draft": drafted["model"], "draft_tokens": k,
                                           "accept_rate": accept_rate, "draft_chips": copies * row["chips"],
-                                          "verify_ms": verify, "draft_step_us": draft_us}))
+                                          "draft_copy_chips": row["chips"], "verify_ms": verify,
+                                          "draft_step_us": draft_us, "hidden_states_ms": states}))
     if not points:
         raise HeteroError(f"no verify width and batch fits the {g.gpus} {g.name} GPUs with the draft on "
                           f"{ctx.lpx.chips} LP30s")

@@ -33,7 +33,7 @@ from ...codegen.target import Target, system_of
 from ...runtime_sim import ChipConfig, DType
 from ...runtime_sim.errors import LpxUserError
 from ...runtime_sim.system import SystemConfig
-from .graph import BlockShape, block_graph, head_graph
+from .graph import BlockShape, block_graph, fusion_graph, head_graph
 
 
 _HF_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -83,6 +83,12 @@ _SANDWICH = {"gemma2", "gemma3_text"}
 # what is known of an architecture and not in its block, said in the plan
 _ARCH_NOTES = {"gpt_oss": ("attention sinks (a learned logit a head in each softmax's sum) are not in the block; "
                            "nor are the projections' and experts' biases")}
+# a multi-token-prediction module published as a draft model of its own: its config is the target's (SGLang's
+# scripts/export_deepseek_nextn.py replaces ``architectures`` alone), and what it runs is the module, not the target
+_NEXTN_ARCHITECTURES = {"DeepseekV3ForCausalLMNextN"}
+# the words in an architecture's name that say a draft of another shape (EAGLE's fused hidden states, Medusa's
+# heads, another family's MTP module): refused by name unless planned above
+_DRAFT_WORDS = ("nextn", "eagle", "medusa", "mtp")
 
 # published configs, one file each (``configs/NAME.json``, naming its Hugging Face repository)
 _CONFIG_DIR = Path(__file__).with_name("configs")
@@ -101,8 +107,11 @@ class ModelSpec:
     Beside a Llama's sizes: a mixture's ``experts`` (routed), ``top_k``, each expert's MLP width ``moe_ffn``
     (0: ``ffn``), ``shared_experts`` and the ``dense_layers`` (indexes) whose MLP is dense (``ffn`` wide);
     multi-head latent attention's ``mla`` = (q_lora_rank, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim,
-    v_head_dim); the ``sliding`` layers (indexes) that attend to the last ``window`` positions; and ``notes``,
-    what the config says that the plan reads but does not price (in words, for the report).
+    v_head_dim); the ``sliding`` layers (indexes) that attend to the last ``window`` positions; ``notes``,
+    what the config says that the plan reads but does not price (in words, for the report); and ``fusion``, a
+    multi-token-prediction module's input (DeepSeek-V3's NextN): the token's embedding and the target's hidden
+    state, each RMSNormed, concatenated (``fusion`` = 2 × hidden wide) and projected to the hidden size before
+    its first layer (:func:`.graph.fusion_graph`).
     """
 
     name: str
@@ -125,6 +134,7 @@ class ModelSpec:
     qk_norm: bool = False
     sandwich: bool = False
     notes: tuple = ()
+    fusion: int = 0  # a multi-token-prediction module's input projection (2 × hidden wide; 0: none)
 
     @property
     def head_dim(self) -> int:
@@ -180,14 +190,19 @@ class ModelSpec:
 
     def layer_params(self, layer: int, active: bool = False) -> int:
         norms = 4 if self.sandwich else 2
-        return self.attention_params() + self.mlp_params(layer, active) + norms * self.hidden
+        qk = 2 * self.head_dim if self.qk_norm else 0  # the query's and the key's per-head RMSNorm weights
+        return self.attention_params() + self.mlp_params(layer, active) + norms * self.hidden + qk
 
     def block_params(self) -> int:
         """The last layer's parameters (every layer's, where they are alike)."""
         return self.layer_params(self.layers - 1)
 
+    def fusion_params(self) -> int:
+        """A multi-token-prediction module's input: its projection (``eh_proj``) and its two RMSNorms."""
+        return self.fusion * self.hidden + 2 * self.hidden if self.fusion else 0
+
     def params(self) -> int:
-        return sum(self.layer_params(i) for i in range(self.layers)) \
+        return sum(self.layer_params(i) for i in range(self.layers)) + self.fusion_params() \
             + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
     def chip_params(self) -> int:
@@ -267,15 +282,43 @@ def model_spec(model) -> ModelSpec:
                 from None
         kv_heads = heads  # (no K/V heads: the latent is every head's)
     window, sliding = _sliding_layers(name, data, layers)
+    dense = _dense_layers(name, data, layers) if experts else ()
+    fusion = 0
+    nextn = _draft_architecture(name, data)
+    if nextn:  # the module alone: its layers follow the target's (their indexes say dense or experts)
+        count = int(data.get("num_nextn_predict_layers") or 0)
+        if count < 1:
+            raise PlanError(f"model {name!r}: {nextn} without num_nextn_predict_layers (its layers)")
+        if sliding:
+            raise PlanError(f"model {name!r}: {nextn} with sliding-window layers is not modelled by the plan")
+        dense = tuple(i - layers for i in (_dense_layers(name, data, layers + count) if experts else ())
+                      if i >= layers)
+        layers, fusion = count, 2 * hidden
+        notes = [n for n in notes if not n.startswith("the multi-token-prediction layers")] + [
+            f"{nextn}: the target's multi-token-prediction module as a draft, its {count} layer(s) after the "
+            "token's embedding and the target's hidden state fused (eh_proj, 2 × hidden → hidden), with its own "
+            "LM head; the target's hidden state comes to it from the host"]
     spec = ModelSpec(name, hidden, layers, heads, kv_heads, ffn, vocab, bool(data.get("tie_word_embeddings", False)),
                      experts, top_k, int(data.get("head_dim") or 0), int(data.get("moe_intermediate_size") or 0),
-                     int(data.get("n_shared_experts") or 0), _dense_layers(name, data, layers) if experts else (),
-                     mla, window, sliding, model_type in _QK_NORM, model_type in _SANDWICH, tuple(notes))
+                     int(data.get("n_shared_experts") or 0), dense,
+                     mla, window, sliding, model_type in _QK_NORM, model_type in _SANDWICH, tuple(notes), fusion)
     if (spec.hidden % spec.heads and not spec.head_size and not mla) or spec.heads % spec.kv_heads:
         raise PlanError(f"model {name!r}: hidden_size must divide by the heads, and the heads by the KV heads")
     if experts and not 0 < spec.experts_per_token <= experts:
         raise PlanError(f"model {name!r}: {spec.experts_per_token} experts a token of {experts}")
     return spec
+
+
+def _draft_architecture(name: str, data: dict) -> str:
+    """The multi-token-prediction architecture the config names (:data:`_NEXTN_ARCHITECTURES`), or "" for a
+    model of its own; another draft architecture (EAGLE, Medusa, another MTP module) is refused by name."""
+    for arch in data.get("architectures") or []:
+        if arch in _NEXTN_ARCHITECTURES:
+            return arch
+        if any(word in str(arch).lower() for word in _DRAFT_WORDS):
+            raise PlanError(f"model {name!r}: architecture {arch} is a draft model the plan does not model (it "
+                            f"plans {', '.join(sorted(_NEXTN_ARCHITECTURES))} and decoders of their own)")
+    return ""
 
 
 def _first(data: dict, *keys):
@@ -429,6 +472,17 @@ def head_cost(chip: ChipConfig, hidden: int, vocab: int, tokens: int, dtype: str
 
 
 @lru_cache(maxsize=64)
+def fusion_cost(chip: ChipConfig, hidden: int, fusion: int, tokens: int, dtype: str, width: int = 1,
+                system: str = "") -> ShardCost | None:
+    """A multi-token-prediction module's input fusion (:func:`.graph.fusion_graph`) as a program of its own: its
+    two inputs from the host (the embedding's row and the target's hidden state), this chip's columns of the
+    projection and the group's all-gather. Its output's transfer back to the host is in its cycles, where the
+    first block would take it on the chip: a bound above by that much."""
+    chip, dtype = _as_built(chip, dtype)
+    return _measure(fusion_graph(hidden, fusion, tokens, DType.from_name(dtype).np, width, system), chip)
+
+
+@lru_cache(maxsize=64)
 def head_step_cycles(chip: ChipConfig, hidden: int, vocab: int, tokens: int, dtype: str) -> int | None:
     """What the LM head adds to a pipeline's last stage, its input already on the chip: the residual add
     that ends a block with the head after it, less the add alone (the host transfer of their input cancels).
@@ -469,7 +523,8 @@ def floor_cycles(spec: ModelSpec, system: SystemConfig, dtype: str, context: int
     diameter of the group the compiler's collectives use (one all linked, two across a grid of nodes, half a
     ring; a width no collective joins is not a mapping) and its bytes over the links a pair has.
     Then the LM head's share, and a hop between each two of the S stages the weights need (S × T ≤ chips; from
-    rack to rack on a system of racks, its rack-to-rack latency).
+    rack to rack on a system of racks, its rack-to-rack latency). A multi-token-prediction module's input
+    fusion adds its projection's share to the weights and its all-gather of the hidden state.
     No unit latency, no dependence: nothing any schedule could remove is left out, nothing else is in.
 
     Returns
@@ -506,9 +561,11 @@ def floor_cycles(spec: ModelSpec, system: SystemConfig, dtype: str, context: int
                 nbytes / width / (group.links * chip.c2c_bytes_per_cycle))
         readers = 1 if spec.mla else min(width, spec.kv_heads)
         # two all-reduces of the hidden state a layer; MLA's all-gather of its down-projections' columns too
-        parts = {"weights": sum(ceil(w / width / install) for w in layer_weights),
+        parts = {"weights": sum(ceil(w / width / install) for w in layer_weights)
+                 + ceil(spec.fusion * spec.hidden * item / width / install),
                  "KV cache": sum(ceil(k / readers / sram) for k in kv),
-                 "collectives": spec.layers * (2 * collective(hidden) + (collective(latent) if latent else 0)),
+                 "collectives": spec.layers * (2 * collective(hidden) + (collective(latent) if latent else 0))
+                 + (collective(hidden) if spec.fusion else 0),
                  "head": ceil(spec.hidden * spec.vocab * item / width / install),
                  "stages": (stages - 1) * system.hop_cycles + _rack_crossings(system, stages, width) * (
                      system.figures.get("rack_hop_cycles", 0) - system.hop_cycles)}
@@ -676,15 +733,21 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     head = head_cost(chip, spec.hidden, ceil(spec.vocab / width), batch * rows, dtype)
     if head is None or head.streamed:
         return None
+    fuse = None  # a multi-token-prediction module's input fusion, on the first stage
+    if spec.fusion:
+        fuse = fusion_cost(chip, spec.hidden, spec.fusion, batch * rows, dtype, width, shape.system)
+        if fuse is None or fuse.streamed:
+            return None
     # every stage holds its layers' weights and caches; the last one the LM head as well, so it may take fewer.
     # The block is timed for the batch it works on; every user in flight keeps its cache on it. A full pipeline
     # has stages × batch users in flight; when their caches do not fit, fewer batches are in flight (the
     # pipeline idles part of the time), as many as fit
-    room = chip.sram_bytes - max(max(c.activation_bytes for c, _, _ in blocks.values()), head.activation_bytes)
+    room = chip.sram_bytes - max(max(c.activation_bytes for c, _, _ in blocks.values()), head.activation_bytes,
+                                 fuse.activation_bytes if fuse else 0)
     fewer, more = divmod(spec.layers, stages)
     counts = [fewer + 1] * more + [fewer] * (stages - more)  # layers a stage, in order (the last: the fewer)
     spans = [range(sum(counts[:k]), sum(counts[:k + 1])) for k in range(stages)]
-    if len(blocks) == 1:
+    if len(blocks) == 1 and not fuse:
         for in_flight in range(stages, 0, -1):
             per_block = block.resident_bytes + extra + (in_flight - 1) * _cache_bytes(spec, shape, item)
             regular, last = room // per_block, (room - head.resident_bytes) // per_block
@@ -699,6 +762,7 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
             held = [sum(blocks[kinds[i]][0].resident_bytes + blocks[kinds[i]][1]
                         + (in_flight - 1) * blocks[kinds[i]][2] for i in span) for span in spans]
             held[-1] += head.resident_bytes
+            held[0] += fuse.resident_bytes if fuse else 0
             if max(held) <= room:
                 break
         else:
@@ -721,17 +785,19 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     head_step = head_step_cycles(chip, spec.hidden, ceil(spec.vocab / width), batch * rows, dtype)
     last_step = head.cycles if head_step is None else head_step
     steps = [sum(blocks[kinds[i]][0].cycles for i in span) for span in spans]
-    if len(blocks) == 1:  # (the same sums, as the uniform plan has always written them)
+    steps[0] += fuse.cycles if fuse else 0
+    if len(blocks) == 1 and not fuse:  # (the same sums, as the uniform plan has always written them)
         period = max((fewer + (more > 0)) * block.cycles + (handoff if stages > 1 else 0), fewer * block.cycles + last_step)
     else:
         period = max(max(steps[:-1], default=0) + handoff, steps[-1] + last_step)
     # the new K/V (MLA: latent and rotary key) of every layer of the busiest stage written into the cache
     kv_bytes = per_stage * batch * rows * spec.kv_width(width) * 4  # fp32 from the host
     kv_write = ceil(kv_bytes / chip.host_bytes_per_cycle) + chip.latency_cycles["MEM"]
-    compute = sum(blocks[kind][0].cycles for kind in kinds) + head.cycles
+    compute = sum(blocks[kind][0].cycles for kind in kinds) + head.cycles + (fuse.cycles if fuse else 0)
     per_token = compute + network + kv_write
     split = {"matrix": 0.0, "weight install": 0.0, "vector": 0.0, "SRAM": 0.0, "C2C links": 0.0, "latency": 0.0}
-    for breakdown, times in [(blocks[kind][0].breakdown, kinds.count(kind)) for kind in blocks] + [(head.breakdown, 1)]:
+    for breakdown, times in [(blocks[kind][0].breakdown, kinds.count(kind)) for kind in blocks] + [(head.breakdown, 1)] \
+            + ([(fuse.breakdown, 1)] if fuse else []):
         for bound, cycles in breakdown.items():
             key = _SPLIT_OF_BOUND.get(bound, "latency")
             split[key] = split.get(key, 0.0) + cycles * times
@@ -744,10 +810,13 @@ def evaluate(spec: ModelSpec, system: SystemConfig, dtype: str, stages: int, wid
     if ttft:  # each kind's prompt as one block (a sliding layer's prefill priced as the full one's: a bound)
         prefills = {kind: block_cost(chip, replace(shapes[kind][0], tokens=prompt, context=0, batch=1), dtype,
                                      alone=True) for kind in blocks}
+        if fuse:
+            prefills["fusion"] = fusion_cost(chip, spec.hidden, spec.fusion, prompt, dtype, width, shape.system)
         if all(p is not None and not p.streamed for p in prefills.values()):
             pre_bytes = prompt * spec.hidden * item
             ttft_cycles = sum(prefills[kind].cycles for kind in kinds) \
-                + (stages - 1) * transfer_cycles(pre_bytes, hops, chip, hop) + head.cycles
+                + (stages - 1) * transfer_cycles(pre_bytes, hops, chip, hop) + head.cycles \
+                + (prefills["fusion"].cycles if fuse else 0)
     return Mapping(stages, width, batch, stages * width, per_token, ttft_cycles, split, memory, placement,
                    in_flight * batch, period)
 

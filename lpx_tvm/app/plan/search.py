@@ -86,17 +86,19 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
         raise PlanError(f"the acceptance rate must be a probability in [0, 1], got {accept_rate!r}")
     if prompt > context:
         raise PlanError(f"a prompt of {prompt} tokens does not fit a cache of {context} positions")
-    spec = model_spec(model)
-    # --verify compiles a stage as one kind of block repeated, and its int8 check builds the project's decoder
-    if verify and (len(set(spec.kinds())) > 1 or (dtype == "int8" and (spec.mla or spec.sliding or spec.qk_norm
-                                                                       or spec.sandwich))):
-        raise PlanError(f"--verify compiles a stage as one kind of Llama-style block repeated: {spec.name}'s layers "
-                        "differ (dense and expert MLPs, or sliding and full attention) or are not the project's "
-                        "decoder's; its plan prices each kind's block compiled on its own")
     if target is not None and (system, dtype) != ("tsp-rack", "fp16"):
         raise PlanError("target= says what to plan for; system= and dtype= would say it again")
     where = plan_target(system, dtype, target)
     system, dtype = where.system, where.dtype
+    spec = model_spec(model)
+    # --verify compiles a stage as one kind of block repeated (no MTP module's fusion before it), and its int8
+    # check builds the project's decoder
+    if verify and (len(set(spec.kinds())) > 1 or spec.fusion or (dtype == "int8" and (
+            spec.mla or spec.sliding or spec.qk_norm or spec.sandwich))):
+        raise PlanError(f"--verify compiles a stage as one kind of Llama-style block repeated: {spec.name}'s layers "
+                        "differ (dense and expert MLPs, or sliding and full attention), come after a "
+                        "multi-token-prediction module's fusion, or are not the project's decoder's; its plan prices "
+                        "each kind's block compiled on its own")
     chip = system.chip
     limit = min(chips or system.chips, system.chips)
     if prefill_chips is not None:

@@ -148,3 +148,26 @@ def test_the_plan_door_builds_one_target(targets_made, capsys, monkeypatch):
     assert (where.system.name, where.system.chips, where.dtype) == ("tiny-4", 4, "fp32")
     assert targets_made[0] is where  # the first made is the door's, and it is what plan got
     assert "llama-tiny" in capsys.readouterr().out
+
+
+def test_the_plan_beside_gpus_door_builds_one_target_with_its_gpu_pool(targets_made, monkeypatch, capsys):
+    """``plan --gpu gb300:8 --system lpx-node --dtype fp8`` parses the LPX system, the dtype and the GPU pool into
+    one Target at the door, the one the heterogeneous plan receives."""
+    pytest.importorskip("aiconfigurator_core", reason="the gpu extra (aiconfigurator-core) is not installed")
+    from lpx_tvm.app import cli
+    from lpx_tvm.app.plan import hetero
+
+    received = []
+
+    def spying(model, **kwargs):
+        received.append(kwargs.get("target"))
+        raise LpxUserError("stopped here: the door is what is under test")
+    monkeypatch.setattr(hetero, "hetero_plan", spying)
+    assert cli.main(["plan", "--model", "llama-3-8b", "--gpu", "gb300:8", "--system", "lpx-node",
+                     "--dtype", "fp8", "--mode", "gpu-only"]) == 1
+    assert "stopped here" in capsys.readouterr().err
+    (where,) = received
+    assert targets_made == [where]
+    assert (where.system.name, where.dtype, where.gpu.name, where.gpu.gpus) == ("lpx-node", "fp8", "gb300", 8)
+    with pytest.raises(LpxUserError, match="a GPU pool is planned beside LPX"):
+        where.check_compilable()

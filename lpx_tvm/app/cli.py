@@ -399,15 +399,19 @@ def cmd_plan(args) -> int:
 
 def _plan_beside_gpus(args, target) -> int:
     """``plan --gpu``: LPX beside GPUs in one mode or all (:mod:`.hetero`)."""
-    from .plan.hetero import hetero_plan, plot, table
+    from ..codegen import Target
+    from .plan.gpu import gpu_system, require_aiconfigurator
+    from .plan.hetero import hetero_plan, lpx_system, plot, table
 
     if args.gpu is None:
         raise LpxUserError(f"--mode {args.mode} needs --gpu (the GPUs beside LPX, e.g. --gpu gb300:72)")
-    report = hetero_plan(args.model, args.system or "lpx-rack", gpu=args.gpu, dtype=args.dtype or "fp8",
-                         context=args.context,
-                         prompt=args.prompt, mode=args.mode or "auto", gpu_link=args.gpu_link,
-                         lpx_chip_watts=args.lpx_chip_watts, max_racks=args.max_racks, target_tps_per_user=target,
-                         draft=args.draft, accept_rate=0.7 if args.accept_rate is None else args.accept_rate,
+    require_aiconfigurator()
+    where = Target.parse(system=lpx_system(args.system or "lpx-rack"), dtype=args.dtype or "fp8",
+                         gpu=gpu_system(args.gpu, args.gpu_link))  # parsed once, here
+    report = hetero_plan(args.model, target=where, context=args.context, prompt=args.prompt,
+                         mode=args.mode or "auto", lpx_chip_watts=args.lpx_chip_watts, max_racks=args.max_racks,
+                         target_tps_per_user=target, draft=args.draft,
+                         accept_rate=0.7 if args.accept_rate is None else args.accept_rate,
                          progress=lambda line: print(line, file=sys.stderr, flush=True), gpu_quant=args.gpu_quant,
                          verify=args.verify)
     _show(args, table(report))

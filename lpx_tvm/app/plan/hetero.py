@@ -67,7 +67,7 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
                 mode: str = "auto", gpu_link: str | None = None, lpx_chip_watts: float | None = None,
                 max_racks: int | None = None, target_tps_per_user: float | None = None, draft=None,
                 accept_rate: float = 0.7, progress=None, gpu_quant: str | None = None, on_mode=None,
-                verify: bool = False) -> dict:
+                verify: bool = False, target=None) -> dict:
     """Plan a model on LPX beside GPUs in one mode or all.
 
     Parameters
@@ -76,6 +76,9 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
         As for :func:`.plan.plan` (``system`` is the LPX side).
     gpu : str
         ``NAME[:N]``: N GPUs of a kind :mod:`.gpu` knows (``gb300``, ``vr200``, ...; default one rack).
+    target : lpx_tvm.codegen.Target, optional
+        The LPX system, the dtype and the GPU pool (its ``gpu``, a :class:`.gpu.GpuSystem`) parsed already (a
+        door's), instead of ``system``, ``dtype``, ``gpu`` and ``gpu_link``.
     mode : str
         One of :data:`MODES`, or ``auto`` for every one and the frontier.
     gpu_link : str, optional
@@ -106,8 +109,8 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
         ``modes`` (mode → its report: the figures of :func:`_point`, or ``error``), ``candidates`` (each
         mode's own frontier) and ``frontier`` (tokens/s per user against tokens/s per MW, or per rack), the GPU system and the link.
     """
+    from .model import plan_target
     from .search import _chips_per_rack, model_spec
-    from ...codegen.target import system_of
 
     start = time.perf_counter()
     if mode != "auto" and mode not in MODES:
@@ -119,19 +122,19 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
     if max_racks is not None and max_racks < 1:
         raise HeteroError(f"--max-racks must be a positive integer, got {max_racks}")
     gpus.require_aiconfigurator()
-    g = gpus.gpu_system(gpu, gpu_link)
-    lpx = system_of(system)
-    if lpx.chip.name != "lp30":  # the modes are NVIDIA's LPX deployments: LP30s beside the GPUs
-        raise HeteroError(f"plan --gpu plans LPX (LP30 chips) beside GPUs; {lpx.name} is made of {lpx.chip.name} "
-                          "chips (lpx-node, lpx-rack or lpx-system-N)")
+    if target is not None and (system, gpu, dtype, gpu_link) != ("lpx-rack", "gb300", "fp8", None):
+        raise HeteroError("target= says what to plan for; system=, gpu=, dtype= and gpu_link= would say it again")
+    if target is not None and target.gpu is None:
+        raise HeteroError("a plan beside GPUs needs a target with its GPU pool (Target.parse(..., gpu=...))")
+    where = target or plan_target(lpx_system(system), dtype, gpu=gpus.gpu_system(gpu, gpu_link))
+    g, lpx, dtype = where.gpu, lpx_system(where.system), where.dtype
     spec = model_spec(model)
     if spec.fusion:
         raise HeteroError(f"{spec.name} is a multi-token-prediction module, a draft (plan its target with "
                           "--mode lpx-draft), not a model to serve")
     if gpu_quant is not None:
         gpus.parse_gpu_quant(gpu_quant)  # a malformed --gpu-quant fails once, before any mode
-    ctx = _Context(spec, model, g, lpx, _chips_per_rack(lpx), dtype, context, prompt, lpx_chip_watts, progress,
-                   gpu_quant)
+    ctx = _Context(spec, model, where, _chips_per_rack(lpx), context, prompt, lpx_chip_watts, progress, gpu_quant)
     wanted = MODES if mode == "auto" else (mode,)
     builders = {"gpu-only": _gpu_only, "lpx-only": _lpx_only, "lpx-decode": _lpx_decode, "afd": _afd,
                 "lpx-draft": lambda c: _lpx_draft(c, draft, accept_rate)}
@@ -175,9 +178,11 @@ def hetero_plan(model, system="lpx-rack", gpu="gb300", dtype: str = "fp8", conte
 class _Context:
     """What every mode reads: the model on both sides, the systems, the turn, and the shared measurements."""
 
-    def __init__(self, spec, model, g, lpx, lpx_per_rack, dtype, context, prompt, watts, progress, gpu_quant=None):
-        self.spec, self.model, self.gpu, self.lpx, self.lpx_per_rack = spec, model, g, lpx, lpx_per_rack
-        self.dtype, self.context, self.prompt, self.watts, self.progress = dtype, context, prompt, watts, progress
+    def __init__(self, spec, model, target, lpx_per_rack, context, prompt, watts, progress, gpu_quant=None):
+        self.spec, self.model, self.lpx_per_rack = spec, model, lpx_per_rack
+        self.gpu, self.lpx, self.dtype = target.gpu, target.system, target.dtype
+        self.context, self.prompt, self.watts, self.progress = context, prompt, watts, progress
+        self.target = target  # what the LPX side's plans are for too (a plan reads its system and dtype)
         self.path = gpus.model_dir(model)
         self.moe = bool(spec.experts)
         self.output = context - prompt  # tokens a turn generates
@@ -229,7 +234,7 @@ class _Context:
             if weights + cache > self.lpx.chips * self.lpx.chip.sram_bytes:
                 raise HeteroError(f"needs {self.racks_for(weights + cache)} LPX racks: {weights / 1e9:.1f} GB of "
                                   f"{self.dtype} weights and {cache / 1e9:.1f} GB of KV cache; {self.holds()}")
-            self._plan = plan(self.model, self.lpx.name, dtype=self.dtype, context=self.context,
+            self._plan = plan(self.model, target=self.target, context=self.context,
                               prompt=self.prompt, batches=(1, 4), progress=self.progress)
         return self._plan
 
@@ -521,13 +526,25 @@ def _verify(ctx, chosen: dict) -> dict:
         return verify_ffn_stage(ctx.spec, ctx.lpx, ctx.dtype, c["ffn_width"], max(c["ffn_stage_layers"]),
                                 c["ffn_program_rows"])
     try:
-        report = plan(ctx.model, ctx.lpx.name, dtype=ctx.dtype, context=ctx.context, prompt=ctx.prompt,
+        report = plan(ctx.model, target=ctx.target, context=ctx.context, prompt=ctx.prompt,
                       batch=c["batch"], mapping=(c["stages"], c["tp"]), verify=True, progress=ctx.progress)
     except LpxUserError as err:
         return {"error": str(err).splitlines()[0]}
     planned = report["verified_cycles"] * (1 + report["verify_error"])
     return {"planned_cycles": round(planned), "verified_cycles": report["verified_cycles"],
             "verify_error": report["verify_error"], "stages": report["verify_stages"]}
+
+
+def lpx_system(system):
+    """The LPX side of a plan beside GPUs (a name or a system), refused where it is not made of LP30s: the modes
+    are NVIDIA's LPX deployments."""
+    from ...codegen.target import system_of
+
+    lpx = system_of(system)
+    if lpx.chip.name != "lp30":
+        raise HeteroError(f"plan --gpu plans LPX (LP30 chips) beside GPUs; {lpx.name} is made of {lpx.chip.name} "
+                          "chips (lpx-node, lpx-rack or lpx-system-N)")
+    return lpx
 
 
 def default_draft(spec) -> str:
@@ -565,7 +582,7 @@ def _lpx_draft(ctx, draft, accept_rate: float) -> list:
     check_draft(ctx.spec, draft_spec)
     if not 0 <= accept_rate <= 1:
         raise HeteroError(f"the acceptance rate must be in [0, 1], got {accept_rate}")
-    drafted = plan(draft, ctx.lpx.name, dtype=ctx.dtype, context=ctx.context, prompt=ctx.prompt, batches=(1, 4),
+    drafted = plan(draft, target=ctx.target, context=ctx.context, prompt=ctx.prompt, batches=(1, 4),
                    progress=ctx.progress)
     g, pre, points = ctx.gpu, ctx.prefill(), []
     state_bytes = ctx.spec.hidden * return_itemsize(DType.from_name(ctx.dtype).itemsize) if draft_spec.fusion else 0

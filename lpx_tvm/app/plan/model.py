@@ -838,9 +838,10 @@ def _check_sizes(**sizes) -> None:
 
 
 def plan_target(system, dtype: str, target=None, gpu=None) -> Target:
-    """A plan's one :class:`~lpx_tvm.codegen.Target`: ``target`` as a door parsed it, or the ``system`` and
-    ``dtype`` words parsed here (the chip is the system's; ``gpu``, a GPU pool beside it). A target without a
-    system is refused."""
+    """A plan's one :class:`~lpx_tvm.codegen.Target`: ``target`` as a door parsed it (a GPU pool in it is the
+    business of a plan beside GPUs; this one reads the system and dtype), or the ``system`` and ``dtype`` words
+    parsed here (the chip is the system's; ``gpu``, a GPU pool beside it). A target without a system is
+    refused."""
     if target is None:
         return Target.parse(system=system, dtype=dtype, gpu=gpu)
     if not isinstance(target, Target) or target.system is None:

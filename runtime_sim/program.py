@@ -273,7 +273,8 @@ class Encoding:
 
 def _parts(program: Program) -> list:
     plan = program.plan
-    parts = [_pack_str(program.config_name), program.config_digest, _pack_str(_chip_parameters(program.chip)),
+    chip = [_pack_str(_chip_parameters(program.chip))] if VERSION >= 11 else []  # (a test writes older formats)
+    parts = [_pack_str(program.config_name), program.config_digest, *chip,
              struct.pack("<8sQQ", plan.model.ljust(8, b"\0"), plan.sram_bytes, plan.activation_base),
              struct.pack("<QI", program.predicted_cycles, len(program.layer_names))]
     parts += [_pack_str(name[:MAX_NAME]) for name in program.layer_names]

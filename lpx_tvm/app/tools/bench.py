@@ -226,13 +226,12 @@ def schedule_bench(model: str = "resnet50", config: str = "tsp", dtypes=SCHEDULE
     for dtype in dtypes:
         source, shapes = _workload(model, dtype)
         compiled = lpx_compile(source, config=config, input_shapes=shapes, dtype=dtype)
+        figures = compiled.stats  # the model's cycles, µs and useful-MAC utilisation (report.ModelStats)
         stats = [sim.stats for sim in compiled.simulators.values()]
-        cycles = sum(s.cycles for s in stats)
-        planes = [sum(s.plane_busy[p] for s in stats) / cycles for p in range(len(stats[0].plane_busy))]
-        weighted = sum(s.peak_macs_cycles for s in stats)
-        records.append({"model": model, "dtype": dtype, "config": config, "cycles": cycles,
-                        "microseconds": sum(s.microseconds for s in stats), "macs": sum(s.macs for s in stats),
-                        "mac_utilisation": weighted / sum(s.planes * s.array_macs * s.cycles for s in stats),
+        planes = [sum(s.plane_busy[p] for s in stats) / figures.cycles for p in range(len(stats[0].plane_busy))]
+        records.append({"model": model, "dtype": dtype, "config": config, "cycles": figures.cycles,
+                        "microseconds": figures.microseconds, "macs": sum(s.macs for s in stats),
+                        "mac_utilisation": figures.mac_utilisation,
                         "plane_busy_share": planes, "programs": len(stats),
                         "host_ops": sum(compiled.report.host_ops.values()),
                         "streamed_weights": sum(len(sim.program.streamed) for sim in compiled.simulators.values()),

@@ -271,6 +271,7 @@ def run_task(task: dict) -> list:
 def _measure(task: dict) -> dict:
     from ... import compile_programs
     from ...patterns import CapacityWarning
+    from ...report import model_stats
     from ...runtime_sim import Simulator
     from .zoo import ZOO, quantized_for_zoo, seeded_inputs
 
@@ -296,14 +297,13 @@ def _measure(task: dict) -> dict:
         programs, report = compile_programs(proto, config=config, input_shapes=input_shapes, dtype=dtype)
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    stats = [Simulator(program, config, timing_only=True).stats for program in programs.values()]
-    cycles = sum(s.cycles for s in stats)
+    simulators = {name: Simulator(program, config, timing_only=True) for name, program in programs.items()}
+    stats = [sim.stats for sim in simulators.values()]
+    figures = model_stats(simulators)  # the model's cycles, µs and useful-MAC utilisation
     streamed = sum(w.data.nbytes for p in programs.values() for w in p.streamed)
     fallbacks = sum(issubclass(w.category, CapacityWarning) for w in caught)
-    return {"ok": True, "cycles": cycles, "latency_us": 1e6 * cycles / config.clock_hz,
-            "mac_utilisation": (sum(s.peak_macs_cycles for s in stats) / (config.mxm_planes * config.mxm_rows
-                                                                             * config.mxm_cols * cycles)
-                                if cycles else 0.0),
+    return {"ok": True, "cycles": figures.cycles, "latency_us": figures.microseconds,
+            "mac_utilisation": figures.mac_utilisation,
             "offloaded_pct": report.offloaded_pct, "fits": streamed == 0 and fallbacks == 0,
             "streamed_mb": streamed / 1e6, "host_fallbacks": fallbacks,
             "sram_high_water_mb": max((s.sram_high_water for s in stats), default=0) / 1e6,

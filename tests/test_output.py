@@ -128,7 +128,7 @@ def test_a_page_gets_the_block_between_its_markers_and_keeps_the_rest(tmp_path, 
     output.write_into(report, page, "lpx-tvm bench --markdown")
     block = ("<!-- written by lpx-tvm bench --markdown: begin -->\n"
              "Written by `lpx-tvm bench --markdown` at commit abc1234 on x86_64, a CPU, 2 CPUs, 2026-12-06.\n\n"
-             "## Speed\n\n### Schedule\n\n| model   |   cycles |\n|---------|----------|\n| m       |       12 |\n"
+             "### Speed\n\n#### Schedule\n\n| model   |   cycles |\n|---------|----------|\n| m       |       12 |\n"
              "<!-- written by lpx-tvm bench --markdown: end -->")
     assert page.read_text() == f"# Measured figures\n\nprose before\n\n{block}\n"
     page.write_text(page.read_text() + "\n## Kept after\n")

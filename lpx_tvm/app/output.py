@@ -118,7 +118,8 @@ BEGIN, END = "<!-- written by {command}: begin -->", "<!-- written by {command}:
 def write_into(report: Report, path, command: str) -> None:
     """Write ``report`` as markdown into the page at ``path``, between the markers of ``command`` (the block
     that command wrote last time is replaced, the rest of the page kept; a page without them gets the block at
-    its end, a missing page is made), under a line saying which commit, machine and day measured it.
+    its end, a missing page is made), under a line saying which commit, machine and day measured it, its headings
+    one level down.
 
     Parameters
     ----------
@@ -132,8 +133,9 @@ def write_into(report: Report, path, command: str) -> None:
 
     begin, end = BEGIN.format(command=command), END.format(command=command)
     page = Path(path).read_text() if Path(path).exists() else ""
-    block = "\n".join([begin, f"Written by `{command}` at commit {provenance()}.", "",
-                       render(report, "markdown"), end])
+    # a section of the page: its headings one level down (the report's "##" under the page's own "##")
+    body = "\n".join("#" + line if line.startswith("##") else line for line in render(report, "markdown").split("\n"))
+    block = "\n".join([begin, f"Written by `{command}` at commit {provenance()}.", "", body, end])
     if begin in page and end in page:
         head, rest = page.split(begin, 1)
         page = head + block + rest.split(end, 1)[1]

@@ -306,12 +306,16 @@ def test_speculative_decoding_is_the_hand_worked_rate_over_the_measured_steps():
     """A round: k draft steps on the draft's own chip, then one target step verifying k + 1 rows; it yields
     1 + a + … + a^k tokens (Leviathan et al.). Tokens/s per user = clock · (1 - a^(k+1)) / (1 - a) /
     (k · draft + verify), over the cycles the compiler measured: the draft's step is its own plan's, the
-    one-row step is the target's plain one. Without k, the plan takes the best k: each neighbour is slower."""
+    one-row step is the target's plain one. Without k, the plan takes the best k: each neighbour is slower. The
+    draft is llama-tiny's shape with llama-small's vocabulary (a draft proposes the target's tokens); llama-tiny
+    itself, of another vocabulary, is refused before the target is searched."""
     args = dict(dtype="fp32", context=128, prompt=8, batches=(1,))
+    tiny = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 128, "vocab_size": 1024}
     target = plan("llama-small", "tsp-node", chips=4, **args)
-    draft = plan("llama-tiny", "tsp-node", chips=8 - target["chips"], **args)
+    draft = plan(tiny, "tsp-node", chips=8 - target["chips"], **args)
     clock = load_system("tsp-node").chip.clock_hz
-    planned = plan("llama-small", "tsp-node", chips=4, draft="llama-tiny", accept_rate=0.8, **args)
+    planned = plan("llama-small", "tsp-node", chips=4, draft=tiny, accept_rate=0.8, **args)
     s = planned["speculative"]
     k, a = s["draft_tokens"], 0.8
     assert s["draft_cycles"] == round(draft["per_token_us"] * clock / 1e6)
@@ -323,11 +327,14 @@ def test_speculative_decoding_is_the_hand_worked_rate_over_the_measured_steps():
     assert s["chips"] == planned["chips"] + draft["chips"]
     for other in (k - 1, k + 1):
         if other >= 1:
-            fixed = plan("llama-small", "tsp-node", chips=4, draft="llama-tiny", accept_rate=0.8, draft_tokens=other,
+            fixed = plan("llama-small", "tsp-node", chips=4, draft=tiny, accept_rate=0.8, draft_tokens=other,
                          **args)["speculative"]
             assert fixed["tokens_per_s_per_user"] <= s["tokens_per_s_per_user"]
     with pytest.raises(PlanError, match=r"the acceptance rate must be a probability in \[0, 1\], got 1.5"):
-        plan("llama-small", "tsp-node", chips=4, draft="llama-tiny", accept_rate=1.5, **args)
+        plan("llama-small", "tsp-node", chips=4, draft=tiny, accept_rate=1.5, **args)
+    with pytest.raises(PlanError, match=r"the draft llama-tiny has a vocabulary of 256 tokens, the target "
+                                        r"llama-small 1,024: a draft must propose the target's tokens"):
+        plan("llama-small", "tsp-node", chips=4, draft="llama-tiny", **args)
 
 
 def test_a_prefill_pool_hands_the_prompt_s_cache_over_in_the_hand_worked_time():

@@ -563,19 +563,12 @@ def default_draft(spec) -> str:
                       f"the presets draft {', '.join(sorted(DRAFTS))})")
 
 
-def check_draft(target, draft) -> None:
-    """A draft proposes the target's tokens: a draft of another vocabulary is refused, naming both."""
-    if draft.vocab != target.vocab:
-        raise HeteroError(f"the draft {draft.name} has a vocabulary of {draft.vocab:,} tokens, the target "
-                          f"{target.name} {target.vocab:,}: a draft must propose the target's tokens")
-
-
 def _lpx_draft(ctx, draft, accept_rate: float) -> list:
     """The draft on LPX at its own plan's figures, the verify step on the GPUs, each (width, batch, k). A draft
     that reads the target's hidden state (a multi-token-prediction module) takes the verified positions' states
     over the link each round (in bf16, as the FFN's output returns in AFD)."""
     from .search import plan, model_spec
-    from .speculative import expected_tokens
+    from .speculative import check_draft, expected_tokens
 
     draft = default_draft(ctx.spec) if draft is None else draft
     draft_spec = model_spec(draft)

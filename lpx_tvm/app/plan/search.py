@@ -91,6 +91,10 @@ def plan(model, system="tsp-rack", dtype: str = "fp16", context: int = 4096, pro
     where = plan_target(system, dtype, target)
     system, dtype = where.system, where.dtype
     spec = model_spec(model)
+    if draft is not None:  # (refused before the target's search, which takes a while)
+        from .speculative import check_draft
+
+        check_draft(spec, model_spec(draft))
     # --verify compiles a stage as one kind of block repeated (no MTP module's fusion before it), and its int8
     # check builds the project's decoder
     if verify and (len(set(spec.kinds())) > 1 or spec.fusion or (dtype == "int8" and (

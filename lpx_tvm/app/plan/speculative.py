@@ -85,3 +85,11 @@ def describe(figures: dict) -> str:
             f"{f['verify_cycles']} cycles, {f['verify_over_one_row']:.2f}× a one-row step; at acceptance "
             f"{f['accept_rate']:g}, {f['expected_tokens']:.2f} tokens a round = {f['tokens_per_s_per_user']:.0f} "
             f"tokens/s per user ({f['speedup']:.2f}× plain decoding) on {f['chips']} chips")
+
+
+def check_draft(target, draft) -> None:
+    """A draft proposes the target's tokens: a draft (a :class:`.model.ModelSpec`) of another vocabulary than the
+    target's is refused, naming both."""
+    if draft.vocab != target.vocab:
+        raise PlanError(f"the draft {draft.name} has a vocabulary of {draft.vocab:,} tokens, the target "
+                        f"{target.name} {target.vocab:,}: a draft must propose the target's tokens")

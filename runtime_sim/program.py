@@ -193,6 +193,8 @@ def _chip_from_parameters(text: str, name: str, digest: bytes):
     if chip.name != name or chip.digest != digest:
         raise ProgramFormatError(f"program's chip parameters describe {chip.name!r} (digest {chip.digest.hex()}), "
                                  f"not the {name!r} (digest {digest.hex()}) it names")
+    if _chip_parameters(chip) != text:  # (the same values spelled otherwise: a program reads back as its bytes)
+        raise ProgramFormatError("program's chip parameters are not written as the format writes them")
     return chip
 
 

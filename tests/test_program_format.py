@@ -222,3 +222,21 @@ def test_a_derived_chips_program_carries_the_chip_and_runs_with_no_name_to_look_
     other = replace(program, chip=derive_config("tiny", {"sram_bytes": 2 << 20}))
     with pytest.raises(ProgramFormatError, match=r"chip parameters describe 'tiny\[sram_bytes=2097152\]'"):
         decode(encode(other))
+
+
+def test_chip_parameters_spelled_otherwise_are_refused_so_a_program_reads_back_as_its_bytes(blob):
+    """The same values with other spacing would decode to the same chip but encode to other bytes (found by the
+    re-signed damage property test): the format takes its own spelling only."""
+    import hashlib
+    import struct
+
+    from lpx_tvm.runtime_sim.container import HEADER
+    from lpx_tvm.runtime_sim.program import MAGIC, VERSION
+
+    body = bytearray(bytes(blob)[HEADER.size:])
+    at = body.index(b'"lanes": ') + len(b'"lanes":')
+    body[at] = ord("\t")  # JSON reads a tab as it reads a space
+    digest = hashlib.blake2b(bytes(body), digest_size=16, person=struct.pack("<H", VERSION)).digest()
+    with pytest.raises(ProgramFormatError, match="chip parameters are not written as the format writes them"):
+        decode(HEADER.pack(MAGIC, VERSION, 0, len(body), digest) + bytes(body))
+

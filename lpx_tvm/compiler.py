@@ -43,12 +43,17 @@ class CompiledModel:
         The storage type on lpx the programs were compiled for.
     state_where : dict, optional
         Resident state input name ─► the (program, argument) pairs that hold it.
+    held : HeldWeights, optional
+        The caller's weights its programs name instead of carrying.
+    lowered : tvm.IRModule, optional
+        The module the executable was built from; :meth:`export_library` builds it again (without it, the
+        model cannot be exported).
     """
 
     def __init__(self, executable, report: OffloadReport, programs: dict, params, dtype: str = "fp32",
-                 input_names=None, state_where=None, held=None):
+                 input_names=None, state_where=None, held=None, lowered=None):
         self.executable = executable
-        self.lowered = None  # the module the executable was built from (export builds it again, see library)
+        self.lowered = lowered  # the module the executable was built from (export builds it again, see library)
         self.held = held  # the caller's weights its programs name instead of copying (kept alive with them)
         self.held_bytes = 0  # how many bytes of them its programs name
         self.state_where = state_where or {}
@@ -306,13 +311,13 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
     why_not = None  # why a mixture as exported could not be rewritten for its experts to spread
     if system is not None and parallel in ("expert", "auto") and not isinstance(model, tvm.IRModule):
         model, why_not = _experts_spread(model, input_shapes)
-    options, mod = _prepared(model, target, input_shapes, weights)
+    mod = _imported(model, target, input_shapes, weights)
     params = list(mod["main"].params)
     input_names = (mod["main"].attrs or {}).get("onnx_input_names")
     input_names = [str(n) for n in input_names] if input_names is not None else None
     advice = (mod["main"].attrs or {}).get("onnx_pin_advice")
     with native_output_to_log("TVM"):
-        partitioned = partition_for_lpx(mod, options.chip, dtype)
+        partitioned = partition_for_lpx(mod, target.chip, dtype)
         del mod  # once lowering drops the lpx functions, their weights live only in the programs
         report = offload_report(partitioned)
         if advice and not report.lpx_functions:  # that is why nothing runs on lpx: say so, not a host-only model
@@ -322,7 +327,7 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
         named = held.named if held is not None else 0
         with held_weights_first(held):
             try:
-                lowered, _, state_where = lower_lpx_calls(partitioned, options, programs_out=programs,
+                lowered, _, state_where = lower_lpx_calls(partitioned, target, programs_out=programs,
                                                           state=tuple(state), held=held)
             except SystemCompileError as err:
                 if why_not is None:
@@ -330,8 +335,7 @@ def compile(model, config: str | None = None, input_shapes: dict | None = None, 
                 raise SystemCompileError(f"{err}; the rewrite was tried and {why_not}") from None
         executable = tvm.compile(lowered, target="lpx", relax_pipeline=relax.pipeline.default_build_pipeline())
     held = held if held is not None and held.named > named else None  # (none lies in the arrays: none held)
-    model = CompiledModel(executable, report, programs, params, dtype, input_names, state_where, held)
-    model.lowered = lowered
+    model = CompiledModel(executable, report, programs, params, dtype, input_names, state_where, held, lowered)
     model.held_bytes = held.named - named if held is not None else 0
     return model
 
@@ -413,17 +417,19 @@ def compile_stream(model, copies: int, config: str | None = "tsp", input_shapes:
 
 def _lpx_functions(model, config, input_shapes, dtype, weights=None) -> tuple:
     """(options, the partitioned model's lpx functions by symbol, the offload report), on one chip."""
-    options, mod = _prepared(model, Target.parse(config, dtype=dtype), input_shapes, weights)
+    options = Target.parse(config, dtype=dtype)
+    mod = _imported(model, options, input_shapes, weights)
     with native_output_to_log("TVM"):
         partitioned = partition_for_lpx(mod, options.chip, dtype)
     return options, lpx_functions(partitioned), offload_report(partitioned)
 
 
-def _prepared(model, target: Target, input_shapes, weights=None) -> tuple:
-    """The target and the imported module."""
+def _imported(model, target: Target, input_shapes, weights=None):
+    """The Relax module of ``model`` (imported where it is a file or an ONNX model), checked against the
+    target's dtype."""
     mod = model if isinstance(model, tvm.IRModule) else from_onnx(model, input_shapes, weights)
     if target.dtype == "int8" and not _has_quantize(mod):
         raise LpxUserError("dtype='int8' needs a QDQ-quantised model (QuantizeLinear/DequantizeLinear around its "
                            "conv/matmul); make one with `lpx-tvm quantize MODEL.onnx -o MODEL_int8.onnx` or "
                            "lpx_tvm.quantize(model, calibration_inputs)")
-    return target, mod
+    return mod

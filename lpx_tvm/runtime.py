@@ -34,7 +34,7 @@ STORED_MAGIC = b"LPXSTORE"
 STORED_HEADER = "<8s16sQ"  # magic, the export's id, the data's bytes (the data starts 64 bytes in)
 _STORED_SECTIONS: dict = {}  # an export's id -> its stored constants, mapped from the library
 _STORED_TENSORS: dict = {}  # (id, offset, dtype, shape) -> the constant as a tensor
-_LOOKED_IN: set = set()  # the loaded files already searched for stored constants
+_NOT_LIBRARIES: set = set()  # mapped files that are not loadable libraries (searched once)
 
 
 def program_key(blob) -> tuple:
@@ -156,13 +156,16 @@ def _find_stored(stored_id: str) -> np.ndarray:
     never reach the read-only mapping the loader made)."""
     symbol = f"__lpx_stored_{stored_id}"
     for path, segments in _mapped_files().items():
-        if path in _LOOKED_IN:
+        if path in _NOT_LIBRARIES:
             continue
         try:
             library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            _NOT_LIBRARIES.add(path)
+            continue
+        try:
             address = ctypes.addressof(ctypes.c_char.in_dll(library, symbol))
-        except (OSError, ValueError):  # not a library, or not this export's
-            _LOOKED_IN.add(path)
+        except ValueError:  # another library (another export's stored constants, maybe: searched again for those)
             continue
         start = next(((lo, at) for lo, hi, at in segments if lo <= address < hi), None)
         if start is None:
